@@ -1,0 +1,95 @@
+"""Shape, dtype, FLOPs and bytes for every node, computed on the `meta` device.
+
+`annotate(gm, inputs)` runs the graph once on meta tensors (no weight memory:
+an 80-layer 65B model takes seconds) under `torch.utils.flop_counter`'s
+`FlopCounterMode`, and writes each node's findings into its `NodeInfo`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..errors import GraphsplitError
+from ..meta import TensorSpec, info, module_path
+from ..optable import classify
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(value)):
+        return "container"
+    return "scalar"
+
+
+def _tensor_bytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+class _MetaAnnotator(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.counter = counter
+        self.modules = dict(gm.named_modules())
+
+    def run_node(self, n: fx.Node) -> Any:
+        before = self.counter.get_total_flops()
+        try:
+            value = super().run_node(n)
+        except Exception as exc:
+            raise GraphsplitError(
+                f"shape analysis failed at node {n.name} ({n.format_node()}) from module "
+                f"'{module_path(n) or '<root>'}': {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from exc
+        ni = info(n)
+        ni.kind = classify(n, self.module).value
+        ni.module = module_path(n)
+        ni.value = _value_kind(value)
+        ni.flops = int(self.counter.get_total_flops() - before)
+        if isinstance(value, torch.Tensor):
+            ni.tensor = TensorSpec(tuple(value.shape), value.dtype, bool(value.requires_grad))
+        if n.op == "get_attr":
+            ni.param_bytes = _tensor_bytes(value)
+        elif n.op == "call_module":
+            mod = self.modules[str(n.target)]
+            ni.param_bytes = sum(p.numel() * p.element_size() for p in mod.parameters())
+        # Shape queries and views read no memory; everything else reads its inputs and
+        # writes its output (a roofline's memory term).
+        if n.op not in ("placeholder", "get_attr", "output") and ni.value != "scalar" and ni.kind != "view":
+            ins = [self.env[a] for a in n.all_input_nodes if a in self.env]
+            ni.bytes_moved = _tensor_bytes(ins) + _tensor_bytes(value) + ni.param_bytes
+        return value
+
+
+def annotate(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Fill every node's NodeInfo (shape, dtype, value kind, FLOPs, bytes, module)."""
+    meta_inputs = tuple(t.to("meta") for t in inputs)
+    # Parameters may be real (a user's CPU model): run on meta copies of nothing but the
+    # graph's own attributes, so analysis never touches weight memory.
+    on_meta = gm if _all_meta(gm) else _meta_copy(gm)
+    with FlopCounterMode(display=False) as counter:
+        _MetaAnnotator(on_meta, counter).run(*meta_inputs)
+    if on_meta is not gm:
+        for src, dst in zip(on_meta.graph.nodes, gm.graph.nodes):
+            dst.meta.update({k: v for k, v in src.meta.items() if k not in dst.meta or k == "graphsplit"})
+
+
+def _all_meta(gm: fx.GraphModule) -> bool:
+    return all(t.device.type == "meta" for t in (*gm.parameters(), *gm.buffers()))
+
+
+def _meta_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    import copy
+
+    memo: dict[int, Any] = {}
+    for t in (*gm.parameters(), *gm.buffers()):
+        meta_t = t.detach().to("meta")
+        if isinstance(t, torch.nn.Parameter):
+            meta_t = torch.nn.Parameter(meta_t, requires_grad=t.requires_grad)
+        memo[id(t)] = meta_t
+    return copy.deepcopy(gm, memo)

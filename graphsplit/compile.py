@@ -1,0 +1,77 @@
+"""Model + inputs + Plan -> Program: trace, analyze, run the passes, cut."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .analysis.shapes import annotate
+from .errors import GraphsplitError
+from .passes.manager import PassContext, run_passes
+from .plan import Plan
+from .program import Program, build_program
+from .runtime import split_microbatches
+from .trace import trace_model
+
+NOT_YET = {
+    "tp": "tensor parallelism (--tp > 1)",
+    "dp": "data parallelism (--dp > 1)",
+    "fsdp": "FSDP (--fsdp)",
+    "checkpoint": "activation checkpointing (--checkpoint)",
+    "autocast": "mixed precision (--autocast)",
+}
+
+
+def require_supported(plan: Plan) -> None:
+    """Refuse, clearly, the parts of a Plan this version does not run yet."""
+    active = {
+        "tp": plan.tp > 1,
+        "dp": plan.dp > 1,
+        "fsdp": plan.fsdp,
+        "checkpoint": plan.checkpoint != "none",
+        "autocast": plan.autocast is not None,
+    }
+    for key, on in active.items():
+        if on:
+            raise GraphsplitError(f"{NOT_YET[key]} is not implemented yet in this version of graphsplit; "
+                                  "drop that option (pipeline parallelism works)")
+
+
+@dataclass
+class CompileResult:
+    program: Program
+    timings: dict[str, float]
+
+
+def compile_program(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    plan: Plan,
+    source: Path | None = None,
+    fixed_cuts: tuple[str, ...] | None = None,
+) -> CompileResult:
+    """Trace `model`, analyze it at the micro-batch shape, split it: the whole transform."""
+    require_supported(plan)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    traced = trace_model(model, args, kwargs, source)
+    timings["trace"] = time.perf_counter() - start
+    flat = traced.flatten_inputs(args, kwargs)
+    # Stages see micro-batches: analyze (shapes, bytes, FLOPs) at that size.
+    micro = split_microbatches(flat, plan.num_microbatches)[0]
+    start = time.perf_counter()
+    annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
+    timings["analyze"] = time.perf_counter() - start
+    ctx = PassContext(plan=plan, inputs=tuple(micro), fixed_cuts=fixed_cuts)
+    run_passes(traced.gm, ctx)
+    timings.update({f"pass:{k}": v for k, v in ctx.timings.items()})
+    start = time.perf_counter()
+    program = build_program(traced, plan)
+    timings["build"] = time.perf_counter() - start
+    return CompileResult(program, timings)

@@ -1,0 +1,133 @@
+"""Load the user's `model.py[:factory]`.
+
+Convention: the file defines `build_model()` (or the callable named after the
+colon) and `example_inputs()` returning a tuple of positional inputs or a dict
+of keyword inputs; optionally `loss_fn(output, target)` and `example_target()`.
+The file's folder is importable while it loads, so sibling imports work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .errors import GraphsplitError
+
+CONVENTION = (
+    "a model file defines build_model() (or name another callable: model.py:make_gpt) "
+    "and example_inputs() returning a tuple or a dict of tensors"
+)
+
+
+@dataclass
+class LoadedModel:
+    """The pieces of a model file, with the model not yet built."""
+
+    path: Path
+    factory: str
+    builder: Callable[[], nn.Module]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None
+    target: Any | None
+
+    @property
+    def spec(self) -> str:
+        return f"{self.path}:{self.factory}"
+
+    def build(self, device: str | torch.device = "meta", seed: int | None = None) -> nn.Module:
+        """Build the model; on `meta` it costs no weight memory."""
+        if seed is not None:
+            torch.manual_seed(seed)
+        try:
+            with torch.device(device):
+                model = self.builder()
+        except GraphsplitError:
+            raise
+        except Exception as exc:  # the user's code: say where it broke
+            raise GraphsplitError(f"{self.factory}() in {self.path} failed: {_where(exc)}") from exc
+        if not isinstance(model, nn.Module):
+            raise GraphsplitError(
+                f"{self.factory}() in {self.path} returned {type(model).__name__}, not an nn.Module"
+            )
+        return model
+
+
+def _where(exc: BaseException) -> str:
+    """`Type: message (file:line)` for the innermost frame of an exception."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    loc = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{loc}"
+
+
+def _import_file(path: Path) -> ModuleType:
+    name = f"graphsplit_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise GraphsplitError(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise GraphsplitError(f"importing {path} failed: {_where(exc)}") from exc
+    finally:
+        if sys.path and sys.path[0] == folder:
+            sys.path.pop(0)
+    return module
+
+
+def _call(module: ModuleType, path: Path, name: str) -> Any:
+    try:
+        return getattr(module, name)()
+    except Exception as exc:
+        raise GraphsplitError(f"{name}() in {path} failed: {_where(exc)}") from exc
+
+
+def load_model(spec: str) -> LoadedModel:
+    """Load `path/to/model.py[:factory]`."""
+    path_str, _, factory = spec.partition(":")
+    factory = factory or "build_model"
+    path = Path(path_str)
+    if not path.is_file():
+        raise GraphsplitError(f"model file {path} does not exist; {CONVENTION}")
+    module = _import_file(path)
+    builder = getattr(module, factory, None)
+    if not callable(builder):
+        raise GraphsplitError(f"{path} defines no {factory}(); {CONVENTION}")
+    if not callable(getattr(module, "example_inputs", None)):
+        raise GraphsplitError(f"{path} defines no example_inputs(); {CONVENTION}")
+    inputs = _call(module, path, "example_inputs")
+    if isinstance(inputs, torch.Tensor):
+        args, kwargs = (inputs,), {}
+    elif isinstance(inputs, (tuple, list)):
+        args, kwargs = tuple(inputs), {}
+    elif isinstance(inputs, dict):
+        args, kwargs = (), dict(inputs)
+    else:
+        raise GraphsplitError(
+            f"example_inputs() in {path} returned {type(inputs).__name__}; return a tuple of "
+            "positional inputs or a dict of keyword inputs"
+        )
+    if not any(isinstance(v, torch.Tensor) for v in (*args, *kwargs.values())):
+        raise GraphsplitError(f"example_inputs() in {path} holds no tensor; the batch must be a tensor")
+    loss_fn = getattr(module, "loss_fn", None)
+    if loss_fn is not None and not callable(loss_fn):
+        raise GraphsplitError(f"loss_fn in {path} is not callable; define loss_fn(output, target)")
+    has_target = callable(getattr(module, "example_target", None))
+    if loss_fn is not None and not has_target:
+        raise GraphsplitError(f"{path} defines loss_fn but no example_target(); define both or neither")
+    target = _call(module, path, "example_target") if has_target else None
+    return LoadedModel(path, factory, builder, args, kwargs, loss_fn, target)

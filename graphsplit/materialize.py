@@ -1,0 +1,120 @@
+"""Give one stage real tensors, without ever building the whole model.
+
+`materialize_stage(stage, device, source)` deep-copies the stage's GraphModule
+(meta tensors cost nothing to copy), allocates its parameters and buffers on
+`device`, and fills them from `source`: a mapping from the original model's
+names to tensors, e.g. a `torch.load(..., mmap=True)` file or a real model's
+`named_parameters()`. Only this stage's tensors are read.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from collections.abc import Mapping
+
+import torch
+import torch.nn as nn
+
+from .errors import GraphsplitError
+from .program import StageProgram
+
+
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of `model` under every name it has (tied aliases too)."""
+    found = dict(model.named_parameters(remove_duplicate=False))
+    found.update(model.named_buffers(remove_duplicate=False))
+    return found
+
+
+def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    if leaf in owner._parameters:
+        owner._parameters[leaf] = value  # type: ignore[assignment]
+    else:
+        owner._buffers[leaf] = value
+
+
+def materialize_stage(
+    stage: StageProgram,
+    device: torch.device | str,
+    source: Mapping[str, torch.Tensor] | None,
+    seed: int = 0,
+) -> nn.Module:
+    """This stage's module with real tensors on `device`."""
+    module = copy.deepcopy(stage.gm)
+    _retarget_devices(module, torch.device(device))
+    module.to_empty(device=device)
+    if source is None:
+        _init_from_modules(module, stage, seed)
+    else:
+        with torch.no_grad():
+            for local, canonical in (*stage.param_sources.items(), *stage.buffer_sources.items()):
+                if canonical not in source:
+                    raise GraphsplitError(f"weights have no tensor {canonical!r} (stage {stage.index} needs it)")
+                target = module.get_parameter(local) if local in stage.param_sources else module.get_buffer(local)
+                value = source[canonical]
+                if tuple(value.shape) != tuple(target.shape):
+                    raise GraphsplitError(
+                        f"weight {canonical!r} has shape {tuple(value.shape)}, the model expects {tuple(target.shape)}"
+                    )
+                target.copy_(value)
+    _retie(module, stage)
+    return module
+
+
+def _retarget_devices(module: torch.fx.GraphModule, device: torch.device) -> None:
+    """Tracing on meta bakes `device='meta'` into factory calls (export's `arange`): point them here."""
+
+    def swap(value: object) -> object:
+        return device if isinstance(value, torch.device) and value.type == "meta" else value
+
+    changed = False
+    for node in module.graph.nodes:
+        args = torch.fx.node.map_aggregate(node.args, swap)
+        kwargs = torch.fx.node.map_aggregate(node.kwargs, swap)
+        if args != node.args or kwargs != node.kwargs:
+            node.args, node.kwargs = args, kwargs
+            changed = True
+    if changed:
+        module.recompile()
+
+
+def _retie(module: nn.Module, stage: StageProgram) -> None:
+    """`to_empty` gives each alias of a tied parameter its own tensor; make them one again."""
+    first: dict[str, torch.Tensor] = {}
+    for local, canonical in stage.param_sources.items():
+        if canonical in first:
+            _set(module, local, first[canonical])
+        else:
+            first[canonical] = module.get_parameter(local)
+
+
+def _init_from_modules(module: nn.Module, stage: StageProgram, seed: int) -> None:
+    """No weights given: run each submodule's own `reset_parameters()`.
+
+    Seeded per module name, so every rank and every plan initializes a module
+    the same way. Tensors no `reset_parameters` covers have no known value:
+    that is an error, not silent garbage.
+    """
+    covered: set[str] = set()
+    for name, sub in module.named_modules():
+        reset = getattr(sub, "reset_parameters", None)
+        if not callable(reset):
+            continue
+        torch.manual_seed(seed + zlib.crc32(name.encode()))
+        reset()
+        prefix = f"{name}." if name else ""
+        covered.update(prefix + k for k, v in sub._parameters.items() if v is not None)
+        covered.update(prefix + k for k, v in sub._buffers.items() if v is not None)
+    missing = [
+        canonical
+        for local, canonical in (*stage.param_sources.items(), *stage.buffer_sources.items())
+        if local not in covered
+    ]
+    if missing:
+        raise GraphsplitError(
+            f"the model was built on meta and {len(missing)} tensor(s) of stage {stage.index} have no "
+            f"initializer (first: {missing[0]!r}); pass the model built on CPU or give weights"
+        )

@@ -1,0 +1,81 @@
+"""The per-node annotation: every decision graphsplit makes about a node.
+
+All of it lives in `node.meta[META_KEY]` as one `NodeInfo`; passes read and
+write it through `info(node)`. Nothing is stored as an attribute on `fx.Node`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+META_KEY = "graphsplit"
+
+
+@dataclass
+class TensorSpec:
+    """Shape and dtype of one tensor value (sizes are ints or sympy-printable symbols)."""
+
+    shape: tuple[Any, ...]
+    dtype: torch.dtype
+    requires_grad: bool = False
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= int(s)
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        dt = str(self.dtype).removeprefix("torch.")
+        return f"{dt}[{', '.join(str(s) for s in self.shape)}]"
+
+
+@dataclass
+class NodeInfo:
+    """What graphsplit knows and decided about one node.
+
+    value: "tensor" (a single tensor), "container" (a tuple/list holding
+    tensors: it can never cross a stage boundary) or "scalar" (ints, sizes,
+    dtypes, None...: recomputed wherever it is needed, never sent).
+    """
+
+    kind: str = "other"
+    value: str = "scalar"
+    tensor: TensorSpec | None = None
+    flops: int = 0
+    bytes_moved: int = 0
+    param_bytes: int = 0
+    module: str = ""
+    stage: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def out_bytes(self) -> int:
+        return self.tensor.nbytes if self.tensor is not None else 0
+
+
+def info(node: fx.Node) -> NodeInfo:
+    """The node's annotation, created empty on first access."""
+    found = node.meta.get(META_KEY)
+    if found is None:
+        found = node.meta[META_KEY] = NodeInfo()
+    return found
+
+
+def module_path(node: fx.Node) -> str:
+    """Innermost user-module path the node came from ('' for the root)."""
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v and isinstance(v[0], str)]
+    paths = [p for p in paths if not p.startswith("_")]
+    return paths[-1] if paths else ""

@@ -1,0 +1,60 @@
+"""Runs the passes in order: lints, times, and names the pass that failed.
+
+A pass is a function `(gm, ctx) -> gm`. The passes live in this package:
+`pipeline_split.py` (assign nodes to pipeline stages). Later passes
+(tensor_parallel, checkpoint, autocast) plug into `default_passes()`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from ..errors import GraphsplitError
+from ..plan import Plan
+
+Pass = Callable[[fx.GraphModule, "PassContext"], fx.GraphModule]
+
+
+@dataclass
+class PassContext:
+    """What passes may read (the plan, example inputs) and the timings they leave."""
+
+    plan: Plan
+    inputs: tuple[torch.Tensor, ...]
+    # Node names where stages start, from a saved plan.json: reproduces a split exactly.
+    fixed_cuts: tuple[str, ...] | None = None
+    disabled: frozenset[str] = frozenset()
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def default_passes() -> list[tuple[str, Pass]]:
+    from .pipeline_split import pipeline_split_pass
+
+    return [("pipeline_split", pipeline_split_pass)]
+
+
+def run_passes(gm: fx.GraphModule, ctx: PassContext, passes: list[tuple[str, Pass]] | None = None) -> fx.GraphModule:
+    done: list[str] = []
+    for name, fn in passes if passes is not None else default_passes():
+        if name in ctx.disabled:
+            continue
+        start = time.perf_counter()
+        try:
+            out = fn(gm, ctx)
+        except GraphsplitError:
+            raise
+        except Exception as exc:
+            after = ", ".join(done) or "no other pass"
+            raise GraphsplitError(f"pass {name} failed (after {after}): {type(exc).__name__}: {exc}") from exc
+        if not isinstance(out, fx.GraphModule):
+            raise GraphsplitError(f"pass {name} returned {type(out).__name__}, not a GraphModule")
+        out.graph.lint()
+        ctx.timings[name] = time.perf_counter() - start
+        done.append(name)
+        gm = out
+    return gm

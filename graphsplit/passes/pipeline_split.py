@@ -1,0 +1,175 @@
+"""pipeline_split: assign every node to a pipeline stage.
+
+Stages are contiguous in the graph's topological order. The cut minimizes the
+most expensive stage (cost model in `analysis/cost.py`), where a stage pays for
+the bytes it sends to the next one, so equal-cost cuts prefer narrow places
+(between blocks, not inside them). `Plan.split_at` module names override it.
+
+A cut is impossible where a container of tensors (a tuple from `split`, an
+LSTM's state) is live across it: only tensors cross. Scalars (sizes, ints) may
+be live across a cut: the consuming stage recomputes them (see program.py).
+
+Writes `NodeInfo.stage` on placeholders and computing nodes; `get_attr` nodes
+keep `stage=None`: a parameter is cloned into every stage that uses it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch.fx as fx
+
+from ..analysis.cost import boundary_cost, node_cost
+from ..errors import GraphsplitError
+from ..meta import info
+from .manager import PassContext
+
+_UNPLACED = ("placeholder", "get_attr", "output")
+
+
+def schedulable(gm: fx.GraphModule) -> list[fx.Node]:
+    """The nodes that are placed on a stage by position."""
+    return [n for n in gm.graph.nodes if n.op not in _UNPLACED]
+
+
+def liveness(gm: fx.GraphModule) -> tuple[list[fx.Node], np.ndarray, np.ndarray]:
+    """For each cut k (before seq[k]): bytes of tensors live across it, and whether it is blocked."""
+    seq = schedulable(gm)
+    n = len(seq)
+    pos = {node: i for i, node in enumerate(seq)}
+    # last_use: the last position where a value is needed. A scalar's tensor sources
+    # are needed wherever the scalar is (it is recomputed there), so they inherit its uses.
+    last_use: dict[fx.Node, int] = {}
+    for node in reversed(gm.graph.nodes):
+        lu = -1
+        for user in node.users:
+            if user.op == "output":
+                lu = max(lu, n)
+            elif info(user).value == "scalar":
+                lu = max(lu, last_use.get(user, pos.get(user, -1)), pos.get(user, -1))
+            else:
+                lu = max(lu, pos[user])
+        last_use[node] = lu
+    live = np.zeros(n + 2, dtype=np.float64)
+    blocked = np.zeros(n + 2, dtype=np.int64)
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "output"):
+            continue
+        start = pos.get(node, -1) + 1
+        end = last_use[node]
+        if end < start:
+            continue
+        ni = info(node)
+        if ni.value == "tensor":
+            live[start] += ni.out_bytes
+            live[end + 1] -= ni.out_bytes
+        elif ni.value == "container":
+            blocked[start] += 1
+            blocked[end + 1] -= 1
+    return seq, np.cumsum(live)[: n + 1], np.cumsum(blocked)[: n + 1] > 0
+
+
+def _module_cut(seq: list[fx.Node], name: str) -> int:
+    prefix = name + "."
+    for i, node in enumerate(seq):
+        mod = info(node).module
+        if mod == name or mod.startswith(prefix):
+            return i
+    return -1
+
+
+def _explicit_cuts(gm: fx.GraphModule, seq: list[fx.Node], blocked: np.ndarray, names: tuple[str, ...], by_node: bool) -> list[int]:
+    cuts: list[int] = []
+    index = {node.name: i for i, node in enumerate(seq)}
+    for name in names:
+        if by_node:
+            k = index.get(name, -1)
+        else:
+            k = _module_cut(seq, name)
+        if k < 0:
+            modules = sorted({info(n).module.split(".")[0] for n in seq if info(n).module})
+            raise GraphsplitError(
+                f"split point {name!r} names no {'node' if by_node else 'module'} in the traced model; "
+                f"top-level modules are: {', '.join(modules) or '<none>'}"
+            )
+        if k == 0 or (cuts and k <= cuts[-1]):
+            raise GraphsplitError(
+                f"split point {name!r} does not start a new non-empty stage after the previous one; "
+                "give split points in the order the model runs them"
+            )
+        if blocked[k]:
+            raise GraphsplitError(
+                f"cannot start a stage at {name!r}: a tuple of tensors is live across that point; "
+                "choose a split point at a module boundary"
+            )
+        cuts.append(k)
+    return cuts
+
+
+def balanced_cuts(costs: np.ndarray, comm: np.ndarray, valid: np.ndarray, stages: int) -> list[int]:
+    """Cut positions minimizing the most expensive stage (dynamic programming).
+
+    costs[i]: cost of node i; comm[k]: cost of sending across cut k; valid[k]:
+    whether cut k is allowed (k in 1..n-1). Returns `stages - 1` positions.
+    """
+    n = len(costs)
+    prefix = np.concatenate([[0.0], np.cumsum(costs)])
+    ends = np.array([0] + [k for k in range(1, n) if valid[k]] + [n])
+    m = len(ends)
+    end_comm = np.array([comm[k] if 0 < k < n else 0.0 for k in ends])
+    inf = np.inf
+    best = np.full(m, inf)
+    best[1:] = prefix[ends[1:]] + end_comm[1:]  # one stage covering [0, end)
+    choice = np.zeros((stages + 1, m), dtype=np.int64)
+    for j in range(2, stages + 1):
+        nxt = np.full(m, inf)
+        for b in range(j, m):
+            a = np.arange(j - 1, b)
+            cand = np.maximum(best[a], prefix[ends[b]] - prefix[ends[a]] + end_comm[b])
+            i = int(np.argmin(cand))
+            nxt[b] = cand[i]
+            choice[j, b] = a[i]
+        best = nxt
+    cuts = []
+    b = m - 1
+    for j in range(stages, 1, -1):
+        b = int(choice[j, b])
+        cuts.append(int(ends[b]))
+    return sorted(cuts)
+
+
+def pipeline_split_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    stages = ctx.plan.num_stages
+    seq, live, blocked = liveness(gm)
+    n = len(seq)
+    valid = np.zeros(n + 1, dtype=bool)
+    valid[1:n] = ~blocked[1:n]
+    if ctx.fixed_cuts is not None:
+        cuts = _explicit_cuts(gm, seq, blocked, tuple(ctx.fixed_cuts), by_node=True)
+        if len(cuts) != stages - 1:
+            raise GraphsplitError(
+                f"the saved split has {len(cuts) + 1} stages but the plan asks for {stages}; "
+                "re-run graphsplit transform with this plan"
+            )
+    elif ctx.plan.split_at:
+        cuts = _explicit_cuts(gm, seq, blocked, ctx.plan.split_at, by_node=False)
+    elif stages > 1:
+        possible = int(valid.sum())
+        if possible < stages - 1:
+            raise GraphsplitError(
+                f"{stages} pipeline stages need {stages - 1} cuts, but the model has only "
+                f"{possible} place(s) to cut among its {n} operations; use --pp {max(1, possible + 1)} or fewer"
+            )
+        comm = np.array([boundary_cost(int(b)) for b in live])
+        cuts = balanced_cuts(np.array([node_cost(x) for x in seq]), comm, valid, stages)
+    else:
+        cuts = []
+    bounds = [0, *cuts, n]
+    for s in range(stages):
+        for node in seq[bounds[s] : bounds[s + 1]]:
+            info(node).stage = s
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            info(node).stage = 0
+        elif node.op == "output":
+            info(node).stage = stages - 1
+    return gm

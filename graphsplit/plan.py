@@ -1,0 +1,141 @@
+"""`Plan`: what the user asks for, validated when it is built.
+
+A Plan is a frozen dataclass: every field is checked in `__post_init__`, and
+an invalid value fails at construction with a message naming the field.
+`Plan.to_dict()` / `Plan.from_dict()` round-trip through JSON.
+
+    >>> Plan(pp=2, microbatches=4).to_dict()["schedule"]
+    '1f1b'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import GraphsplitError
+
+# Pipeline schedules by name -> torch.distributed.pipelining class name.
+# "interleaved-1f1b" and "looped-bfs" hold several stages per rank.
+SCHEDULES: dict[str, str] = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "looped-bfs": "ScheduleLoopedBFS",
+}
+MULTI_STAGE_SCHEDULES = frozenset({"interleaved-1f1b", "looped-bfs"})
+CHECKPOINT_POLICIES = ("none", "blocks", "stage", "selective")
+AUTOCAST_DTYPES = (None, "bf16", "fp16")
+
+
+def _fail(field_name: str, message: str) -> GraphsplitError:
+    return GraphsplitError(f"Plan.{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to parallelize a model.
+
+    pp: pipeline ranks. stages_per_rank: virtual stages each pp rank holds
+    (2 or more needs an interleaved schedule). microbatches: how many pieces
+    the batch is cut into (default: the number of stages). split_at: module
+    names where a new stage starts (overrides the automatic cut).
+    """
+
+    pp: int = 1
+    tp: int = 1
+    dp: int = 1
+    fsdp: bool = False
+    microbatches: int | None = None
+    schedule: str = "1f1b"
+    stages_per_rank: int = 1
+    split_at: tuple[str, ...] = ()
+    checkpoint: str = "none"
+    autocast: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "tp", "dp", "stages_per_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise _fail(name, f"must be a positive integer, got {value!r}")
+        if self.microbatches is not None and (
+            not isinstance(self.microbatches, int) or self.microbatches < 1
+        ):
+            raise _fail("microbatches", f"must be a positive integer, got {self.microbatches!r}")
+        if self.schedule not in SCHEDULES:
+            raise _fail("schedule", f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        multi = self.schedule in MULTI_STAGE_SCHEDULES
+        if self.stages_per_rank > 1 and not multi:
+            raise _fail(
+                "stages_per_rank",
+                f"{self.stages_per_rank} stages per rank needs an interleaved schedule "
+                f"(--schedule interleaved-1f1b), not {self.schedule!r}",
+            )
+        if multi and self.stages_per_rank < 2:
+            raise _fail(
+                "stages_per_rank",
+                f"schedule {self.schedule!r} holds several stages per rank; set stages_per_rank >= 2",
+            )
+        if multi and self.microbatches is not None and self.microbatches % self.pp:
+            raise _fail(
+                "microbatches",
+                f"schedule {self.schedule!r} needs microbatches divisible by pp={self.pp}, got {self.microbatches}",
+            )
+        if not isinstance(self.split_at, tuple):
+            object.__setattr__(self, "split_at", tuple(self.split_at))
+        if self.split_at and len(self.split_at) != self.num_stages - 1:
+            raise _fail(
+                "split_at",
+                f"{len(self.split_at)} split points make {len(self.split_at) + 1} stages, "
+                f"but pp={self.pp} x stages_per_rank={self.stages_per_rank} needs {self.num_stages - 1} split points",
+            )
+        if self.checkpoint not in CHECKPOINT_POLICIES:
+            raise _fail("checkpoint", f"unknown policy {self.checkpoint!r}; choose one of {', '.join(CHECKPOINT_POLICIES)}")
+        if self.autocast not in AUTOCAST_DTYPES:
+            raise _fail("autocast", f"unknown dtype {self.autocast!r}; choose bf16 or fp16")
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.stages_per_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.microbatches if self.microbatches is not None else self.num_stages
+
+    def stage_rank(self, stage: int) -> int:
+        """The pp rank that holds `stage` (loop-style placement for interleaving)."""
+        return stage % self.pp
+
+    def stages_of_rank(self, pp_rank: int) -> list[int]:
+        return [s for s in range(self.num_stages) if self.stage_rank(s) == pp_rank]
+
+    def replace(self, **changes: Any) -> Plan:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["split_at"] = list(self.split_at)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise GraphsplitError(f"plan has unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**{k: (tuple(v) if k == "split_at" else v) for k, v in data.items()})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
+

@@ -1,0 +1,240 @@
+"""Program: what the passes produce and the backends consume.
+
+`build_program(traced, plan)` reads the stage annotations the passes wrote and
+cuts the graph into one GraphModule per stage:
+
+- stage s takes the tensors crossing boundary s-1 (stage 0: the model inputs)
+  and returns the tensors crossing boundary s (the last stage: the model's
+  output leaves);
+- a tensor used by a later, non-adjacent stage is passed through the stages
+  between (skip connections, the attention mask);
+- scalars (sizes, ints) never cross: each stage that needs one recomputes it
+  from tensors it has, by copying the nodes that computed it;
+- a parameter is cloned into every stage that uses it; `Program.param_stages`
+  says which, so the runtime can sum the gradients of tied copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .errors import GraphsplitError
+from .meta import TensorSpec, info
+from .plan import Plan
+from .trace import Traced
+
+
+@dataclass
+class Boundary:
+    """The tensors sent from stage `index` to stage `index + 1`."""
+
+    index: int
+    values: list[str]
+    specs: list[TensorSpec]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+
+@dataclass
+class StageProgram:
+    """One pipeline stage: a GraphModule of tensors in, tensors out."""
+
+    index: int
+    gm: fx.GraphModule
+    inputs: list[str]
+    outputs: list[str]
+    modules: list[str]
+    flops: int
+    cost: float
+    # stage-local parameter/buffer name -> the original model's (canonical) name
+    param_sources: dict[str, str] = field(default_factory=dict)
+    buffer_sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.gm.parameters())
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.gm.parameters())
+
+
+@dataclass
+class Program:
+    plan: Plan
+    traced: Traced
+    stages: list[StageProgram]
+    boundaries: list[Boundary]
+    # for each leaf of the model's output: ("tensor", i) = i-th output of the last stage,
+    # or ("const", value)
+    output_leaves: list[tuple[str, Any]]
+    param_stages: dict[str, list[int]]
+
+    @property
+    def shared_params(self) -> dict[str, list[int]]:
+        """Canonical parameter names held by more than one stage (tied weights)."""
+        return {k: v for k, v in self.param_stages.items() if len(v) > 1}
+
+    def unflatten_output(self, last_stage_output: Any) -> Any:
+        outs = (last_stage_output,) if isinstance(last_stage_output, torch.Tensor) else tuple(last_stage_output)
+        leaves = [outs[v] if kind == "tensor" else v for kind, v in self.output_leaves]
+        return self.traced.unflatten_output(leaves)
+
+    def balance(self) -> float:
+        costs = [s.cost for s in self.stages]
+        mean = sum(costs) / len(costs)
+        return max(costs) / mean if mean > 0 else 1.0
+
+
+def _canonical_names(gm: fx.GraphModule, params: bool) -> dict[int, str]:
+    named = gm.named_parameters() if params else gm.named_buffers()
+    return {id(t): name for name, t in named}
+
+
+def build_program(traced: Traced, plan: Plan) -> Program:
+    from .analysis.cost import node_cost
+
+    gm = traced.gm
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    num = plan.num_stages
+    owner: dict[fx.Node, int] = {}
+    for n in nodes:
+        if n.op != "get_attr":
+            stage = info(n).stage
+            if stage is None:
+                raise GraphsplitError(f"internal: node {n.name} has no stage; run pipeline_split first")
+            owner[n] = stage
+    output_node = nodes[-1]
+
+    # 1. Which tensors produced elsewhere each stage needs (through recomputed scalars too).
+    needs: list[set[fx.Node]] = [set() for _ in range(num)]
+
+    def resolve(m: fx.Node, s: int) -> None:
+        if m.op == "get_attr" or owner[m] == s:
+            return
+        kind = info(m).value
+        if kind == "scalar":
+            for a in m.all_input_nodes:
+                resolve(a, s)
+        elif kind == "container":
+            raise GraphsplitError(
+                f"internal: container value {m.name} crosses from stage {owner[m]} to stage {s}"
+            )
+        else:
+            needs[s].add(m)
+
+    for n in nodes:
+        if n.op in ("placeholder", "get_attr"):
+            continue
+        for a in n.all_input_nodes:
+            resolve(a, owner[n])
+
+    # 2. The model's output leaves must be tensors: stages send only tensors.
+    output_leaves: list[tuple[str, Any]] = []
+    out_tensors: list[fx.Node] = []
+    for i, leaf in enumerate(output_node.args[0]):
+        if isinstance(leaf, fx.Node):
+            if info(leaf).value != "tensor":
+                raise GraphsplitError(
+                    f"the model's output #{i} ({leaf.name}) is a {info(leaf).value}, not a tensor; "
+                    "pipeline stages can only send tensors: return tensors (or constants) from forward"
+                )
+            if leaf not in out_tensors:
+                out_tensors.append(leaf)
+            output_leaves.append(("tensor", out_tensors.index(leaf)))
+        else:
+            output_leaves.append(("const", leaf))
+
+    # 3. Boundaries: a value crosses every boundary between its producer and its last consumer.
+    last_need: dict[fx.Node, int] = {}
+    for s, vals in enumerate(needs):
+        for v in vals:
+            last_need[v] = max(last_need.get(v, -1), s)
+    boundaries = []
+    for b in range(num - 1):
+        vals = sorted((v for v, last in last_need.items() if owner[v] <= b < last), key=order.__getitem__)
+        boundaries.append(Boundary(b, [v.name for v in vals], [info(v).tensor for v in vals]))
+    by_name = {n.name: n for n in nodes}
+
+    # 4. One graph per stage.
+    canon_p = _canonical_names(gm, params=True)
+    canon_b = _canonical_names(gm, params=False)
+    stages: list[StageProgram] = []
+    for s in range(num):
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        if s == 0:
+            inputs = [n for n in nodes if n.op == "placeholder"]
+        else:
+            inputs = [by_name[v] for v in boundaries[s - 1].values]
+        for v in inputs:
+            env[v] = graph.placeholder(v.name)
+            env[v].meta = dict(v.meta)
+
+        def get(m: fx.Node, s: int = s, env: dict = env, graph: fx.Graph = graph) -> fx.Node:
+            found = env.get(m)
+            if found is None:
+                if m.op != "get_attr" and info(m).value != "scalar":
+                    raise GraphsplitError(f"internal: stage {s} uses {m.name} which it neither has nor can recompute")
+                found = env[m] = graph.node_copy(m, lambda a: get(a))
+            return found
+
+        members = [n for n in nodes if n.op not in ("placeholder", "get_attr", "output") and owner[n] == s]
+        for n in members:
+            env[n] = graph.node_copy(n, lambda a: get(a))
+        if s < num - 1:
+            outs = [get(by_name[v]) for v in boundaries[s].values]
+            graph.output(tuple(outs))
+        else:
+            outs = [get(v) for v in out_tensors]
+            graph.output(outs[0] if len(outs) == 1 else tuple(outs))
+        _drop_unused_scalars(graph)
+        graph.lint()
+        stage_gm = fx.GraphModule(gm, graph, class_name=f"Stage{s}")
+        modules = []
+        for n in members:
+            mod = info(n).module
+            if mod and mod not in modules:
+                modules.append(mod)
+        stages.append(
+            StageProgram(
+                index=s,
+                gm=stage_gm,
+                inputs=[v.name for v in inputs],
+                outputs=[o.name for o in outs],
+                modules=modules,
+                flops=sum(info(n).flops for n in members),
+                cost=sum(node_cost(n) for n in members)
+                + (0.0 if s == num - 1 else _send_cost(boundaries[s])),
+                param_sources={k: canon_p[id(p)] for k, p in stage_gm.named_parameters(remove_duplicate=False)},
+                buffer_sources={k: canon_b[id(b)] for k, b in stage_gm.named_buffers(remove_duplicate=False)},
+            )
+        )
+    param_stages: dict[str, list[int]] = {}
+    for st in stages:
+        for canonical in dict.fromkeys(st.param_sources.values()):
+            param_stages.setdefault(canonical, []).append(st.index)
+    return Program(plan, traced, stages, boundaries, output_leaves, param_stages)
+
+
+def _send_cost(boundary: Boundary) -> float:
+    from .analysis.cost import boundary_cost
+
+    return boundary_cost(boundary.nbytes)
+
+
+def _drop_unused_scalars(graph: fx.Graph) -> None:
+    """Remove shape queries whose value no node of this stage reads (pure by construction)."""
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("placeholder", "output", "get_attr") or node.users:
+            continue
+        ni = node.meta.get("graphsplit")
+        if ni is not None and ni.value == "scalar" and ni.kind in ("shape", "getitem"):
+            graph.erase_node(node)

@@ -1,0 +1,225 @@
+"""nn.Module -> torch.fx GraphModule with flat tensor inputs and flat outputs.
+
+`torch.fx.symbolic_trace` first: it keeps the user's modules as `call_module`
+nodes and is fast. When it fails (data-dependent control flow, HF-style code)
+we fall back to `torch.export.export(..., strict=False)`, whose module is also
+a GraphModule, with ATen ops. Either way the result has:
+
+- one placeholder per tensor input (non-tensor inputs are baked in as constants),
+- an output node returning a flat tuple: the leaves of the model's output.
+
+`Traced.flatten_inputs(args, kwargs)` turns a call's inputs into the flat
+tensor tuple; `Traced.unflatten_output(leaves)` rebuilds the model's output.
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.utils._pytree as pytree
+from torch.fx.graph import CodeGen
+
+from .errors import GraphsplitError
+
+_SPECIALIZED = ("has been specialized",)
+
+
+@dataclass
+class Traced:
+    """A traced model: the graph plus how to feed it and read its output."""
+
+    gm: fx.GraphModule
+    tracer: str  # "fx" or "export"
+    input_names: list[str]
+    out_spec: pytree.TreeSpec
+    _flatten: Any = field(repr=False)
+
+    def flatten_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        return tuple(self._flatten(args, kwargs))
+
+    def unflatten_output(self, leaves: Any) -> Any:
+        if isinstance(leaves, torch.Tensor):
+            leaves = (leaves,)
+        return pytree.tree_unflatten(list(leaves), self.out_spec)
+
+
+def trace_model(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    source: Path | None = None,
+) -> Traced:
+    """Trace `model` called as `model(*args, **kwargs)`."""
+    try:
+        return _trace_fx(model, args, kwargs)
+    except GraphsplitError:
+        raise
+    except Exception as fx_exc:  # any tracer failure: try the other tracer
+        fx_error = fx_exc
+    try:
+        return _trace_export(model, args, kwargs)
+    except Exception as export_exc:
+        where = _user_frame(export_exc, source) or _user_frame(fx_error, source)
+        at = f" at {where}" if where else ""
+        raise GraphsplitError(
+            f"cannot trace {type(model).__name__}{at}: torch.fx said "
+            f"'{_first_line(fx_error)}' and torch.export said '{_first_line(export_exc)}'; "
+            "make that code traceable (no Python control flow on tensor values) or mark the "
+            "module holding it as a leaf"
+        ) from export_exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def _user_frame(exc: BaseException, source: Path | None) -> str | None:
+    """`file:line` of the innermost frame in the user's file (or outside torch)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    want = source.resolve() if source is not None else None
+    for frame in reversed(frames):
+        path = Path(frame.filename)
+        if want is not None and path.resolve() == want:
+            return f"{path.name}:{frame.lineno}"
+    # torch.export reports the user's frame inside its message
+    for line in str(exc).splitlines():
+        if source is not None and source.name in line and "line" in line:
+            return line.strip()[:200]
+    return None
+
+
+def _flat_output(graph: fx.Graph) -> pytree.TreeSpec:
+    """Make the output node return a flat tuple of leaves; return the tree's spec."""
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    leaves, spec = pytree.tree_flatten(out.args[0])
+    out.args = (tuple(leaves),)
+    return spec
+
+
+def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
+    sig = inspect.signature(model.forward)
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
+        raise TypeError("forward takes *args/**kwargs")
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    tensor_names = [k for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
+    concrete = {k: v for k, v in bound.arguments.items() if k not in tensor_names}
+    for k, v in concrete.items():
+        if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v):
+            raise TypeError(f"input {k!r} is a container of tensors")
+    gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+    graph = gm.graph
+    _bake_constants(graph, {name: concrete[name] for name in concrete})
+    spec = _flat_output(graph)
+    gm.recompile()
+    names = [n.target for n in graph.nodes if n.op == "placeholder"]
+    if names != tensor_names:
+        raise TypeError(f"unexpected placeholders {names}")
+
+    def flatten(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        b = sig.bind(*call_args, **call_kwargs)
+        b.apply_defaults()
+        return [b.arguments[k] for k in tensor_names]
+
+    return Traced(gm, "fx", list(tensor_names), spec, flatten)
+
+
+def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:
+    """Replace placeholders of concrete (non-tensor) inputs by their values."""
+    by_name: dict[str, Any] = {}
+    for node in list(graph.nodes):
+        if node.op == "placeholder":
+            # symbolic_trace renames placeholders of concrete args (`mask` -> `mask_1`)
+            base = str(node.target).rstrip("_0123456789") if node.target not in constants else node.target
+            name = node.target if node.target in constants else (base if base in constants else None)
+            if name is not None:
+                by_name[node.name] = constants[name]
+    for node in list(graph.nodes):
+        if node.op == "call_function" and (
+            node.target is fx._symbolic_trace._assert_is_none
+            or (node.target is torch._assert and any(s in str(node.args[1:]) for s in _SPECIALIZED))
+        ):
+            graph.erase_node(node)
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and node.name in by_name:
+            value = by_name[node.name]
+            for user in list(node.users):
+                user.args = fx.node.map_arg(user.args, lambda n, v=value, p=node: v if n is p else n)
+                user.kwargs = fx.node.map_arg(user.kwargs, lambda n, v=value, p=node: v if n is p else n)
+    # drop now-unused comparisons left from specialization checks, then the placeholders
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and not node.users and node.target in (
+            __import__("operator").eq,
+        ):
+            graph.erase_node(node)
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and node.name in by_name:
+            graph.erase_node(node)
+
+
+def _to_meta(value: Any) -> Any:
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), value)
+
+
+def _batch_dynamic(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """dynamic_shapes for export: dim 0 (the batch) of every tensor input left symbolic."""
+    from torch.export import Dim
+
+    bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    return {
+        name: pytree.tree_map(
+            lambda x: {0: Dim.AUTO} if isinstance(x, torch.Tensor) and x.dim() > 0 else None, value
+        )
+        for name, value in bound.arguments.items()
+    }
+
+
+def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
+    from torch.export import Dim
+
+    meta_args, meta_kwargs = _to_meta((args, kwargs))
+    try:
+        ep = torch.export.export(
+            model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs), strict=False
+        )
+    except Exception:  # a symbolic batch dim is a bonus: retry fully static
+        ep = torch.export.export(model, meta_args, meta_kwargs, strict=False)
+    gm = ep.module()
+    graph = gm.graph
+    in_spec, out_spec = gm._in_spec, gm._out_spec
+    graph._codegen = CodeGen()  # plain flat placeholders instead of pytree flattening
+    for node in list(graph.nodes):
+        if node.op == "call_module" and str(node.target).startswith("_guards"):
+            graph.erase_node(node)
+    flat_example = torch.fx._pytree.tree_flatten_spec((args, kwargs), in_spec)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    keep: list[int] = []
+    for i, (ph, value) in enumerate(zip(placeholders, flat_example)):
+        if isinstance(value, torch.Tensor):
+            keep.append(i)
+        else:  # a non-tensor input: export specialized the graph to it
+            for user in list(ph.users):
+                user.args = fx.node.map_arg(user.args, lambda n, v=value, p=ph: v if n is p else n)
+                user.kwargs = fx.node.map_arg(user.kwargs, lambda n, v=value, p=ph: v if n is p else n)
+            graph.erase_node(ph)
+    _flat_output(graph)  # already flat: the structure is export's out_spec
+    spec = out_spec
+    for name in ("_guards_fn",):
+        if hasattr(gm, name):
+            delattr(gm, name)
+    gm.recompile()
+    names = [n.name for n in graph.nodes if n.op == "placeholder"]
+
+    def flatten(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        flat = torch.fx._pytree.tree_flatten_spec((call_args, call_kwargs), in_spec)
+        return [flat[i] for i in keep]
+
+    return Traced(gm, "export", names, spec, flatten)
