@@ -50,6 +50,7 @@ class StageProgram:
     inputs: list[str]
     outputs: list[str]
     modules: list[str]
+    first_node: str
     flops: int
     cost: float
     # stage-local parameter/buffer name -> the original model's (canonical) name
@@ -210,6 +211,7 @@ def build_program(traced: Traced, plan: Plan) -> Program:
                 inputs=[v.name for v in inputs],
                 outputs=[o.name for o in outs],
                 modules=modules,
+                first_node=members[0].name if members else "",
                 flops=sum(info(n).flops for n in members),
                 cost=sum(node_cost(n) for n in members)
                 + (0.0 if s == num - 1 else _send_cost(boundaries[s])),

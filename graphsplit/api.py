@@ -1,0 +1,110 @@
+"""The Python entry points: `transform` (plan + artifacts) and `parallelize` (this rank's part)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .compile import compile_program
+from .errors import GraphsplitError
+from .loader import LoadedModel, load_model
+from .plan import Plan
+from .program import Program
+from .summary import summarize
+
+
+@dataclass
+class TransformResult:
+    program: Program
+    summary: dict[str, Any]
+    out_dir: Path | None
+
+
+def transform(
+    model: str | LoadedModel,
+    plan: Plan,
+    out_dir: str | Path | None = None,
+    fixed_cuts: tuple[str, ...] | None = None,
+) -> TransformResult:
+    """Plan and rewrite a model file; write plan.json and stage code to `out_dir` if given.
+
+    `summary["transform_seconds"]` is the time from the loaded model to the
+    written artifacts (model file import excluded).
+    """
+    loaded = load_model(model) if isinstance(model, str) else model
+    module = loaded.build("meta")
+    start = time.perf_counter()
+    result = compile_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts)
+    summary = summarize(result.program, timings=result.timings)
+    if out_dir is not None:
+        from .artifacts import write_artifacts
+
+        summary["transform_seconds"] = time.perf_counter() - start
+        write_artifacts(result.program, loaded, Path(out_dir), summary)
+    summary["transform_seconds"] = time.perf_counter() - start
+    return TransformResult(result.program, summary, Path(out_dir) if out_dir is not None else None)
+
+
+class PipelinedModule(nn.Module):
+    """This rank's stages of a parallelized model.
+
+    `train_step(*args, target=..., **kwargs)` runs one forward + backward of the
+    whole pipeline over the micro-batches and returns the mean loss on the
+    rank holding the last stage (None elsewhere). Gradients land in
+    `.parameters()`: step any optimizer over them.
+    """
+
+    def __init__(self, pipeline: Any) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.program: Program = pipeline.program
+        self.stages = nn.ModuleDict({str(k): v for k, v in sorted(pipeline.modules.items())})
+
+    def train_step(self, *args: Any, target: Any = None, **kwargs: Any) -> torch.Tensor | None:
+        inputs = self.program.traced.flatten_inputs(args, kwargs)
+        if target is None:
+            target = torch.zeros(inputs[0].shape[0], device=inputs[0].device)
+        loss, output = self.pipeline.step(inputs, target)
+        self.last_output = self.program.unflatten_output(output) if output is not None else None
+        return loss
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """This rank's gradients under the original model's parameter names."""
+        return self.pipeline.grads()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise GraphsplitError("a pipelined model trains through train_step(*inputs, target=...), not forward()")
+
+
+def parallelize(
+    model: nn.Module,
+    plan: Plan,
+    example_inputs: tuple[Any, ...] | dict[str, Any],
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    timeout_s: float = 120.0,
+) -> PipelinedModule:
+    """Inside a torchrun process: build this rank's part of `model` under `plan`.
+
+    A model with real weights is sliced (each rank copies only its stages'
+    tensors); a model built on `meta` is initialized per module with its own
+    `reset_parameters()`, seeded by module name.
+    """
+    from .backends.torch_distributed import DistributedPipeline, init_distributed, make_mesh
+    from .materialize import materialize_stage, model_tensors
+    from .runtime import make_loss
+
+    args, kwargs = (example_inputs, {}) if isinstance(example_inputs, tuple) else ((), dict(example_inputs))
+    device = init_distributed(timeout_s)
+    mesh = make_mesh(plan, device)
+    program = compile_program(model, args, kwargs, plan).program
+    on_meta = any(t.device.type == "meta" for t in model.parameters())
+    source = None if on_meta else model_tensors(model)
+    pp_rank = mesh.get_local_rank("pp")
+    modules = {s: materialize_stage(program.stages[s], device, source, plan.seed) for s in plan.stages_of_rank(pp_rank)}
+    return PipelinedModule(DistributedPipeline(program, modules, make_loss(program, loss_fn), mesh, device))

@@ -1,0 +1,141 @@
+"""torch_distributed backend: this rank's stages on real process groups.
+
+The device mesh has three named axes, (dp, pp, tp); pipeline stages talk over
+the pp axis through `torch.distributed.pipelining` (`PipelineStage` built from
+our own stage GraphModules, and its schedules). gloo on CPU, nccl on CUDA.
+Copies of a tied parameter on several pp ranks get the sum of their
+gradients through one all-reduce per parameter on a group of just those ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.pipelining as pipelining
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
+from ..program import Program
+from ..runtime import LossFn, sync_tied_grads
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
+    """Join the process group torchrun set up; returns this rank's device."""
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return device
+
+
+def make_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
+    world = dist.get_world_size()
+    if world != plan.world_size:
+        from ..errors import GraphsplitError
+
+        raise GraphsplitError(
+            f"the plan needs dp x pp x tp = {plan.dp} x {plan.pp} x {plan.tp} = {plan.world_size} "
+            f"processes but {world} were started; launch with --nproc-per-node {plan.world_size}"
+        )
+    return init_device_mesh(device.type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=("dp", "pp", "tp"))
+
+
+class DistributedPipeline:
+    """This rank's stages and the schedule that drives them."""
+
+    def __init__(
+        self,
+        program: Program,
+        stage_modules: Mapping[int, nn.Module],
+        loss_fn: LossFn,
+        mesh: DeviceMesh,
+        device: torch.device,
+    ) -> None:
+        self.program = program
+        self.plan = plan = program.plan
+        self.modules = dict(stage_modules)
+        self.mesh = mesh
+        self.device = device
+        self.pp_rank = mesh.get_local_rank("pp")
+        pp_group = mesh.get_group("pp")
+        self.stages = [
+            pipelining.PipelineStage(module, index, plan.num_stages, device, group=pp_group)
+            for index, module in sorted(self.modules.items())
+        ]
+        cls = getattr(pipelining, SCHEDULES[plan.schedule])
+        common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+        if plan.schedule in MULTI_STAGE_SCHEDULES:
+            self.schedule = cls(self.stages, **common)
+        else:
+            (only,) = self.stages
+            self.schedule = cls(only, **common)
+        self.is_first = 0 in self.modules
+        self.is_last = plan.num_stages - 1 in self.modules
+        self._tied_groups = self._make_tied_groups()
+
+    def _make_tied_groups(self) -> dict[str, dist.ProcessGroup | None]:
+        """One group per tied parameter over the pp ranks holding it (every rank calls new_group)."""
+        groups: dict[str, dist.ProcessGroup | None] = {}
+        grid = self.mesh.mesh  # global ranks, shape (dp, pp, tp)
+        me = dist.get_rank()
+        for name in sorted(self.program.shared_params):
+            pp_ranks = sorted({self.plan.stage_rank(s) for s in self.program.shared_params[name]})
+            if len(pp_ranks) < 2:
+                continue
+            for d in range(grid.shape[0]):
+                for t in range(grid.shape[2]):
+                    ranks = [int(grid[d, r, t]) for r in pp_ranks]
+                    group = dist.new_group(ranks)
+                    if me in ranks:
+                        groups[name] = group
+        return groups
+
+    def parameters(self) -> list[nn.Parameter]:
+        seen: dict[int, nn.Parameter] = {}
+        for module in self.modules.values():
+            for p in module.parameters():
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
+        """One training step's forward and backward; (mean loss, merged output) on the last stage."""
+        losses: list[torch.Tensor] = []
+        args = inputs if self.is_first else ()
+        kwargs: dict[str, Any] = {"losses": losses}
+        if self.is_last:
+            kwargs["target"] = target
+        output = self.schedule.step(*args, **kwargs)
+
+        def reduce(name: str, tensor: torch.Tensor) -> None:
+            group = self._tied_groups.get(name)
+            if group is not None:
+                dist.all_reduce(tensor, group=group)
+
+        sync_tied_grads(self.program, self.modules, reduce)
+        if not self.is_last:
+            return None, None
+        return torch.stack([loss.detach() for loss in losses]).mean(), output
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """This rank's gradients under the original model's parameter names."""
+        found: dict[str, torch.Tensor] = {}
+        for index, module in self.modules.items():
+            for local, canonical in self.program.stages[index].param_sources.items():
+                g = module.get_parameter(local).grad
+                if g is not None:
+                    found[canonical] = g.detach().cpu()
+        return found

@@ -1,0 +1,119 @@
+"""The `graphsplit` command line (click)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .errors import GraphsplitError
+from .plan import SCHEDULES, Plan
+
+
+def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--pp", type=int, default=None, help="Pipeline-parallel ranks."),
+        click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (not implemented yet)."),
+        click.option("--dp", type=int, default=None, help="Data-parallel replicas (not implemented yet)."),
+        click.option("--microbatches", type=int, default=None, help="Micro-batches per step (default: number of stages)."),
+        click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None, help="Pipeline schedule (default 1f1b)."),
+        click.option("--stages-per-rank", type=int, default=None, help="Virtual stages per pp rank (interleaved schedules)."),
+        click.option("--split-at", default=None, help="Comma-separated module names that start a new stage, e.g. h.6,h.12."),
+        click.option("--seed", type=int, default=None, help="Seed for the model's initialization (default 0)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+_PLAN_KEYS = ("pp", "tp", "dp", "microbatches", "schedule", "stages_per_rank", "split_at", "seed")
+
+
+def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
+    given = {k: kwargs.pop(k) for k in _PLAN_KEYS}
+    given = {k: v for k, v in given.items() if v is not None}
+    if "split_at" in given:
+        given["split_at"] = tuple(s.strip() for s in given["split_at"].split(",") if s.strip())
+    if given.get("schedule") in ("interleaved-1f1b", "looped-bfs") and "stages_per_rank" not in given:
+        given["stages_per_rank"] = 2
+    return Plan(**given), bool(given)
+
+
+def _fail(exc: GraphsplitError) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(exc.exit_code)
+
+
+@click.group()
+@click.version_option(package_name="graphsplit")
+def main() -> None:
+    """Split an ordinary PyTorch model into a pipeline-parallel training program."""
+
+
+@main.command()
+@click.argument("model")
+@_plan_options
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None, help="Folder for plan.json and stage code.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout (logs go to stderr).")
+def transform(model: str, out_dir: Path | None, as_json: bool, **kwargs: Any) -> None:
+    """Plan and rewrite MODEL (path/to/model.py[:factory]); write artifacts to --out."""
+    from .api import transform as do_transform
+    from .summary import render
+
+    try:
+        plan, _ = _plan_from(kwargs)
+        result = do_transform(model, plan, out_dir)
+    except GraphsplitError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        click.echo(json.dumps(result.summary, indent=2, default=str))
+        if out_dir is not None:
+            click.echo(f"wrote {out_dir}", err=True)
+    else:
+        render(result.summary)
+        if out_dir is not None:
+            click.echo(f"wrote {out_dir}/plan.json and {len(result.program.stages)} stage files")
+
+
+@main.command()
+@click.argument("target")
+@_plan_options
+@click.option("--steps", type=int, default=5, show_default=True, help="Training steps.")
+@click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
+@click.option("--lr", type=float, default=0.01, show_default=True)
+@click.option("--check", is_flag=True, help="Also train the untouched model and compare loss, outputs and gradients.")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
+def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout_s: float, **kwargs: Any) -> None:
+    """Train TARGET (a model file, or a folder written by transform) under torchrun on this machine."""
+    from .artifacts import model_spec_from_record, read_plan_record
+    from .launch import RunOptions, run_training
+
+    try:
+        plan, flags_given = _plan_from(kwargs)
+        fixed_cuts = None
+        model_spec = target
+        if Path(target).is_dir():
+            if flags_given:
+                raise GraphsplitError(f"{target} is a transformed folder with its own plan; drop the plan flags or run the model file")
+            record = read_plan_record(Path(target))
+            plan = Plan.from_dict(record["plan"])
+            fixed_cuts = tuple(record["split"]["stage_starts"])
+            model_spec = model_spec_from_record(record, Path(target))
+        if steps < 1:
+            raise GraphsplitError(f"--steps must be at least 1, got {steps}")
+        opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, check=check, timeout_s=timeout_s)
+        cmp = run_training(model_spec, plan, opts, fixed_cuts, echo=click.echo)
+    except GraphsplitError as exc:
+        _fail(exc)
+        return
+    if cmp is not None and not cmp.ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

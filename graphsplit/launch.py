@@ -1,0 +1,155 @@
+"""`graphsplit run`: launch torchrun on this machine, train, and (with --check) prove parity.
+
+The parent process builds the model once on CPU with the plan's seed and
+saves its tensors; each rank memory-maps that file and copies only its own
+stages' tensors. With `check`, the parent also trains the untouched model on
+the same micro-batches with the same optimizer, and compares step 1's loss,
+output and every gradient (each rank's copy), plus the loss of every step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .check import ATOL, Comparison, compare, missing_grads, reference_step
+from .compile import compile_program
+from .errors import GraphsplitError
+from .loader import load_model
+from .materialize import model_tensors
+from .plan import Plan
+from .runtime import default_loss
+from .worker import RunSpec, make_optimizer
+
+LOSS_CURVE_RTOL = 1e-4
+
+
+@dataclass
+class RunOptions:
+    steps: int = 5
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    check: bool = False
+    timeout_s: float = 600.0
+
+
+def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions):
+    """Step 1's result and the loss of every step for the untouched model."""
+    loss_fn = loaded.loss_fn or default_loss
+    target = loaded.target if loaded.target is not None else torch.zeros(_batch(loaded))
+    optimizer = make_optimizer(opts.optimizer, list(model.parameters()), opts.lr)
+    first, losses = None, []
+    for _ in range(opts.steps):
+        result = reference_step(model, loaded.args, loaded.kwargs, target, loss_fn, plan.num_microbatches)
+        first = first or result
+        losses.append(float(result.loss))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return first, losses
+
+
+def _batch(loaded) -> int:
+    for value in (*loaded.args, *loaded.kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim():
+            return value.shape[0]
+    raise GraphsplitError("no batched tensor among example_inputs()")
+
+
+def _launch(spec_path: Path, world: int, timeout_s: float, log: Path) -> None:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+        "-m", "graphsplit.worker", str(spec_path),
+    ]
+    with open(log, "w") as err:
+        try:
+            proc = subprocess.run(cmd, env=env, stderr=err, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise GraphsplitError(f"training did not finish within {timeout_s:.0f} s; raise --timeout or check for a hang") from exc
+    if proc.returncode != 0:
+        text = log.read_text(errors="replace")
+        ours = [line for line in text.splitlines() if line.startswith("error: ")]
+        if ours:
+            raise GraphsplitError(ours[0].removeprefix("error: "))
+        tail = "\n".join(text.splitlines()[-30:])
+        print(tail, file=sys.stderr)
+        raise GraphsplitError(f"torchrun exited with code {proc.returncode} (its log's last lines are above)")
+
+
+def run_training(
+    model_spec: str,
+    plan: Plan,
+    opts: RunOptions,
+    fixed_cuts: tuple[str, ...] | None = None,
+    echo: Callable[[str], None] = print,
+) -> Comparison | None:
+    loaded = load_model(model_spec)
+    # Compile here first: a bad plan or model fails in one process, before torchrun starts.
+    program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts).program
+    with tempfile.TemporaryDirectory(prefix="graphsplit-run-") as tmp_str:
+        tmp = Path(tmp_str)
+        model = loaded.build("cpu", seed=plan.seed)
+        torch.save(model_tensors(model), tmp / "weights.pt")
+        reference = reference_train(model, loaded, plan, opts) if opts.check else None
+        del model
+        spec = RunSpec(
+            model=model_spec, plan=plan.to_dict(), steps=opts.steps, optimizer=opts.optimizer, lr=opts.lr,
+            fixed_cuts=list(fixed_cuts) if fixed_cuts is not None else None,
+            weights=str(tmp / "weights.pt"), dump_dir=str(tmp) if opts.check else None,
+        )
+        spec.save(tmp / "spec.json")
+        echo(f"launching {plan.world_size} processes: pp={plan.pp} ({plan.num_stages} stages, {plan.schedule}, "
+             f"{plan.num_microbatches} micro-batches)")
+        _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log")
+        if reference is None:
+            return None
+        return _check(program, tmp, reference, plan, echo)
+
+
+def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None]) -> Comparison:
+    first, ref_losses = reference
+    dumps = {int(p.stem.removeprefix("rank")): torch.load(p, weights_only=False) for p in sorted(tmp.glob("rank*.pt"))}
+    loss, output = None, None
+    for dump in dumps.values():
+        if dump["loss"] is not None:
+            loss, output = dump["loss"], program.unflatten_output(dump["output"])
+    cmp = compare(loss, output, {}, first)
+    n_grads = 0
+    for rank, dump in sorted(dumps.items()):
+        sub = compare(None, None, dump["grads"], first)
+        n_grads += len(dump["grads"])
+        cmp.max_diff.update({f"{k} (rank {rank})": v for k, v in sub.max_diff.items()})
+        cmp.failures.extend(f"rank {rank}: {f}" for f in sub.failures)
+    missing = missing_grads(first, {k for d in dumps.values() for k in d["grads"]})
+    if missing:
+        cmp.failures.append(f"no rank produced a gradient for {', '.join(sorted(missing)[:5])}")
+    curve = json.loads((tmp / "losses.json").read_text())
+    worst_curve = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve, ref_losses))
+    if not worst_curve <= LOSS_CURVE_RTOL:
+        cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {LOSS_CURVE_RTOL:g}")
+    echo(f"check: untouched model in one process vs graphsplit pp={plan.pp}, same {plan.num_microbatches} micro-batches")
+    echo(f"  loss step 1   {float(first.loss):.6f} (reference) vs {float(loss):.6f}")
+    out_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("output")]
+    grad_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("grad")]
+    echo(f"  output        max scaled difference {max(out_diffs, default=0.0):.3g}")
+    echo(f"  gradients     {n_grads} tensors on {len(dumps)} ranks, max scaled difference {max(grad_diffs, default=0.0):.3g}")
+    echo(f"  loss curve    {len(curve)} steps, max relative difference {worst_curve:.3g}")
+    worst = cmp.worst
+    if cmp.ok:
+        echo(f"check passed: largest difference {worst[1]:.3g} ({worst[0]}); fp32 atol {ATOL:g} scaled by magnitude")
+    else:
+        for f in cmp.failures[:20]:
+            echo(f"  MISMATCH {f}")
+        echo(f"check FAILED: {len(cmp.failures)} mismatch(es); largest difference {worst[1]:.3g} ({worst[0]})")
+    return cmp
+

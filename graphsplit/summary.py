@@ -1,0 +1,154 @@
+"""The transform summary: per stage what it holds, costs and sends.
+
+`summarize(program)` returns plain data (what `--json` prints and plan.json
+embeds); `render(summary)` draws it as rich tables for people.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .program import Program
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _fmt_count(n: float) -> str:
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def _block_of(path: str) -> str:
+    """`h.3.attn.c_attn` -> `h.3`; `layers.0.conv1` -> `layers.0`; `wte` -> `wte`."""
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
+def module_groups(program: Program) -> list[list[str]]:
+    """Per stage, the blocks it holds, consecutive numbered blocks merged (`h.0-3`); `~` marks a block split between stages."""
+    per_stage = [list(dict.fromkeys(_block_of(m) for m in st.modules)) for st in program.stages]
+    count: dict[str, int] = {}
+    for blocks in per_stage:
+        for b in blocks:
+            count[b] = count.get(b, 0) + 1
+    out = []
+    for blocks in per_stage:
+        names: list[str] = []
+        run_prefix, run_start, run_end = None, None, None
+
+        def flush() -> None:
+            if run_prefix is not None:
+                names.append(f"{run_prefix}.{run_start}" + (f"-{run_end}" if run_end != run_start else ""))
+
+        for b in blocks:
+            m = re.fullmatch(r"(.*)\.(\d+)", b)
+            whole = count[b] == 1
+            if m and whole and run_prefix == m.group(1) and run_end is not None and int(m.group(2)) == run_end + 1:
+                run_end = int(m.group(2))
+                continue
+            flush()
+            run_prefix = run_start = run_end = None
+            if m and whole:
+                run_prefix, run_start, run_end = m.group(1), int(m.group(2)), int(m.group(2))
+            else:
+                names.append(b if whole else f"~{b}")
+        flush()
+        out.append(names)
+    return out
+
+
+def summarize(program: Program, transform_seconds: float | None = None, timings: dict[str, float] | None = None) -> dict[str, Any]:
+    plan = program.plan
+    groups = module_groups(program)
+    stages = []
+    for st, mods in zip(program.stages, groups):
+        stages.append(
+            {
+                "index": st.index,
+                "pp_rank": plan.stage_rank(st.index),
+                "modules": mods,
+                "params": st.num_params,
+                "param_bytes": st.param_bytes,
+                "flops": st.flops,
+                "cost": st.cost,
+                "inputs": st.inputs,
+                "outputs": st.outputs,
+            }
+        )
+    boundaries = [
+        {
+            "from_stage": b.index,
+            "to_stage": b.index + 1,
+            "bytes": b.nbytes,
+            "values": [
+                {"name": v, "shape": [int(x) for x in s.shape], "dtype": str(s.dtype).removeprefix("torch."), "bytes": s.nbytes}
+                for v, s in zip(b.values, b.specs)
+            ],
+        }
+        for b in program.boundaries
+    ]
+    data: dict[str, Any] = {
+        "tracer": program.traced.tracer,
+        "plan": plan.to_dict(),
+        "num_stages": plan.num_stages,
+        "microbatches": plan.num_microbatches,
+        "balance": program.balance(),
+        "stages": stages,
+        "boundaries": boundaries,
+        "tied_parameters": program.shared_params,
+    }
+    if transform_seconds is not None:
+        data["transform_seconds"] = transform_seconds
+    if timings:
+        data["timings"] = timings
+    return data
+
+
+def render(summary: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    plan = summary["plan"]
+    title = (
+        f"graphsplit: {summary['num_stages']} stages on pp={plan['pp']} "
+        f"({plan['schedule']}, {summary['microbatches']} micro-batches, traced with {summary['tracer']})"
+    )
+    table = Table(title=title, title_justify="left")
+    for col in ("stage", "rank", "modules", "params", "FLOPs/mb", "sends"):
+        table.add_column(col, justify="right" if col in ("stage", "rank", "params", "FLOPs/mb") else "left")
+    sends = {b["from_stage"]: b for b in summary["boundaries"]}
+    for st in summary["stages"]:
+        b = sends.get(st["index"])
+        sent = (
+            f"{_fmt_bytes(b['bytes'])}: " + ", ".join(f"{v['name']} {v['dtype']}{v['shape']}" for v in b["values"])
+            if b
+            else "-"
+        )
+        table.add_row(
+            str(st["index"]),
+            str(st["pp_rank"]),
+            ", ".join(st["modules"]),
+            _fmt_count(st["params"]),
+            _fmt_count(st["flops"]),
+            sent,
+        )
+    console.print(table)
+    console.print(f"balance (max stage cost / mean): {summary['balance']:.3f}")
+    if summary["tied_parameters"]:
+        tied = ", ".join(f"{k} (stages {', '.join(map(str, v))})" for k, v in summary["tied_parameters"].items())
+        console.print(f"tied parameters, gradients summed across stages: {tied}")
+    if "transform_seconds" in summary:
+        console.print(f"transform took {summary['transform_seconds']:.2f} s")

@@ -1,0 +1,112 @@
+"""What each torchrun process runs for `graphsplit run`.
+
+    python -m torch.distributed.run --nproc-per-node W -m graphsplit.worker SPEC.json
+
+SPEC.json (written by `graphsplit run`) names the model file, the plan, the
+saved split, the step count and optimizer, the weights file to slice this
+rank's stage from (mmap: no rank reads what it does not hold), and where to
+dump step 1 for `--check`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+
+from .errors import GraphsplitError
+
+
+@dataclass
+class RunSpec:
+    model: str
+    plan: dict[str, Any]
+    steps: int = 5
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    fixed_cuts: list[str] | None = None
+    weights: str | None = None
+    dump_dir: str | None = None
+    timeout_s: float = 120.0
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> RunSpec:
+        return cls(**json.loads(path.read_text()))
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
+
+
+def _to(device: torch.device, value: Any) -> Any:
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)
+
+
+def run(spec: RunSpec) -> None:
+    from .backends.torch_distributed import DistributedPipeline, init_distributed, make_mesh
+    from .compile import compile_program
+    from .loader import load_model
+    from .materialize import materialize_stage
+    from .plan import Plan
+    from .runtime import make_loss
+
+    plan = Plan.from_dict(spec.plan)
+    device = init_distributed(spec.timeout_s)
+    mesh = make_mesh(plan, device)
+    loaded = load_model(spec.model)
+    fixed = tuple(spec.fixed_cuts) if spec.fixed_cuts is not None else None
+    program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed).program
+    pp_rank = mesh.get_local_rank("pp")
+    source = torch.load(spec.weights, mmap=True, weights_only=True) if spec.weights else None
+    modules = {
+        s: materialize_stage(program.stages[s], device, source, seed=plan.seed) for s in plan.stages_of_rank(pp_rank)
+    }
+    del source
+    pipe = DistributedPipeline(program, modules, make_loss(program, loaded.loss_fn), mesh, device)
+    optimizer = make_optimizer(spec.optimizer, pipe.parameters(), spec.lr)
+    inputs = _to(device, program.traced.flatten_inputs(loaded.args, loaded.kwargs))
+    target = _to(device, loaded.target if loaded.target is not None else torch.zeros(inputs[0].shape[0]))
+    reporter = pipe.is_last and mesh.get_local_rank("dp") == 0 and mesh.get_local_rank("tp") == 0
+    losses = []
+    for step in range(1, spec.steps + 1):
+        loss, output = pipe.step(inputs, target)
+        if step == 1 and spec.dump_dir:
+            dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), output)}
+            torch.save(dump, Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if reporter:
+            assert loss is not None
+            losses.append(float(loss))
+            print(f"step {step:>3}  loss {float(loss):.6f}", flush=True)
+    if reporter and spec.dump_dir:
+        (Path(spec.dump_dir) / "losses.json").write_text(json.dumps(losses))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        run(RunSpec.load(Path(argv[0])))
+    except GraphsplitError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
