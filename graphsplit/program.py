@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from .errors import GraphsplitError
 from .meta import TensorSpec, info
+from .ops.pipeline import dense_grad
 from .plan import Plan
 from .trace import Traced
 
@@ -176,8 +177,14 @@ def build_program(traced: Traced, plan: Plan) -> Program:
         else:
             inputs = [by_name[v] for v in boundaries[s - 1].values]
         for v in inputs:
-            env[v] = graph.placeholder(v.name)
-            env[v].meta = dict(v.meta)
+            ph = graph.placeholder(v.name)
+            ph.meta = dict(v.meta)
+            spec = info(v).tensor
+            if s > 0 and spec is not None and spec.dtype.is_floating_point:
+                env[v] = graph.call_function(dense_grad, (ph,))
+                env[v].meta = dict(v.meta)
+            else:
+                env[v] = ph
 
         def get(m: fx.Node, s: int = s, env: dict = env, graph: fx.Graph = graph) -> fx.Node:
             found = env.get(m)
@@ -192,7 +199,11 @@ def build_program(traced: Traced, plan: Plan) -> Program:
             env[n] = graph.node_copy(n, lambda a: get(a))
         if s < num - 1:
             outs = [get(by_name[v]) for v in boundaries[s].values]
-            graph.output(tuple(outs))
+            # Collectives send only dense tensors (gloo refuses strided views); a no-op when already dense.
+            sent = [graph.call_method("contiguous", (o,)) for o in outs]
+            for o, c in zip(outs, sent):
+                c.meta = dict(o.meta)
+            graph.output(tuple(sent))
         else:
             outs = [get(v) for v in out_tensors]
             graph.output(outs[0] if len(outs) == 1 else tuple(outs))

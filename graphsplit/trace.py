@@ -165,8 +165,11 @@ def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:
             graph.erase_node(node)
 
 
-def _to_meta(value: Any) -> Any:
-    return pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), value)
+def _to_model_device(model: nn.Module, value: Any) -> Any:
+    """Export traces with fake tensors; inputs only need to sit where the weights do."""
+    first = next(iter((*model.parameters(), *model.buffers())), None)
+    device = first.device if first is not None else torch.device("cpu")
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)
 
 
 def _batch_dynamic(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +188,7 @@ def _batch_dynamic(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
     from torch.export import Dim
 
-    meta_args, meta_kwargs = _to_meta((args, kwargs))
+    meta_args, meta_kwargs = _to_model_device(model, (args, kwargs))
     try:
         ep = torch.export.export(
             model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs), strict=False

@@ -55,3 +55,35 @@ class LocalPipeline:
                     p.grad.div_(n)
         sync_tied_grads(self.program, dict(enumerate(self.stages)))
         return torch.stack(losses).mean(), merge_outputs(outputs)
+
+
+def check_locally(loaded: Any, plan: Any, fixed_cuts: tuple[str, ...] | None = None) -> tuple[Program, Any]:
+    """Compile `loaded` (a LoadedModel) under `plan`, run step 1 of every stage in this
+    process, and compare loss, output and gradients with the untouched model."""
+    from ..check import compare, missing_grads, reference_step
+    from ..compile import compile_program
+    from ..materialize import materialize_stage, model_tensors
+    from ..runtime import default_loss, make_loss
+
+    model = loaded.build("cpu", seed=plan.seed)
+    program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts).program
+    source = model_tensors(model)
+    stages = [materialize_stage(s, "cpu", source) for s in program.stages]
+    pipe = LocalPipeline(program, stages, make_loss(program, loaded.loss_fn))
+    target = loaded.target
+    inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
+    if target is None:
+        target = torch.zeros(inputs[0].shape[0])
+    loss, out = pipe.step(inputs, target)
+    grads: dict[str, torch.Tensor] = {}
+    for st, module in zip(program.stages, stages):
+        for local, canonical in st.param_sources.items():
+            g = module.get_parameter(local).grad
+            if g is not None:
+                grads[f"{canonical}"] = g
+    ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss, plan.num_microbatches)
+    cmp = compare(loss, program.unflatten_output(out), grads, ref)
+    missing = missing_grads(ref, set(grads))
+    if missing:
+        cmp.failures.append(f"no stage produced a gradient for {', '.join(missing[:5])}")
+    return program, cmp

@@ -1,0 +1,150 @@
+"""The pipeline_split pass and the Program it leads to, without processes."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from graphsplit import GraphsplitError, Plan
+from graphsplit.compile import compile_program
+from graphsplit.loader import load_model
+from graphsplit.meta import info
+from graphsplit.passes.pipeline_split import balanced_cuts, liveness
+from graphsplit.trace import trace_model
+from graphsplit.analysis.shapes import annotate
+
+
+def program_for(path, **plan):
+    loaded = load_model(str(path))
+    return compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, Plan(**plan), loaded.path).program
+
+
+def test_every_boundary_carries_only_tensors_and_stages_cover_the_graph(examples_dir):
+    program = program_for(examples_dir / "gpt.py", pp=4)
+    assert len(program.stages) == 4 and len(program.boundaries) == 3
+    for b in program.boundaries:
+        assert b.values and all(spec is not None for spec in b.specs)
+    for st in program.stages:
+        # placeholders of a stage are exactly the values it receives: no ints, no shapes
+        phs = [n for n in st.gm.graph.nodes if n.op == "placeholder"]
+        assert [p.name for p in phs] == st.inputs
+        assert all(info(p).value == "tensor" for p in phs)
+        st.gm.graph.lint()
+    assert program.stages[0].inputs == ["idx"]
+
+
+def test_tied_embedding_and_lm_head_live_on_first_and_last_stage(examples_dir):
+    program = program_for(examples_dir / "gpt.py", pp=4)
+    (name, stages), = program.shared_params.items()
+    assert name in ("wte.weight", "lm_head.weight")
+    assert stages == [0, 3]
+
+
+def test_input_read_only_by_last_stage_is_passed_through_every_stage(models_dir):
+    program = program_for(models_dir / "last_input.py", pp=4)
+    assert program.stages[0].inputs == ["x", "scale"]
+    for b in program.boundaries:
+        assert "scale" in b.values
+    assert "scale" in program.stages[3].inputs
+    assert program.shared_params == {"shared": [0, 3]}
+
+
+def test_unet_skip_connection_crosses_several_stages(examples_dir):
+    program = program_for(examples_dir / "unet.py", pp=4)
+    crossing = [set(b.values) for b in program.boundaries]
+    long_skips = set.intersection(*crossing)
+    assert long_skips, "the first encoder level's output should cross all three boundaries"
+    (skip,) = long_skips
+    assert skip in program.stages[0].outputs and skip in program.stages[3].inputs
+
+
+def test_scalars_are_recomputed_not_sent(examples_dir):
+    # GPT's views need the batch size; later stages recompute it from a tensor they hold.
+    program = program_for(examples_dir / "gpt.py", pp=2)
+    later = program.stages[1].gm.graph
+    shape_nodes = [n for n in later.nodes if info(n).kind == "shape"]
+    assert shape_nodes, "stage 1 should recompute sizes locally"
+    assert all(info(n).value == "tensor" for n in later.nodes if n.op == "placeholder")
+
+
+def test_explicit_split_points_override(examples_dir):
+    program = program_for(examples_dir / "mlp.py", pp=3, microbatches=4, split_at=("layers.2", "layers.6"))
+    assert program.stages[1].modules[0] == "layers.2"
+    assert program.stages[2].modules[0] == "layers.6"
+    assert "layers.2" not in program.stages[0].modules
+
+
+def test_split_point_naming_no_module_is_an_error(examples_dir):
+    with pytest.raises(GraphsplitError, match=r"split point 'layers\.99' names no module.*layers"):
+        program_for(examples_dir / "mlp.py", pp=2, split_at=("layers.99",))
+
+
+def test_more_stages_than_cuts_is_an_error(models_dir):
+    with pytest.raises(GraphsplitError, match=r"8 pipeline stages need 7 cuts.*use --pp"):
+        program_for(models_dir / "tiny.py", pp=8, microbatches=1)
+
+
+def test_non_tensor_output_is_an_error(models_dir):
+    with pytest.raises(GraphsplitError, match=r"output #1 .* not a tensor"):
+        program_for(models_dir / "int_output.py", pp=2)
+
+
+def test_cuts_never_separate_a_tuple_from_its_getitems():
+    class Split(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 24)
+            self.b = nn.Linear(8, 8)
+
+        def forward(self, x):
+            q, k, v = self.a(x).split(8, dim=-1)
+            return self.b(q * k + v)
+
+    x = torch.randn(4, 8)
+    t = trace_model(Split(), (x,), {})
+    annotate(t.gm, (x,))
+    seq, _, blocked = liveness(t.gm)
+    split_pos = next(i for i, n in enumerate(seq) if n.target == "split")
+    last_getitem = max(i for i, n in enumerate(seq) if info(n).kind == "getitem")
+    assert all(blocked[k] for k in range(split_pos + 1, last_getitem + 1))
+    assert not blocked[split_pos] and not blocked[last_getitem + 1]
+
+
+def test_balanced_cuts_is_optimal_against_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        n, stages = int(rng.integers(5, 11)), int(rng.integers(2, 5))
+        costs = rng.uniform(0, 10, n)
+        comm = rng.uniform(0, 2, n + 1)
+        valid = np.ones(n + 1, dtype=bool)
+        valid[rng.integers(1, n, 2)] = False
+        cand = [k for k in range(1, n) if valid[k]]
+        if len(cand) < stages - 1:
+            continue
+
+        def worst(cuts):
+            b = [0, *cuts, n]
+            return max(costs[b[i]:b[i + 1]].sum() + (comm[b[i + 1]] if b[i + 1] < n else 0) for i in range(stages))
+
+        best = min(worst(c) for c in itertools.combinations(cand, stages - 1))
+        got = balanced_cuts(costs, comm, valid, stages)
+        assert len(got) == stages - 1 and all(valid[k] for k in got)
+        assert worst(got) == pytest.approx(best)
+
+
+def test_balance_ratio_is_max_over_mean_of_stage_costs(examples_dir):
+    program = program_for(examples_dir / "gpt.py", pp=2)
+    costs = [s.cost for s in program.stages]
+    assert program.balance() == pytest.approx(max(costs) / (sum(costs) / len(costs)))
+    assert program.balance() < 1.05
+
+
+def test_saved_split_reproduces_the_same_stages(examples_dir):
+    first = program_for(examples_dir / "resnet.py", pp=4)
+    loaded = load_model(str(examples_dir / "resnet.py"))
+    starts = tuple(s.first_node for s in first.stages[1:])
+    again = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, Plan(pp=4), loaded.path, starts).program
+    assert [s.inputs for s in again.stages] == [s.inputs for s in first.stages]
+    assert [s.modules for s in again.stages] == [s.modules for s in first.stages]

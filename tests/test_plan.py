@@ -1,0 +1,46 @@
+import pytest
+
+from graphsplit import GraphsplitError, Plan
+
+
+def test_defaults_and_json_round_trip():
+    plan = Plan(pp=4, microbatches=8, split_at=("h.2", "h.4", "h.6"))
+    assert plan.num_stages == 4
+    assert plan.num_microbatches == 8
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    assert isinstance(again.split_at, tuple)
+
+
+def test_microbatches_default_to_number_of_stages():
+    assert Plan(pp=2, schedule="interleaved-1f1b", stages_per_rank=2).num_microbatches == 4
+
+
+def test_interleaved_placement_loops_over_ranks():
+    plan = Plan(pp=2, schedule="interleaved-1f1b", stages_per_rank=2)
+    assert [plan.stage_rank(s) for s in range(4)] == [0, 1, 0, 1]
+    assert plan.stages_of_rank(1) == [1, 3]
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"pp": 0}, "Plan.pp"),
+        ({"tp": -1}, "Plan.tp"),
+        ({"microbatches": 0}, "Plan.microbatches"),
+        ({"schedule": "zigzag"}, "Plan.schedule"),
+        ({"stages_per_rank": 2}, "Plan.stages_per_rank"),
+        ({"schedule": "interleaved-1f1b"}, "Plan.stages_per_rank"),
+        ({"pp": 2, "split_at": ("a", "b")}, "Plan.split_at"),
+        ({"checkpoint": "always"}, "Plan.checkpoint"),
+        ({"autocast": "int8"}, "Plan.autocast"),
+    ],
+)
+def test_invalid_plans_name_the_field(kwargs, field):
+    with pytest.raises(GraphsplitError, match=field.replace(".", r"\.")):
+        Plan(**kwargs)
+
+
+def test_unknown_json_field_is_refused():
+    with pytest.raises(GraphsplitError, match="unknown field"):
+        Plan.from_dict({"pp": 2, "pipelines": 3})

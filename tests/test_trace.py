@@ -1,0 +1,87 @@
+import pytest
+import torch
+import torch.nn as nn
+
+from graphsplit import GraphsplitError
+from graphsplit.loader import load_model
+from graphsplit.optable import OpKind, classify
+from graphsplit.trace import trace_model
+
+
+class Kw(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, mask=None, scale=2.0):
+        y = self.lin(x) * scale
+        if mask is not None:
+            y = y + mask
+        return {"y": y, "none": None}
+
+
+def test_fx_bakes_non_tensor_inputs_and_keeps_output_structure():
+    m = Kw()
+    x = torch.randn(3, 4)
+    t = trace_model(m, (x,), {})
+    assert t.tracer == "fx"
+    assert t.input_names == ["x"]
+    out = t.unflatten_output(t.gm(*t.flatten_inputs((x,), {})))
+    assert set(out) == {"y", "none"} and out["none"] is None
+    torch.testing.assert_close(out["y"], m(x)["y"])
+
+
+def test_keyword_tensor_inputs_become_placeholders():
+    m = Kw()
+    x, mask = torch.randn(3, 4), torch.randn(3, 4)
+    t = trace_model(m, (x,), {"mask": mask})
+    assert t.input_names == ["x", "mask"]
+    out = t.unflatten_output(t.gm(*t.flatten_inputs((), {"x": x, "mask": mask})))
+    torch.testing.assert_close(out["y"], m(x, mask=mask)["y"])
+
+
+class ShapeBranch(nn.Module):
+    """fx cannot follow `if x.shape[0] > 1`; export can (a guard on a size)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.shape[0] > 1:
+            x = x * 3
+        return self.lin(x)
+
+
+def test_export_fallback_gives_aten_graph_with_symbolic_batch():
+    m = ShapeBranch()
+    x = torch.randn(4, 4)
+    t = trace_model(m, (x,), {})
+    assert t.tracer == "export"
+    kinds = {classify(n, t.gm) for n in t.gm.graph.nodes}
+    assert OpKind.LINEAR in kinds  # aten.linear, classified by the same table as nn.Linear
+    # the graph runs at another batch size than it was traced with
+    y = torch.randn(6, 4)
+    torch.testing.assert_close(t.unflatten_output(t.gm(y)), m(y))
+
+
+def test_untraceable_model_names_file_and_line(models_dir):
+    loaded = load_model(str(models_dir / "untraceable.py"))
+    with pytest.raises(GraphsplitError, match=r"cannot trace DataDependent at untraceable\.py:\d+"):
+        trace_model(loaded.build("meta"), loaded.args, loaded.kwargs, loaded.path)
+
+
+def test_op_table_classifies_module_and_function_spellings():
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.emb = nn.Embedding(10, 4)
+
+        def forward(self, idx, x):
+            return self.lin(x) + torch.nn.functional.linear(x, self.lin.weight) + self.emb(idx)
+
+    t = trace_model(Both(), (torch.zeros(2, dtype=torch.long), torch.randn(2, 4)), {})
+    kinds = [classify(n, t.gm) for n in t.gm.graph.nodes]
+    assert kinds.count(OpKind.LINEAR) == 2
+    assert kinds.count(OpKind.EMBEDDING) == 1
