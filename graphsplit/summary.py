@@ -46,29 +46,25 @@ def module_groups(program: Program) -> list[list[str]]:
     for blocks in per_stage:
         for b in blocks:
             count[b] = count.get(b, 0) + 1
-    out = []
-    for blocks in per_stage:
-        names: list[str] = []
-        run_prefix, run_start, run_end = None, None, None
+    return [_merge_runs([b if count[b] == 1 else f"~{b}" for b in blocks]) for blocks in per_stage]
 
-        def flush() -> None:
-            if run_prefix is not None:
-                names.append(f"{run_prefix}.{run_start}" + (f"-{run_end}" if run_end != run_start else ""))
 
-        for b in blocks:
-            m = re.fullmatch(r"(.*)\.(\d+)", b)
-            whole = count[b] == 1
-            if m and whole and run_prefix == m.group(1) and run_end is not None and int(m.group(2)) == run_end + 1:
-                run_end = int(m.group(2))
-                continue
-            flush()
-            run_prefix = run_start = run_end = None
-            if m and whole:
-                run_prefix, run_start, run_end = m.group(1), int(m.group(2)), int(m.group(2))
-            else:
-                names.append(b if whole else f"~{b}")
-        flush()
-        out.append(names)
+def _merge_runs(names: list[str]) -> list[str]:
+    """['h.0', 'h.1', 'h.2', 'ln_f'] -> ['h.0-2', 'ln_f']; '~' (partial) names are never merged."""
+    out: list[str] = []
+    run: tuple[str, int, int] | None = None  # (prefix, first, last)
+    for name in [*names, ""]:
+        m = re.fullmatch(r"([^~].*)\.(\d+)", name)
+        if run and m and m.group(1) == run[0] and int(m.group(2)) == run[2] + 1:
+            run = (run[0], run[1], run[2] + 1)
+            continue
+        if run:
+            out.append(f"{run[0]}.{run[1]}" + (f"-{run[2]}" if run[2] != run[1] else ""))
+            run = None
+        if m:
+            run = (m.group(1), int(m.group(2)), int(m.group(2)))
+        elif name:
+            out.append(name)
     return out
 
 

@@ -14,8 +14,12 @@ tensor tuple; `Traced.unflatten_output(leaves)` rebuilds the model's output.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,16 +68,34 @@ def trace_model(
     except Exception as fx_exc:  # any tracer failure: try the other tracer
         fx_error = fx_exc
     try:
-        return _trace_export(model, args, kwargs)
+        with _quiet_torch_logs():
+            return _trace_export(model, args, kwargs)
     except Exception as export_exc:
         where = _user_frame(export_exc, source) or _user_frame(fx_error, source)
         at = f" at {where}" if where else ""
         raise GraphsplitError(
             f"cannot trace {type(model).__name__}{at}: torch.fx said "
             f"'{_first_line(fx_error)}' and torch.export said '{_first_line(export_exc)}'; "
-            "make that code traceable (no Python control flow on tensor values) or mark the "
-            "module holding it as a leaf"
+            "make that code traceable: no Python control flow on tensor values (torch.where "
+            "or torch.cond instead of if/else on a tensor)"
         ) from export_exc
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """torch.export logs (and prints to stderr) graph dumps and guard warnings on failure;
+    our error message says what matters."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.startswith("torch")]
+    loggers.append(logging.getLogger("torch"))
+    saved = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, saved):
+            lg.setLevel(level)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -186,7 +208,6 @@ def _batch_dynamic(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 
 
 def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
-    from torch.export import Dim
 
     meta_args, meta_kwargs = _to_model_device(model, (args, kwargs))
     try:

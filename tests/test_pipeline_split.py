@@ -8,12 +8,12 @@ import torch
 import torch.nn as nn
 
 from graphsplit import GraphsplitError, Plan
+from graphsplit.analysis.shapes import annotate
 from graphsplit.compile import compile_program
 from graphsplit.loader import load_model
 from graphsplit.meta import info
 from graphsplit.passes.pipeline_split import balanced_cuts, liveness
 from graphsplit.trace import trace_model
-from graphsplit.analysis.shapes import annotate
 
 
 def program_for(path, **plan):
@@ -124,7 +124,7 @@ def test_balanced_cuts_is_optimal_against_brute_force():
         if len(cand) < stages - 1:
             continue
 
-        def worst(cuts):
+        def worst(cuts, n=n, costs=costs, comm=comm, stages=stages):
             b = [0, *cuts, n]
             return max(costs[b[i]:b[i + 1]].sum() + (comm[b[i + 1]] if b[i + 1] < n else 0) for i in range(stages))
 

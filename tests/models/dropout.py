@@ -1,0 +1,23 @@
+"""Dropout draws different random masks in the pipeline and in the reference: --check must fail."""
+
+import torch
+import torch.nn as nn
+
+
+class Dropped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.5)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(self.drop(torch.relu(self.a(x))))
+
+
+def build_model():
+    return Dropped()
+
+
+def example_inputs():
+    return (torch.randn(8, 8, generator=torch.Generator().manual_seed(0)),)

@@ -1,0 +1,107 @@
+"""The command line, end to end, as a user runs it."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import EXAMPLES, MODELS
+
+
+def cli(*args, timeout=300):
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "graphsplit", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_transform_writes_plan_and_stage_code(tmp_path):
+    out = tmp_path / "gpt"
+    r = cli("transform", EXAMPLES / "gpt.py", "--pp", "4", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "balance" in r.stdout and "wte.weight" in r.stdout or "lm_head.weight" in r.stdout
+    record = json.loads((out / "plan.json").read_text())
+    assert record["model"]["factory"] == "build_model"
+    assert record["model"]["path"].endswith("gpt.py")
+    assert record["plan"]["pp"] == 4
+    assert len(record["split"]["stage_starts"]) == 3
+    tied = [name for name, p in record["parameters"].items() if p["stages"] == [0, 3]]
+    assert len(tied) == 1
+    assert all(p["sharding"] == "replicate" for p in record["parameters"].values())
+    for s in range(4):
+        source = (out / f"stage_{s}.py").read_text()
+        ast.parse(source)
+        assert f"class Stage{s}" in source and "def forward" in source
+
+
+def test_transform_json_summary_on_stdout(tmp_path):
+    r = cli("transform", EXAMPLES / "unet.py", "--pp", "4", "--json", "--out", tmp_path / "u")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["transform_seconds"] > 0
+    assert len(summary["stages"]) == 4
+    assert summary["balance"] >= 1.0
+    assert all(st["flops"] > 0 and st["params"] > 0 for st in summary["stages"])
+    assert [b["from_stage"] for b in summary["boundaries"]] == [0, 1, 2]
+    assert all(b["bytes"] == sum(v["bytes"] for v in b["values"]) for b in summary["boundaries"])
+    assert "wrote" in r.stderr
+
+
+BAD = [
+    (["transform", MODELS / "untraceable.py", "--pp", "2"], r"cannot trace DataDependent at untraceable.py:\d+"),
+    (["transform", MODELS / "tiny.py", "--pp", "8", "--microbatches", "1"], "need 7 cuts"),
+    (["transform", EXAMPLES / "mlp.py", "--pp", "2", "--split-at", "blocks.3"], "names no module"),
+    (["transform", MODELS / "no_builder.py", "--pp", "2"], r"defines no build_model\(\)"),
+    (["transform", MODELS / "int_output.py", "--pp", "2"], "not a tensor"),
+    (["transform", EXAMPLES / "mlp.py", "--pp", "2", "--tp", "2"], "not implemented yet"),
+    (["transform", EXAMPLES / "mlp.py", "--pp", "0"], "Plan.pp"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=["untraceable", "pp-too-large", "bad-split", "no-builder", "int-output", "tp", "pp0"])
+def test_bad_input_one_line_error_and_no_output(tmp_path, args, message):
+    out = tmp_path / "out"
+    r = cli(*args, "--out", out)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert __import__("re").search(message, lines[0]), lines[0]
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir()], "no temporary folder left behind"
+
+
+def test_failed_transform_keeps_the_previous_output(tmp_path):
+    out = tmp_path / "out"
+    assert cli("transform", EXAMPLES / "mlp.py", "--pp", "2", "--out", out).returncode == 0
+    before = (out / "plan.json").read_text()
+    r = cli("transform", EXAMPLES / "mlp.py", "--pp", "2", "--split-at", "nope", "--out", out)
+    assert r.returncode == 2
+    assert (out / "plan.json").read_text() == before
+
+
+@pytest.mark.slow
+def test_run_transformed_folder_with_check(tmp_path):
+    out = tmp_path / "resnet"
+    assert cli("transform", EXAMPLES / "resnet.py", "--pp", "2", "--out", out).returncode == 0
+    r = cli("run", out, "--steps", "2", "--check", "--optimizer", "adamw", "--lr", "0.001")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "step   2  loss" in r.stdout
+    assert "check passed" in r.stdout
+
+
+@pytest.mark.slow
+def test_run_check_fails_loudly_on_a_mismatch():
+    r = cli("run", MODELS / "dropout.py", "--pp", "2", "--steps", "1", "--check")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "check FAILED" in r.stdout and "MISMATCH" in r.stdout
+
+
+def test_run_refuses_plan_flags_with_a_transformed_folder(tmp_path):
+    out = tmp_path / "mlp"
+    assert cli("transform", EXAMPLES / "mlp.py", "--pp", "2", "--out", out).returncode == 0
+    r = cli("run", out, "--pp", "4")
+    assert r.returncode == 2 and "drop the plan flags" in r.stderr
