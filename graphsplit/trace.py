@@ -137,8 +137,8 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     for k, v in concrete.items():
         if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v):
             raise TypeError(f"input {k!r} is a container of tensors")
-    gm = fx.symbolic_trace(model, concrete_args=concrete or None)
-    graph = gm.graph
+    graph = _Tracer().trace(model, concrete_args=concrete or None)
+    gm = fx.GraphModule(model, graph, class_name=type(model).__name__)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
     spec = _flat_output(graph)
     gm.recompile()
@@ -152,6 +152,11 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         return [b.arguments[k] for k in tensor_names]
 
     return Traced(gm, "fx", list(tensor_names), spec, flatten)
+
+
+class _Tracer(fx.Tracer):
+    # Buffers become graph values, so `self.rope_cos[:T]` with a traced T is traceable.
+    proxy_buffer_attributes = True
 
 
 def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:

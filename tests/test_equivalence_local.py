@@ -34,3 +34,22 @@ def test_the_check_catches_an_unsummed_tied_gradient(monkeypatch):
     _, cmp = check_locally(load_model(str(EXAMPLES / "gpt.py")), Plan(pp=2))
     assert not cmp.ok
     assert any("wte.weight" in f or "lm_head.weight" in f for f in cmp.failures)
+
+
+def test_a_program_planned_at_one_batch_size_runs_at_another():
+    import torch
+
+    from graphsplit.backends.local import LocalPipeline
+    from graphsplit.compile import compile_program
+    from graphsplit.materialize import materialize_stage, model_tensors
+    from graphsplit.runtime import default_loss
+
+    for name in ("gpt.py", "unet.py"):  # one export-traced, one fx-traced
+        loaded = load_model(str(EXAMPLES / name))
+        program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, Plan(pp=2), loaded.path).program
+        model = loaded.build("cpu", seed=0)
+        stages = [materialize_stage(s, "cpu", model_tensors(model)) for s in program.stages]
+        (x,) = loaded.args
+        bigger = torch.cat([x, x.flip(0), x], dim=0)  # 3x the planned batch
+        out = LocalPipeline(program, stages, default_loss).forward_stages((bigger,))
+        torch.testing.assert_close(program.unflatten_output(out), model(bigger), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,150 @@
+"""Tensor-parallel collectives as autograd functions, with Megatron's semantics.
+
+Stage graphs call these by name, so the generated code shows every collective:
+
+- `copy_to_tp(x)`      f: identity forward, all-reduce of the gradient backward
+                       (before a column-parallel layer whose input is replicated)
+- `reduce_from_tp(x)`  g: all-reduce forward, identity backward
+                       (after a row-parallel layer: sums the partial results)
+- `gather_from_tp(x, dim)`  all-gather along `dim` forward, keep this rank's slice backward
+- `scatter_to_tp(x, dim)`   keep this rank's slice forward, all-gather backward
+- `vocab_parallel_embedding(ids, weight, vocab_start)`: lookup in this rank's rows, zero
+  elsewhere, all-reduce forward
+
+The tensor-parallel process group is set once per process by the backend
+(`set_tp_group`). Every call is counted in `COUNTS` (direction, kind), which
+is how tests and `transform --json` check the Megatron count.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+import torch.fx
+
+_GROUP: dist.ProcessGroup | None = None
+COUNTS: Counter[tuple[str, str]] = Counter()
+
+
+def set_tp_group(group: dist.ProcessGroup | None) -> None:
+    global _GROUP
+    _GROUP = group
+
+
+def tp_group() -> dist.ProcessGroup | None:
+    return _GROUP
+
+
+def _size() -> int:
+    return dist.get_world_size(_GROUP) if _GROUP is not None else 1
+
+
+def _rank() -> int:
+    return dist.get_rank(_GROUP) if _GROUP is not None else 0
+
+
+def _all_reduce(x: torch.Tensor, direction: str) -> torch.Tensor:
+    COUNTS[(direction, "all_reduce")] += 1
+    if _size() == 1:
+        return x
+    x = x.contiguous()
+    dist.all_reduce(x, group=_GROUP)
+    return x
+
+
+def _all_gather(x: torch.Tensor, dim: int, direction: str) -> torch.Tensor:
+    COUNTS[(direction, "all_gather")] += 1
+    n = _size()
+    if n == 1:
+        return x
+    parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(n)]
+    dist.all_gather(parts, x.contiguous(), group=_GROUP)
+    return torch.cat(parts, dim=dim)
+
+
+def _local_slice(x: torch.Tensor, dim: int) -> torch.Tensor:
+    n = _size()
+    if n == 1:
+        return x
+    return x.chunk(n, dim=dim)[_rank()].contiguous()
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _all_reduce(grad.clone(), "backward")
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return _all_reduce(x.clone(), "forward")
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad
+
+
+class _GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):  # type: ignore[override]
+        ctx.dim = dim
+        return _all_gather(x, dim, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _local_slice(grad, ctx.dim), None
+
+
+class _ScatterToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):  # type: ignore[override]
+        ctx.dim = dim
+        return _local_slice(x, dim)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _all_gather(grad, ctx.dim, "backward"), None
+
+
+@torch.fx.wrap
+def copy_to_tp(x: torch.Tensor) -> torch.Tensor:
+    return _CopyToTP.apply(x)
+
+
+@torch.fx.wrap
+def reduce_from_tp(x: torch.Tensor) -> torch.Tensor:
+    return _ReduceFromTP.apply(x)
+
+
+@torch.fx.wrap
+def gather_from_tp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return _GatherFromTP.apply(x, dim)
+
+
+@torch.fx.wrap
+def scatter_to_tp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return _ScatterToTP.apply(x, dim)
+
+
+@torch.fx.wrap
+def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    """`F.embedding` over a vocabulary split in contiguous row blocks across the tp ranks."""
+    rows = weight.shape[0]
+    start = _rank() * rows
+    outside = (ids < start) | (ids >= start + rows)
+    local = (ids - start).masked_fill(outside, 0)
+    out = torch.nn.functional.embedding(local, weight)
+    out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+    return reduce_from_tp(out)
+
+
+@torch.fx.wrap
+def tp_rank() -> int:
+    return _rank()
