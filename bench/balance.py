@@ -18,6 +18,7 @@ means graphsplit's split is more even.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -117,7 +118,8 @@ def main() -> None:
             loaded.args, loaded.target = (idx,), idx.clone()
         model = loaded.build("cpu", seed=0) if not args.no_measure else None
         for pp in [int(p) for p in args.pp.split(",")]:
-            plan = Plan(pp=pp, microbatches=pp if pp <= 8 else 8)
+            batch = next(t.shape[0] for t in (*loaded.args, *loaded.kwargs.values()) if isinstance(t, torch.Tensor))
+            plan = Plan(pp=pp, microbatches=math.gcd(batch, pp))
             ours = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path).program
             cuts = param_split_cuts(ours.traced.gm, pp)
             theirs = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, cuts).program

@@ -114,7 +114,7 @@ def test_cuts_never_separate_a_tuple_from_its_getitems():
 
 def test_balanced_cuts_is_optimal_against_brute_force():
     rng = np.random.default_rng(0)
-    for _ in range(30):
+    for _ in range(200):
         n, stages = int(rng.integers(5, 11)), int(rng.integers(2, 5))
         costs = rng.uniform(0, 10, n)
         comm = rng.uniform(0, 2, n + 1)

@@ -7,6 +7,7 @@ an 80-layer 65B model takes seconds) under `torch.utils.flop_counter`'s
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -16,7 +17,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import GraphsplitError
 from ..meta import TensorSpec, info, module_path
-from ..optable import classify
+from ..optable import COMPUTE_KINDS, classify
+
+_MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
+
+
+def _name(n: fx.Node) -> str:
+    return n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
 
 
 def _value_kind(value: Any) -> str:
@@ -38,19 +45,27 @@ class _MetaAnnotator(fx.Interpreter):
         self.modules = dict(gm.named_modules())
 
     def run_node(self, n: fx.Node) -> Any:
-        before = self.counter.get_total_flops()
+        kind = classify(n, self.module)
+        # FlopCounterMode intercepts every op it sees; only ops that can do matmul-class
+        # work are run under it (elementwise ops count 0 FLOPs there anyway).
+        counting = kind in COMPUTE_KINDS or n.op == "call_module" or bool(_MAYBE_FLOPS.search(_name(n)))
         try:
-            value = super().run_node(n)
+            if counting:
+                with self.counter:
+                    value = super().run_node(n)
+            else:
+                value = super().run_node(n)
         except Exception as exc:
             raise GraphsplitError(
                 f"shape analysis failed at node {n.name} ({n.format_node()}) from module "
                 f"'{module_path(n) or '<root>'}': {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             ) from exc
         ni = info(n)
-        ni.kind = classify(n, self.module).value
+        ni.kind = kind.value
         ni.module = module_path(n)
         ni.value = _value_kind(value)
-        ni.flops = int(self.counter.get_total_flops() - before)
+        # entering FlopCounterMode resets its counts: the total is this node's
+        ni.flops = int(self.counter.get_total_flops()) if counting else 0
         if isinstance(value, torch.Tensor):
             ni.tensor = TensorSpec(tuple(value.shape), value.dtype, bool(value.requires_grad))
         if n.op == "get_attr":
@@ -72,8 +87,7 @@ def annotate(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> None:
     # Parameters may be real (a user's CPU model): run on meta copies of nothing but the
     # graph's own attributes, so analysis never touches weight memory.
     on_meta = gm if _all_meta(gm) else _meta_copy(gm)
-    with FlopCounterMode(display=False) as counter:
-        _MetaAnnotator(on_meta, counter).run(*meta_inputs)
+    _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)
     if on_meta is not gm:
         for src, dst in zip(on_meta.graph.nodes, gm.graph.nodes):
             dst.meta.update({k: v for k, v in src.meta.items() if k not in dst.meta or k == "graphsplit"})

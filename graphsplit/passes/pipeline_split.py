@@ -106,35 +106,51 @@ def _explicit_cuts(gm: fx.GraphModule, seq: list[fx.Node], blocked: np.ndarray, 
 
 
 def balanced_cuts(costs: np.ndarray, comm: np.ndarray, valid: np.ndarray, stages: int) -> list[int]:
-    """Cut positions minimizing the most expensive stage (dynamic programming).
+    """Cut positions minimizing the most expensive stage.
 
     costs[i]: cost of node i; comm[k]: cost of sending across cut k; valid[k]:
     whether cut k is allowed (k in 1..n-1). Returns `stages - 1` positions.
+
+    Bisection on the bottleneck T: a greedy pass that ends each stage at the
+    farthest allowed cut keeping it within T decides whether T is reachable
+    (ending a stage later never hurts the stages after it), in O(n) each.
     """
     n = len(costs)
-    prefix = np.concatenate([[0.0], np.cumsum(costs)])
-    ends = np.array([0] + [k for k in range(1, n) if valid[k]] + [n])
-    m = len(ends)
-    end_comm = np.array([comm[k] if 0 < k < n else 0.0 for k in ends])
-    inf = np.inf
-    best = np.full(m, inf)
-    best[1:] = prefix[ends[1:]] + end_comm[1:]  # one stage covering [0, end)
-    choice = np.zeros((stages + 1, m), dtype=np.int64)
-    for j in range(2, stages + 1):
-        nxt = np.full(m, inf)
-        for b in range(j, m):
-            a = np.arange(j - 1, b)
-            cand = np.maximum(best[a], prefix[ends[b]] - prefix[ends[a]] + end_comm[b])
-            i = int(np.argmin(cand))
-            nxt[b] = cand[i]
-            choice[j, b] = a[i]
-        best = nxt
-    cuts = []
-    b = m - 1
-    for j in range(stages, 1, -1):
-        b = int(choice[j, b])
-        cuts.append(int(ends[b]))
-    return sorted(cuts)
+    prefix = np.concatenate([[0.0], np.cumsum(costs)]).tolist()
+    ends = [k for k in range(1, n) if valid[k]] + [n]
+    cut_cost = [float(comm[k]) if k < n else 0.0 for k in ends]
+
+    def greedy(limit: float) -> list[int] | None:
+        cuts: list[int] = []
+        start, i = 0, 0
+        for s in range(stages):
+            last_allowed = len(ends) - (stages - s)  # leave one cut position per later stage
+            if s == stages - 1:
+                return cuts if prefix[n] - prefix[start] <= limit else None
+            best = -1
+            while i <= last_allowed and prefix[ends[i]] - prefix[start] <= limit:
+                if prefix[ends[i]] - prefix[start] + cut_cost[i] <= limit:
+                    best = i
+                i += 1
+            if best < 0:
+                return None
+            cuts.append(ends[best])
+            start, i = ends[best], best + 1
+        return cuts
+
+    lo, hi = 0.0, prefix[n] + max(cut_cost)
+    found = greedy(hi)
+    assert found is not None, "the whole graph fits one bottleneck"
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        attempt = greedy(mid)
+        if attempt is None:
+            lo = mid
+        else:
+            hi, found = mid, attempt
+        if hi - lo <= 1e-12 * max(hi, 1.0):
+            break
+    return found
 
 
 def pipeline_split_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
