@@ -95,8 +95,13 @@ def parallelize(
     tensors); a model built on `meta` is initialized per module with its own
     `reset_parameters()`, seeded by module name.
     """
-    from .backends.torch_distributed import DistributedPipeline, init_distributed, make_mesh
-    from .materialize import materialize_stage, model_tensors
+    from .backends.torch_distributed import (
+        DistributedPipeline,
+        init_distributed,
+        make_mesh,
+        materialize_rank,
+    )
+    from .materialize import model_tensors
     from .runtime import make_loss
 
     args, kwargs = (example_inputs, {}) if isinstance(example_inputs, tuple) else ((), dict(example_inputs))
@@ -105,6 +110,5 @@ def parallelize(
     program = compile_program(model, args, kwargs, plan).program
     on_meta = any(t.device.type == "meta" for t in model.parameters())
     source = None if on_meta else model_tensors(model)
-    pp_rank = mesh.get_local_rank("pp")
-    modules = {s: materialize_stage(program.stages[s], device, source, plan.seed) for s in plan.stages_of_rank(pp_rank)}
+    modules = materialize_rank(program, mesh, device, source)
     return PipelinedModule(DistributedPipeline(program, modules, make_loss(program, loss_fn), mesh, device))

@@ -19,7 +19,6 @@ from .runtime import split_microbatches
 from .trace import trace_model
 
 NOT_YET = {
-    "tp": "tensor parallelism (--tp > 1)",
     "dp": "data parallelism (--dp > 1)",
     "fsdp": "FSDP (--fsdp)",
     "checkpoint": "activation checkpointing (--checkpoint)",
@@ -30,7 +29,6 @@ NOT_YET = {
 def require_supported(plan: Plan) -> None:
     """Refuse, clearly, the parts of a Plan this version does not run yet."""
     active = {
-        "tp": plan.tp > 1,
         "dp": plan.dp > 1,
         "fsdp": plan.fsdp,
         "checkpoint": plan.checkpoint != "none",
@@ -39,7 +37,7 @@ def require_supported(plan: Plan) -> None:
     for key, on in active.items():
         if on:
             raise GraphsplitError(f"{NOT_YET[key]} is not implemented yet in this version of graphsplit; "
-                                  "drop that option (pipeline parallelism works)")
+                                  "drop that option (pipeline and tensor parallelism work)")
 
 
 @dataclass
@@ -72,6 +70,6 @@ def compile_program(
     run_passes(traced.gm, ctx)
     timings.update({f"pass:{k}": v for k, v in ctx.timings.items()})
     start = time.perf_counter()
-    program = build_program(traced, plan)
+    program = build_program(traced, plan, ctx.param_shardings, ctx.replicated)
     timings["build"] = time.perf_counter() - start
     return CompileResult(program, timings)

@@ -27,6 +27,7 @@ from .loader import load_model
 from .materialize import model_tensors
 from .plan import Plan
 from .runtime import default_loss
+from .sharding import shard_tensor
 from .worker import RunSpec, make_optimizer
 
 LOSS_CURVE_RTOL = 1e-4
@@ -108,7 +109,7 @@ def run_training(
             weights=str(tmp / "weights.pt"), dump_dir=str(tmp) if opts.check else None,
         )
         spec.save(tmp / "spec.json")
-        echo(f"launching {plan.world_size} processes: pp={plan.pp} ({plan.num_stages} stages, {plan.schedule}, "
+        echo(f"launching {plan.world_size} processes: pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
              f"{plan.num_microbatches} micro-batches)")
         _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log")
         if reference is None:
@@ -126,7 +127,12 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
     cmp = compare(loss, output, {}, first)
     n_grads = 0
     for rank, dump in sorted(dumps.items()):
-        sub = compare(None, None, dump["grads"], first)
+        tp_rank = dump.get("tp_rank", 0)
+
+        def shard(name: str, full: torch.Tensor, tp_rank: int = tp_rank) -> torch.Tensor:
+            return shard_tensor(full, program.param_sharding(name), tp_rank, plan.tp)
+
+        sub = compare(None, None, dump["grads"], first, expected=shard)
         n_grads += len(dump["grads"])
         cmp.max_diff.update({f"{k} (rank {rank})": v for k, v in sub.max_diff.items()})
         cmp.failures.extend(f"rank {rank}: {f}" for f in sub.failures)
@@ -137,7 +143,7 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
     worst_curve = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve, ref_losses))
     if not worst_curve <= LOSS_CURVE_RTOL:
         cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {LOSS_CURVE_RTOL:g}")
-    echo(f"check: untouched model in one process vs graphsplit pp={plan.pp}, same {plan.num_microbatches} micro-batches")
+    echo(f"check: untouched model in one process vs graphsplit pp={plan.pp} tp={plan.tp}, same {plan.num_microbatches} micro-batches")
     echo(f"  loss step 1   {float(first.loss):.6f} (reference) vs {float(loss):.6f}")
     out_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("output")]
     grad_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("grad")]

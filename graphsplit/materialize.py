@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from .errors import GraphsplitError
 from .program import StageProgram
+from .sharding import Sharding, local_shape, shard_tensor
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -41,12 +42,25 @@ def materialize_stage(
     device: torch.device | str,
     source: Mapping[str, torch.Tensor] | None,
     seed: int = 0,
+    shardings: Mapping[str, Sharding] | None = None,
+    tp_rank: int = 0,
+    tp: int = 1,
 ) -> nn.Module:
-    """This stage's module with real tensors on `device`."""
+    """This stage's module with real tensors on `device`; sharded parameters hold
+    only this tp rank's block (sliced from `source`, never copied whole)."""
+    shardings = shardings or {}
     module = copy.deepcopy(stage.gm)
     _retarget_devices(module, torch.device(device))
+    for local, canonical in stage.param_sources.items():
+        sharding = shardings.get(canonical)
+        if sharding is not None:
+            full = module.get_parameter(local)
+            shape = local_shape(tuple(full.shape), sharding, tp)
+            _set(module, local, nn.Parameter(torch.empty(shape, dtype=full.dtype, device="meta"), full.requires_grad))
     module.to_empty(device=device)
     if source is None:
+        if shardings:
+            raise GraphsplitError("a tensor-parallel model built on meta needs weights: pass the model built on CPU")
         _init_from_modules(module, stage, seed)
     else:
         with torch.no_grad():
@@ -55,6 +69,8 @@ def materialize_stage(
                     raise GraphsplitError(f"weights have no tensor {canonical!r} (stage {stage.index} needs it)")
                 target = module.get_parameter(local) if local in stage.param_sources else module.get_buffer(local)
                 value = source[canonical]
+                if canonical in shardings and local in stage.param_sources:
+                    value = shard_tensor(value, shardings[canonical], tp_rank, tp)
                 if tuple(value.shape) != tuple(target.shape):
                     raise GraphsplitError(
                         f"weight {canonical!r} has shape {tuple(value.shape)}, the model expects {tuple(target.shape)}"

@@ -56,6 +56,8 @@ class NodeInfo:
     param_bytes: int = 0
     module: str = ""
     stage: int | None = None
+    # tensor parallel: how the output is laid out over the tp ranks (None: not decided / R)
+    sharding: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -79,3 +81,9 @@ def module_path(node: fx.Node) -> str:
     paths = [v[0] for v in stack.values() if isinstance(v, tuple) and v and isinstance(v[0], str)]
     paths = [p for p in paths if not p.startswith("_")]
     return paths[-1] if paths else ""
+
+
+def canonical_names(gm: torch.nn.Module, params: bool = True) -> dict[int, str]:
+    """id(tensor) -> the first name the module gives it: one name per tied parameter."""
+    named = gm.named_parameters() if params else gm.named_buffers()
+    return {id(t): name for name, t in named}

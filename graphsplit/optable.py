@@ -111,3 +111,80 @@ def classify(node: fx.Node, gm: fx.GraphModule) -> OpKind:
 
 # Kinds whose node computes heavily enough to be worth a pipeline boundary near it.
 COMPUTE_KINDS = frozenset({OpKind.LINEAR, OpKind.EMBEDDING, OpKind.CONV, OpKind.MATMUL, OpKind.ATTENTION})
+
+
+# ---------------------------------------------------------------------------
+# Families for sharding propagation (tensor_parallel pass). The same table
+# serves every spelling: torch functions, Tensor methods, operator.*, nn
+# activation modules and ATen overloads (pointwise ops are found by ATen's
+# own `pointwise` tag, so the list is torch's, not ours).
+
+_OPERATOR_NAMES = {
+    operator.add: "add", operator.iadd: "add", operator.sub: "sub", operator.isub: "sub",
+    operator.mul: "mul", operator.imul: "mul", operator.truediv: "div", operator.itruediv: "div",
+    operator.neg: "neg", operator.pow: "pow", operator.eq: "eq", operator.ne: "ne",
+    operator.lt: "lt", operator.le: "le", operator.gt: "gt", operator.ge: "ge",
+    operator.and_: "bitwise_and", operator.or_: "bitwise_or", operator.invert: "bitwise_not",
+}
+_ACTIVATION_MODULES: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Dropout, nn.Identity, nn.LeakyReLU, nn.ELU,
+    nn.Softplus, nn.Mish, nn.Hardswish, nn.ReLU6,
+)
+_IDENTITY = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "double", "type_as",
+             "alias", "_to_copy", "dropout", "native_dropout", "feature_dropout", "requires_grad_", "type"}
+_VIEW = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as"}
+_TRANSPOSE = {"transpose", "t", "permute", "swapaxes", "swapdims"}
+_SPLIT = {"split", "chunk", "split_with_sizes"}
+_CAT = {"cat", "concat", "concatenate"}
+_SOFTMAX = {"softmax", "log_softmax", "_softmax", "_log_softmax"}
+_REDUCTION = {"sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "prod", "max", "min"}
+_SIZE = {"size", "sym_size", "dim", "numel", "sym_numel"}
+
+
+def _op_name(node: fx.Node) -> str:
+    target = node.target
+    if node.op == "call_method":
+        return str(target)
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket.__name__
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target.__name__
+    if target in _OPERATOR_NAMES:
+        return _OPERATOR_NAMES[target]
+    return getattr(target, "__name__", str(target))
+
+
+def _is_pointwise(name: str, node: fx.Node) -> bool:
+    if isinstance(node.target, torch._ops.OpOverload):
+        return torch.Tag.pointwise in node.target.tags
+    packet = getattr(aten, name.rstrip("_"), None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    return any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
+
+
+def tp_family(node: fx.Node, gm: fx.GraphModule) -> str:
+    """The sharding rule family of `node` (see passes/tensor_parallel.py)."""
+    kind = classify(node, gm)
+    if kind in (OpKind.LINEAR, OpKind.EMBEDDING, OpKind.MATMUL, OpKind.ATTENTION, OpKind.NORM, OpKind.GETITEM):
+        return kind.value
+    if node.op == "call_module":
+        mod = gm.get_submodule(str(node.target))
+        return "pointwise" if isinstance(mod, _ACTIVATION_MODULES) else "unknown"
+    if node.op not in ("call_function", "call_method"):
+        return kind.value
+    if node.op == "call_function" and node.target is getattr and len(node.args) > 1 and node.args[1] == "shape":
+        return "size"
+    name = _op_name(node)
+    bare = name.rstrip("_") if name not in ("_to_copy", "_unsafe_view", "_softmax", "_log_softmax") else name
+    for family, names in (("identity", _IDENTITY), ("view", _VIEW), ("transpose", _TRANSPOSE), ("split", _SPLIT),
+                          ("cat", _CAT), ("softmax", _SOFTMAX), ("reduction", _REDUCTION), ("size", _SIZE)):
+        if bare in names:
+            return family
+    if bare in ("expand", "repeat_interleave", "stack"):
+        return bare
+    if kind == OpKind.VIEW:
+        return "view"
+    if _is_pointwise(bare, node) or bare in ("dropout", "gelu", "silu", "relu"):
+        return "pointwise"
+    return "unknown"

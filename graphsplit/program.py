@@ -23,9 +23,10 @@ import torch
 import torch.fx as fx
 
 from .errors import GraphsplitError
-from .meta import TensorSpec, info
+from .meta import TensorSpec, canonical_names, info
 from .ops.pipeline import dense_grad
 from .plan import Plan
+from .sharding import R, Sharding, local_shape
 from .trace import Traced
 
 
@@ -77,6 +78,25 @@ class Program:
     # or ("const", value)
     output_leaves: list[tuple[str, Any]]
     param_stages: dict[str, list[int]]
+    # tensor parallel: canonical parameter name -> Sharding (absent: replicated)
+    param_shardings: dict[str, Sharding] = field(default_factory=dict)
+    replicated: list[dict[str, str]] = field(default_factory=list)
+
+    def param_sharding(self, canonical: str) -> Sharding:
+        return self.param_shardings.get(canonical, R)
+
+    def stage_param_bytes(self, index: int) -> int:
+        """Bytes of parameters one rank of this stage holds (tied copies counted once)."""
+        st = self.stages[index]
+        seen: dict[str, int] = {}
+        for local, canonical in st.param_sources.items():
+            p = st.gm.get_parameter(local)
+            shape = local_shape(tuple(p.shape), self.param_sharding(canonical), self.plan.tp)
+            n = 1
+            for x in shape:
+                n *= x
+            seen[canonical] = n * p.element_size()
+        return sum(seen.values())
 
     @property
     def shared_params(self) -> dict[str, list[int]]:
@@ -94,12 +114,12 @@ class Program:
         return max(costs) / mean if mean > 0 else 1.0
 
 
-def _canonical_names(gm: fx.GraphModule, params: bool) -> dict[int, str]:
-    named = gm.named_parameters() if params else gm.named_buffers()
-    return {id(t): name for name, t in named}
-
-
-def build_program(traced: Traced, plan: Plan) -> Program:
+def build_program(
+    traced: Traced,
+    plan: Plan,
+    param_shardings: dict[str, Sharding] | None = None,
+    replicated: list[dict[str, str]] | None = None,
+) -> Program:
     from .analysis.cost import node_cost
 
     gm = traced.gm
@@ -166,8 +186,8 @@ def build_program(traced: Traced, plan: Plan) -> Program:
     by_name = {n.name: n for n in nodes}
 
     # 4. One graph per stage.
-    canon_p = _canonical_names(gm, params=True)
-    canon_b = _canonical_names(gm, params=False)
+    canon_p = canonical_names(gm, params=True)
+    canon_b = canonical_names(gm, params=False)
     stages: list[StageProgram] = []
     for s in range(num):
         graph = fx.Graph()
@@ -234,7 +254,8 @@ def build_program(traced: Traced, plan: Plan) -> Program:
     for st in stages:
         for canonical in dict.fromkeys(st.param_sources.values()):
             param_stages.setdefault(canonical, []).append(st.index)
-    return Program(plan, traced, stages, boundaries, output_leaves, param_stages)
+    return Program(plan, traced, stages, boundaries, output_leaves, param_stages,
+                   dict(param_shardings or {}), list(replicated or []))
 
 
 def _send_cost(boundary: Boundary) -> float:

@@ -56,10 +56,14 @@ def _to(device: torch.device, value: Any) -> Any:
 
 
 def run(spec: RunSpec) -> None:
-    from .backends.torch_distributed import DistributedPipeline, init_distributed, make_mesh
+    from .backends.torch_distributed import (
+        DistributedPipeline,
+        init_distributed,
+        make_mesh,
+        materialize_rank,
+    )
     from .compile import compile_program
     from .loader import load_model
-    from .materialize import materialize_stage
     from .plan import Plan
     from .runtime import make_loss
 
@@ -69,11 +73,8 @@ def run(spec: RunSpec) -> None:
     loaded = load_model(spec.model)
     fixed = tuple(spec.fixed_cuts) if spec.fixed_cuts is not None else None
     program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed).program
-    pp_rank = mesh.get_local_rank("pp")
     source = torch.load(spec.weights, mmap=True, weights_only=True) if spec.weights else None
-    modules = {
-        s: materialize_stage(program.stages[s], device, source, seed=plan.seed) for s in plan.stages_of_rank(pp_rank)
-    }
+    modules = materialize_rank(program, mesh, device, source)
     del source
     pipe = DistributedPipeline(program, modules, make_loss(program, loaded.loss_fn), mesh, device)
     optimizer = make_optimizer(spec.optimizer, pipe.parameters(), spec.lr)
@@ -84,7 +85,8 @@ def run(spec: RunSpec) -> None:
     for step in range(1, spec.steps + 1):
         loss, output = pipe.step(inputs, target)
         if step == 1 and spec.dump_dir:
-            dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), output)}
+            dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), output),
+                    "tp_rank": mesh.get_local_rank("tp")}
             torch.save(dump, Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import GraphsplitError
-from ..meta import TensorSpec, info, module_path
+from ..meta import META_KEY, TensorSpec, info, module_path
 from ..optable import COMPUTE_KINDS, classify
 
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
@@ -81,29 +81,52 @@ class _MetaAnnotator(fx.Interpreter):
         return value
 
 
-def annotate(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> None:
-    """Fill every node's NodeInfo (shape, dtype, value kind, FLOPs, bytes, module)."""
+def annotate(
+    gm: fx.GraphModule,
+    inputs: tuple[torch.Tensor, ...],
+    param_shardings: dict[str, Any] | None = None,
+    tp: int = 1,
+) -> None:
+    """Fill every node's NodeInfo (shape, dtype, value kind, FLOPs, bytes, module).
+
+    With `param_shardings` (canonical name -> Sharding) the graph is one tp
+    rank's: parameters take their local shapes and tp collectives are
+    simulated, so the figures are what one rank computes.
+    """
+    from ..ops import tp as tpops
+
     meta_inputs = tuple(t.to("meta") for t in inputs)
-    # Parameters may be real (a user's CPU model): run on meta copies of nothing but the
-    # graph's own attributes, so analysis never touches weight memory.
-    on_meta = gm if _all_meta(gm) else _meta_copy(gm)
-    _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)
+    # Parameters may be real (a user's CPU model): run on meta copies, so analysis never
+    # touches weight memory, and never changes the user's modules.
+    needs_copy = bool(param_shardings) or not _all_meta(gm)
+    on_meta = _meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
+    with tpops.simulate(tp):
+        _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)
     if on_meta is not gm:
         for src, dst in zip(on_meta.graph.nodes, gm.graph.nodes):
-            dst.meta.update({k: v for k, v in src.meta.items() if k not in dst.meta or k == "graphsplit"})
+            dst.meta[META_KEY] = src.meta[META_KEY]
 
 
 def _all_meta(gm: fx.GraphModule) -> bool:
     return all(t.device.type == "meta" for t in (*gm.parameters(), *gm.buffers()))
 
 
-def _meta_copy(gm: fx.GraphModule) -> fx.GraphModule:
+def _meta_copy(gm: fx.GraphModule, param_shardings: dict[str, Any], tp: int) -> fx.GraphModule:
     import copy
 
+    from ..meta import canonical_names
+    from ..sharding import local_shape
+
+    names = canonical_names(gm)
     memo: dict[int, Any] = {}
     for t in (*gm.parameters(), *gm.buffers()):
-        meta_t = t.detach().to("meta")
+        sharding = param_shardings.get(names.get(id(t), ""))
+        shape = local_shape(tuple(t.shape), sharding, tp) if sharding is not None else tuple(t.shape)
+        meta_t = torch.empty(shape, dtype=t.dtype, device="meta")
         if isinstance(t, torch.nn.Parameter):
             meta_t = torch.nn.Parameter(meta_t, requires_grad=t.requires_grad)
         memo[id(t)] = meta_t
-    return copy.deepcopy(gm, memo)
+    copied = copy.deepcopy(gm, memo)
+    for src, dst in zip(gm.graph.nodes, copied.graph.nodes):
+        dst.meta[META_KEY] = src.meta.get(META_KEY) or info(src)
+    return copied

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..errors import GraphsplitError
 from ..program import Program
 from ..runtime import merge_outputs, split_microbatches, sync_tied_grads
 
@@ -65,6 +66,8 @@ def check_locally(loaded: Any, plan: Any, fixed_cuts: tuple[str, ...] | None = N
     from ..materialize import materialize_stage, model_tensors
     from ..runtime import default_loss, make_loss
 
+    if plan.tp > 1:
+        raise GraphsplitError("the local backend runs pipeline stages only; check tensor parallelism with run --check")
     model = loaded.build("cpu", seed=plan.seed)
     program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts).program
     source = model_tensors(model)

@@ -20,6 +20,7 @@ import torch.distributed.pipelining as pipelining
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..ops import tp as tpops
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
 from ..program import Program
 from ..runtime import LossFn, sync_tied_grads
@@ -40,6 +41,18 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return device
+
+
+def materialize_rank(program: Program, mesh: DeviceMesh, device: torch.device, source: Any) -> dict[int, nn.Module]:
+    """This rank's stage modules: its pp rank's stages, its tp rank's shards."""
+    from ..materialize import materialize_stage
+
+    plan = program.plan
+    pp_rank, tp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("tp")
+    return {
+        s: materialize_stage(program.stages[s], device, source, plan.seed, program.param_shardings, tp_rank, plan.tp)
+        for s in plan.stages_of_rank(pp_rank)
+    }
 
 
 def make_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
@@ -72,6 +85,7 @@ class DistributedPipeline:
         self.device = device
         self.pp_rank = mesh.get_local_rank("pp")
         pp_group = mesh.get_group("pp")
+        tpops.set_tp_group(mesh.get_group("tp") if plan.tp > 1 else None)
         self.stages = [
             pipelining.PipelineStage(module, index, plan.num_stages, device, group=pp_group)
             for index, module in sorted(self.modules.items())

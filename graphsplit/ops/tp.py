@@ -18,13 +18,16 @@ is how tests and `transform --json` check the Megatron count.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 import torch.fx
 
 _GROUP: dist.ProcessGroup | None = None
+_SIMULATED: int = 1  # tp size pretended on meta tensors during analysis (no process group)
 COUNTS: Counter[tuple[str, str]] = Counter()
 
 
@@ -37,8 +40,20 @@ def tp_group() -> dist.ProcessGroup | None:
     return _GROUP
 
 
+@contextlib.contextmanager
+def simulate(tp: int) -> Iterator[None]:
+    """Run tp ops without a process group as rank 0 of `tp`, shapes exact, values not
+    (for the meta analysis of one rank's graph)."""
+    global _SIMULATED
+    saved, _SIMULATED = _SIMULATED, tp
+    try:
+        yield
+    finally:
+        _SIMULATED = saved
+
+
 def _size() -> int:
-    return dist.get_world_size(_GROUP) if _GROUP is not None else 1
+    return dist.get_world_size(_GROUP) if _GROUP is not None else _SIMULATED
 
 
 def _rank() -> int:
@@ -46,6 +61,8 @@ def _rank() -> int:
 
 
 def _all_reduce(x: torch.Tensor, direction: str) -> torch.Tensor:
+    if _GROUP is None:
+        return x
     COUNTS[(direction, "all_reduce")] += 1
     if _size() == 1:
         return x
@@ -55,8 +72,10 @@ def _all_reduce(x: torch.Tensor, direction: str) -> torch.Tensor:
 
 
 def _all_gather(x: torch.Tensor, dim: int, direction: str) -> torch.Tensor:
-    COUNTS[(direction, "all_gather")] += 1
     n = _size()
+    if _GROUP is None:
+        return torch.cat([x] * n, dim=dim)
+    COUNTS[(direction, "all_gather")] += 1
     if n == 1:
         return x
     parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(n)]
@@ -140,11 +159,15 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_id
     start = _rank() * rows
     outside = (ids < start) | (ids >= start + rows)
     local = (ids - start).masked_fill(outside, 0)
-    out = torch.nn.functional.embedding(local, weight)
+    local_padding = padding_idx - start if padding_idx is not None and start <= padding_idx < start + rows else None
+    out = torch.nn.functional.embedding(local, weight, padding_idx=local_padding)
     out = out.masked_fill(outside.unsqueeze(-1), 0.0)
     return reduce_from_tp(out)
 
 
 @torch.fx.wrap
-def tp_rank() -> int:
-    return _rank()
+def global_shape(x: torch.Tensor, dim: int) -> torch.Size:
+    """`x.shape` as the unsharded tensor has it (x is sharded on `dim`)."""
+    shape = list(x.shape)
+    shape[dim] *= _size()
+    return torch.Size(shape)

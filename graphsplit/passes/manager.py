@@ -1,6 +1,7 @@
 """Runs the passes in order: lints, times, and names the pass that failed.
 
 A pass is a function `(gm, ctx) -> gm`. The passes live in this package:
+`tensor_parallel.py` (shard linears/embeddings, insert tp collectives), then
 `pipeline_split.py` (assign nodes to pipeline stages). Later passes
 (tensor_parallel, checkpoint, autocast) plug into `default_passes()`.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -30,12 +32,16 @@ class PassContext:
     fixed_cuts: tuple[str, ...] | None = None
     disabled: frozenset[str] = frozenset()
     timings: dict[str, float] = field(default_factory=dict)
+    # left by tensor_parallel: canonical parameter name -> Sharding, and what stayed whole and why
+    param_shardings: dict[str, Any] = field(default_factory=dict)
+    replicated: list[dict[str, str]] = field(default_factory=list)
 
 
 def default_passes() -> list[tuple[str, Pass]]:
     from .pipeline_split import pipeline_split_pass
+    from .tensor_parallel import tensor_parallel_pass
 
-    return [("pipeline_split", pipeline_split_pass)]
+    return [("tensor_parallel", tensor_parallel_pass), ("pipeline_split", pipeline_split_pass)]
 
 
 def run_passes(gm: fx.GraphModule, ctx: PassContext, passes: list[tuple[str, Pass]] | None = None) -> fx.GraphModule:

@@ -1,0 +1,962 @@
+"""tensor_parallel: find Megatron's plan by reading the graph, and rewrite it.
+
+One forward walk over the graph decides, for every tensor value, whether it
+is replicated (R), sharded on a dim (S) or a partial sum (P) over the tp
+ranks, and rewrites the graph to compute this rank's part:
+
+- a linear whose input is R becomes column-parallel: its weight is sharded
+  over output features (`copy_to_tp` on the input: all-reduce of the gradient
+  in backward), its output S(-1); if the output is split along that dim
+  (fused QKV, SwiGLU's gate+up), the weight is sharded chunk by chunk;
+- a linear whose input is S(-1) becomes row-parallel: weight sharded over
+  input features, the partial results summed by `reduce_from_tp`, bias added
+  after the sum;
+- embeddings become vocab-parallel (masked local lookup + all-reduce), or
+  embedding-dim parallel when the vocabulary does not divide;
+- pointwise ops, views, transposes, softmax and reductions over other dims,
+  matmuls and attention over sharded heads keep the shard; view sizes and
+  split sizes along the sharded dim are rewritten to the local size, whether
+  constants, computed values or -1; size queries of sharded tensors are
+  rewritten to answer the global size, so every computed size stays global;
+- anything else gets its sharded inputs gathered first (`gather_from_tp`):
+  correct, and reported in `ctx.replicated` with the reason.
+
+Decisions land in `NodeInfo.sharding` (values) and `ctx.param_shardings`
+(canonical parameter name -> Sharding). The pass ends by re-running the
+meta analysis with local shapes, so the pipeline split and the summary see
+what one rank computes.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import GraphsplitError
+from ..meta import TensorSpec, canonical_names, info
+from ..ops import tp as tpops
+from ..optable import tp_family
+from ..sharding import P, R, S, Sharding
+from .manager import PassContext
+
+aten = torch.ops.aten
+
+
+def _norm_dim(dim: int, ndim: int) -> int:
+    return dim + ndim if dim < 0 else dim
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    if isinstance(node, fx.Node):
+        spec = info(node).tensor
+        return tuple(int(s) for s in spec.shape) if spec is not None else None
+    return None
+
+
+def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _set_arg(node: fx.Node, index: int, name: str, value: Any) -> None:
+    if len(node.args) > index:
+        args = list(node.args)
+        args[index] = value
+        node.args = tuple(args)
+    else:
+        node.kwargs = {**node.kwargs, name: value}
+
+
+class _Rewriter:
+    def __init__(self, gm: fx.GraphModule, ctx: PassContext) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self.ctx = ctx
+        self.tp = ctx.plan.tp
+        self.canonical = canonical_names(gm)
+        self.param_shardings: dict[str, Sharding] = {}
+        self.replicated: list[dict[str, str]] = []
+        self._copies: dict[fx.Node, fx.Node] = {}
+        self._gathers: dict[fx.Node, fx.Node] = {}
+
+    # -- bookkeeping ---------------------------------------------------------
+    def sh(self, value: Any) -> Sharding:
+        if isinstance(value, fx.Node):
+            found = info(value).sharding
+            return found if isinstance(found, Sharding) else R
+        return R
+
+    def set(self, node: fx.Node, sharding: Any) -> None:
+        info(node).sharding = sharding
+
+    def note(self, node: fx.Node, reason: str) -> None:
+        self.replicated.append({"module": info(node).module or "<root>", "node": node.name, "reason": reason})
+
+    def _new(self, where: fx.Node, fn: Callable[..., Any], args: tuple, like: fx.Node, sharding: Sharding,
+             before: bool = True, shape: tuple[int, ...] | None = None) -> fx.Node:
+        ctx = self.graph.inserting_before(where) if before else self.graph.inserting_after(where)
+        with ctx:
+            new = self.graph.call_function(fn, args)
+        new.meta = {k: v for k, v in like.meta.items() if k in ("nn_module_stack", "stack_trace")}
+        src = info(like)
+        spec = src.tensor if shape is None else TensorSpec(shape, src.tensor.dtype, src.tensor.requires_grad)
+        ni = info(new)
+        ni.value, ni.tensor, ni.module, ni.kind = "tensor", spec, src.module, "collective"
+        self.set(new, sharding)
+        return new
+
+    def _replace_input(self, node: fx.Node, old: fx.Node, new: fx.Node) -> None:
+        node.args = fx.node.map_arg(node.args, lambda n: new if n is old else n)
+        node.kwargs = fx.node.map_arg(node.kwargs, lambda n: new if n is old else n)
+
+    # -- collectives -----------------------------------------------------------
+    def gathered(self, value: fx.Node, at: fx.Node, reason: str | None = None) -> fx.Node:
+        """`value` made whole (R) for `at`; reuses one gather per value."""
+        s = self.sh(value)
+        if s.kind == "R":
+            return value
+        if s.kind == "P":
+            new = self._new(at, tpops.reduce_from_tp, (value,), value, R)
+        else:
+            if s.chunks:
+                raise GraphsplitError(
+                    f"internal: a fused (chunked) sharded value {value.name} reaches {at.name}, which needs it whole"
+                )
+            new = self._gathers.get(value)
+            if new is None:
+                new = self._new(at, tpops.gather_from_tp, (value, s.dim), value, R)
+                self._gathers[value] = new
+        if reason:
+            self.note(at, reason)
+        return new
+
+    def make_replicated(self, node: fx.Node, reason: str) -> None:
+        """Gather every sharded tensor input of `node`; its output is then R."""
+        for arg in list(node.all_input_nodes):
+            if info(arg).value == "tensor" and self.sh(arg).kind != "R":
+                self._replace_input(node, arg, self.gathered(arg, node))
+        self.set(node, [R] * _container_len(node) if info(node).value == "container" else R)
+        self.note(node, reason)
+
+    def copy_to_tp(self, value: fx.Node, at: fx.Node) -> fx.Node:
+        """f before column-parallel layers; one per value, so their input gradients are
+        summed by autograd first and all-reduced once."""
+        found = self._copies.get(value)
+        if found is None:
+            found = self._copies[value] = self._new(at, tpops.copy_to_tp, (value,), value, R)
+        return found
+
+    def whole(self, node: fx.Node, value: Any) -> None:
+        """`value` (R) is used whole by `node`, whose output is sharded: in backward each
+        rank holds only part of its gradient, so it goes through f (all-reduce of the gradient)."""
+        if not isinstance(value, fx.Node) or self.sh(value).kind != "R":
+            return
+        spec = info(value).tensor
+        if spec is None or not spec.requires_grad:
+            return
+        self._replace_input(node, value, self.copy_to_tp(value, node))
+
+    def scatter(self, value: fx.Node, dim: int, at: fx.Node) -> fx.Node:
+        shape = _shape(value)
+        local = list(shape) if shape else None
+        if local:
+            local[dim] //= self.tp
+        return self._new(at, tpops.scatter_to_tp, (value, dim), value, S(dim), shape=tuple(local) if local else None)
+
+    # -- the walk ------------------------------------------------------------
+    def run(self) -> None:
+        self.functionalize_modules()
+        for node in list(self.graph.nodes):
+            if info(node).value == "scalar" and node.op != "output":
+                fam = tp_family(node, self.gm)
+                if fam == "size":
+                    self.rule_size(node)
+                continue
+            if node.op in ("placeholder", "get_attr"):
+                if info(node).sharding is None:
+                    self.set(node, R)
+                continue
+            if node.op == "output":
+                self.rule_output(node)
+                continue
+            fam = tp_family(node, self.gm)
+            rule = getattr(self, f"rule_{fam}", None)
+            if rule is None:
+                self.rule_unknown(node)
+            else:
+                rule(node)
+
+    def functionalize_modules(self) -> None:
+        """nn.Linear / nn.Embedding calls -> F.linear / F.embedding on get_attr weights,
+        so every spelling of a linear is rewritten by the same rule."""
+        for node in list(self.graph.nodes):
+            if node.op != "call_module":
+                continue
+            mod = self.gm.get_submodule(str(node.target))
+            if isinstance(mod, nn.Linear):
+                names = ["weight"] + (["bias"] if mod.bias is not None else [])
+                fn: Callable[..., Any] = F.linear
+                lead = (node.args[0],)
+            elif isinstance(mod, nn.Embedding) and mod.max_norm is None and not mod.sparse and mod.scale_grad_by_freq is False:
+                names = ["weight"]
+                fn = F.embedding
+                lead = (node.args[0],)
+            else:
+                continue
+            with self.graph.inserting_before(node):
+                attrs = []
+                for n in names:
+                    attr = self.graph.get_attr(f"{node.target}.{n}")
+                    t = getattr(mod, n)
+                    ai = info(attr)
+                    ai.value, ai.kind, ai.module = "tensor", "param", str(node.target)
+                    ai.tensor = TensorSpec(tuple(t.shape), t.dtype, t.requires_grad)
+                    attrs.append(attr)
+                kwargs = {"padding_idx": mod.padding_idx} if fn is F.embedding and mod.padding_idx is not None else {}
+                new = self.graph.call_function(fn, lead + tuple(attrs), kwargs)
+            new.meta = dict(node.meta)
+            node.replace_all_uses_with(new)
+            self.graph.erase_node(node)
+
+    # -- parameters ------------------------------------------------------------
+    def param_name(self, node: Any) -> str | None:
+        if not isinstance(node, fx.Node) or node.op != "get_attr":
+            return None
+        value = self.gm.get_parameter(str(node.target)) if _is_param(self.gm, node) else None
+        return self.canonical.get(id(value)) if value is not None else None
+
+    def shard_param(self, node: fx.Node, sharding: Sharding) -> bool:
+        """Give the parameter read by `node` this sharding; False if it already has another."""
+        name = self.param_name(node)
+        if name is None:
+            return False
+        have = self.param_shardings.get(name)
+        if have is not None and have != sharding:
+            return False
+        self.param_shardings[name] = sharding
+        self.set(node, sharding)
+        return True
+
+    # -- rules -----------------------------------------------------------------
+    def rule_output(self, node: fx.Node) -> None:
+        for leaf in node.all_input_nodes:
+            if self.sh(leaf).kind != "R" and info(leaf).value == "tensor":
+                self._replace_input(node, leaf, self.gathered(leaf, node))
+
+    def rule_unknown(self, node: fx.Node) -> None:
+        sharded = [a for a in node.all_input_nodes if self.sh(a).kind != "R" and info(a).value == "tensor"]
+        if info(node).value == "container":
+            if sharded:
+                for a in sharded:
+                    self._replace_input(node, a, self.gathered(a, node))
+                self.note(node, f"{_describe(node)} is not known to keep a shard")
+            self.set(node, [R] * _container_len(node))
+            return
+        if sharded:
+            for a in sharded:
+                self._replace_input(node, a, self.gathered(a, node))
+            self.note(node, f"{_describe(node)} is not known to keep a shard")
+        self.set(node, R)
+
+    rule_other = rule_unknown
+    rule_param = rule_unknown
+    rule_shape = rule_unknown
+
+    def rule_identity(self, node: fx.Node) -> None:
+        src = node.args[0] if node.args else None
+        if node.op == "call_method" and node.target == "type_as" or _is_to_other(node):
+            other = node.args[1]
+            if isinstance(other, fx.Node) and self.sh(other).kind != "R":
+                self._replace_input(node, other, self.gathered(other, node))
+        s = self.sh(src)
+        if s.kind == "P":
+            self._replace_input(node, src, self.gathered(src, node))
+            s = R
+        self.set(node, s)
+
+    def rule_pointwise(self, node: fx.Node) -> None:
+        out_shape = _shape(node)
+        tensors = [a for a in node.all_input_nodes if info(a).value == "tensor"]
+        if out_shape is None or not tensors:
+            self.set(node, R)
+            return
+        nd = len(out_shape)
+        for a in tensors:
+            if self.sh(a).kind == "P":
+                self._replace_input(node, a, self.gathered(a, node))
+        dims = set()
+        chunks = set()
+        for a in tensors:
+            s = self.sh(a)
+            if s.kind == "S":
+                dims.add(s.dim + nd - len(_shape(a)))
+                chunks.add(s.chunks)
+        if not dims:
+            self.set(node, R)
+            return
+        if len(dims) > 1 or len(chunks) > 1:
+            self.make_replicated(node, f"{_describe(node)} mixes values sharded on different dims")
+            return
+        (d,) = dims
+        (c,) = chunks
+        for a in tensors:
+            if self.sh(a).kind == "S":
+                continue
+            shape = _shape(a)
+            ad = d - (nd - len(shape))
+            if ad < 0 or shape[ad] == 1:
+                self.whole(node, a)  # broadcast along the sharded dim: every rank uses all of it
+                continue
+            if c:
+                self.make_replicated(node, f"{_describe(node)} combines a fused sharded value with a whole one")
+                return
+            self._replace_input(node, a, self.scatter(a, ad, node))
+        self.set(node, S(d, c))
+
+    def rule_view(self, node: fx.Node) -> None:
+        src = node.args[0]
+        s = self.sh(src)
+        if s.kind == "R":
+            self.set(node, R)
+            return
+        if s.kind == "P":
+            self._replace_input(node, src, self.gathered(src, node))
+            self.set(node, R)
+            return
+        in_shape, out_shape = _shape(src), _shape(node)
+        e = _view_shard_dim(in_shape, out_shape, s.dim, self.tp)
+        if e is None or s.chunks:
+            self.make_replicated(node, f"{_describe(node)} {list(in_shape)} -> {list(out_shape)} moves the sharded dim {s.dim}")
+            return
+        self._localize_size_args(node, out_shape, e)
+        self.set(node, S(e))
+
+    def _localize_size_args(self, node: fx.Node, out_shape: tuple[int, ...], e: int) -> None:
+        """Rewrite the size argument of output dim `e` (constant, computed node or -1) to the local size."""
+        name = _op_name_of(node)
+        if name in ("flatten", "squeeze", "unsqueeze", "view_as", "reshape_as"):
+            if name in ("view_as", "reshape_as"):
+                other = node.args[1]
+                if self.sh(other) != S(e):
+                    raise GraphsplitError(f"internal: {node.name} views as a differently sharded value")
+            return
+        if name == "unflatten":
+            dim = _norm_dim(_arg(node, 1, "dim"), len(_shape(node.args[0])))
+            sizes = list(_arg(node, 2, "sizes"))
+            sizes[e - dim] = self._local_size(sizes[e - dim], node)
+            _set_arg(node, 2, "sizes", tuple(sizes))
+            return
+        # view/reshape: sizes either as varargs (Tensor.view(a, b, c)) or one list
+        if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)):
+            sizes = list(node.args[1])
+            sizes[e] = self._local_size(sizes[e], node)
+            node.args = (node.args[0], type(node.args[1])(sizes))
+        elif "shape" in node.kwargs or "size" in node.kwargs:
+            key = "shape" if "shape" in node.kwargs else "size"
+            sizes = list(node.kwargs[key])
+            sizes[e] = self._local_size(sizes[e], node)
+            node.kwargs = {**node.kwargs, key: tuple(sizes)}
+        else:
+            args = list(node.args)
+            args[1 + e] = self._local_size(args[1 + e], node)
+            node.args = tuple(args)
+
+    def _local_size(self, size: Any, at: fx.Node) -> Any:
+        if isinstance(size, int):
+            return size if size == -1 else size // self.tp
+        if isinstance(size, fx.Node):
+            with self.graph.inserting_before(at):
+                new = self.graph.call_function(operator.floordiv, (size, self.tp))
+            ni = info(new)
+            ni.value, ni.kind, ni.module = "scalar", "shape", info(at).module
+            return new
+        raise GraphsplitError(f"cannot rewrite the size {size!r} of {at.name} for tensor parallelism")
+
+    def rule_expand(self, node: fx.Node) -> None:
+        src = node.args[0]
+        s = self.sh(src)
+        if s.kind != "S":
+            self.rule_identity(node)
+            return
+        out_shape = _shape(node)
+        e = s.dim + len(out_shape) - len(_shape(src))
+        sizes = list(node.args[1]) if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else list(node.args[1:])
+        sizes[e] = self._local_size(sizes[e], node)
+        node.args = (src, sizes) if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else (src, *sizes)
+        self.set(node, S(e, s.chunks))
+
+    def rule_repeat_interleave(self, node: fx.Node) -> None:
+        # repeating each element in place keeps a contiguous block per rank
+        src = node.args[0]
+        s = self.sh(src)
+        if s.kind == "S" and isinstance(_arg(node, 1, "repeats"), int) and _arg(node, 2, "dim") is not None:
+            self.set(node, S(s.dim))
+        elif s.kind == "R":
+            self.set(node, R)
+        else:
+            self.make_replicated(node, f"{_describe(node)} without a dim")
+
+    def rule_transpose(self, node: fx.Node) -> None:
+        src = node.args[0]
+        s = self.sh(src)
+        if s.kind != "S":
+            self.rule_identity(node)
+            return
+        nd = len(_shape(src))
+        name = _op_name_of(node)
+        d = s.dim
+        if name == "t":
+            e = 1 - d if nd == 2 else d
+        elif name == "permute":
+            dims = list(node.args[1]) if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else list(node.args[1:])
+            dims = [_norm_dim(x, nd) for x in dims]
+            e = dims.index(d)
+        else:
+            a = _norm_dim(_arg(node, 1, "dim0"), nd)
+            b = _norm_dim(_arg(node, 2, "dim1"), nd)
+            e = b if d == a else a if d == b else d
+        self.set(node, S(e, s.chunks))
+
+    def rule_softmax(self, node: fx.Node) -> None:
+        src = node.args[0]
+        s = self.sh(src)
+        dim = _arg(node, 1, "dim")
+        if s.kind == "S" and dim is not None and _norm_dim(dim, len(_shape(src))) != s.dim:
+            self.set(node, s)
+        else:
+            self.make_replicated(node, f"{_describe(node)} over the sharded dim") if s.kind != "R" else self.set(node, R)
+
+    def rule_reduction(self, node: fx.Node) -> None:
+        src = node.args[0]
+        s = self.sh(src)
+        if s.kind == "R":
+            self.set(node, R)
+            return
+        nd = len(_shape(src))
+        dim = _arg(node, 1, "dim")
+        keepdim = bool(_arg(node, 2, "keepdim", False))
+        if dim is None or s.kind != "S" or info(node).value != "tensor":
+            self.make_replicated(node, f"{_describe(node)} reduces over every dim")
+            return
+        dims = {_norm_dim(x, nd) for x in (dim if isinstance(dim, (list, tuple)) else [dim])}
+        if s.dim in dims:
+            self.make_replicated(node, f"{_describe(node)} reduces over the sharded dim")
+            return
+        e = s.dim if keepdim else s.dim - sum(1 for x in dims if x < s.dim)
+        self.set(node, S(e))
+
+    def rule_split(self, node: fx.Node) -> None:
+        src = node.args[0]
+        s = self.sh(src)
+        n_out = _container_len(node)
+        if s.kind == "R":
+            self.set(node, [R] * n_out)
+            return
+        nd = len(_shape(src))
+        name = _op_name_of(node)
+        dim = _norm_dim(_arg(node, 2, "dim", 0) if name != "chunk" else _arg(node, 2, "dim", 0), nd)
+        if s.kind == "S" and dim != s.dim:
+            self.set(node, [S(s.dim)] * n_out)
+            return
+        sizes = _split_sizes(node, _shape(src)[dim])
+        if s.kind == "S" and s.chunks and sizes is not None and tuple(sizes) == s.chunks:
+            if name != "chunk":
+                arg = node.args[1]
+                new = arg // self.tp if isinstance(arg, int) else type(arg)(x // self.tp for x in arg)
+                _set_arg(node, 1, "split_size_or_sections", new)
+            self.set(node, [S(s.dim)] * n_out)
+            return
+        for a in node.all_input_nodes:
+            if self.sh(a).kind != "R" and not self.sh(a).chunks:
+                self._replace_input(node, a, self.gathered(a, node))
+            elif self.sh(a).chunks:
+                raise GraphsplitError(f"internal: fused sharded value {a.name} split differently than its weight")
+        self.note(node, f"{_describe(node)} splits along the sharded dim")
+        self.set(node, [R] * n_out)
+
+    def rule_getitem(self, node: fx.Node) -> None:
+        src, index = node.args[0], node.args[1]
+        parent = info(src).sharding
+        if isinstance(parent, list):
+            self.set(node, parent[index] if isinstance(index, int) and index < len(parent) else R)
+            return
+        s = self.sh(src)
+        if s.kind == "R" or info(node).value != "tensor":
+            self.set(node, R)
+            return
+        e = _index_shard_dim(index, len(_shape(src)), s.dim)
+        if e is None or s.kind != "S":
+            self.make_replicated(node, f"indexing {src.name} along its sharded dim")
+        else:
+            self.set(node, S(e, s.chunks))
+
+    def rule_cat(self, node: fx.Node) -> None:
+        tensors = [a for a in node.all_input_nodes if info(a).value == "tensor"]
+        shards = {self.sh(a) for a in tensors}
+        nd = len(_shape(node))
+        dim = _norm_dim(_arg(node, 1, "dim", 0), nd)
+        if shards == {R}:
+            self.set(node, R)
+            return
+        if len(shards) == 1 and (only := next(iter(shards))).kind == "S" and only.dim != dim and not only.chunks:
+            self.set(node, only)
+            return
+        self.make_replicated(node, f"{_describe(node)} concatenates along the sharded dim or mixes layouts")
+
+    def rule_stack(self, node: fx.Node) -> None:
+        tensors = [a for a in node.all_input_nodes if info(a).value == "tensor"]
+        shards = {self.sh(a) for a in tensors}
+        nd = len(_shape(node))
+        dim = _norm_dim(_arg(node, 1, "dim", 0), nd)
+        if shards == {R}:
+            self.set(node, R)
+        elif len(shards) == 1 and (only := next(iter(shards))).kind == "S" and not only.chunks:
+            self.set(node, S(only.dim + (1 if only.dim >= dim else 0)))
+        else:
+            self.make_replicated(node, f"{_describe(node)} mixes layouts")
+
+    def rule_norm(self, node: fx.Node) -> None:
+        x = node.args[0]
+        s = self.sh(x)
+        if s.kind == "R":
+            self.set(node, R)
+            return
+        self.make_replicated(node, f"{_describe(node)} normalizes over the sharded dim")
+
+    def rule_size(self, node: fx.Node) -> None:
+        """Size queries of a sharded tensor answer the global size: computed sizes stay global."""
+        src = node.args[0] if node.args else None
+        if not isinstance(src, fx.Node) or self.sh(src).kind != "S":
+            return
+        s = self.sh(src)
+        nd = len(_shape(src))
+        name = _op_name_of(node)
+        users = list(node.users)
+        if name in ("size", "sym_size") and _arg(node, 1, "dim") is not None:
+            if _norm_dim(_arg(node, 1, "dim"), nd) != s.dim:
+                return
+            with self.graph.inserting_after(node):
+                fixed = self.graph.call_function(operator.mul, (node, self.tp))
+        elif name in ("numel", "sym_numel"):
+            with self.graph.inserting_after(node):
+                fixed = self.graph.call_function(operator.mul, (node, self.tp))
+        elif name in ("size", "getattr"):
+            with self.graph.inserting_after(node):
+                fixed = self.graph.call_function(tpops.global_shape, (src, s.dim))
+        else:
+            return
+        ni = info(fixed)
+        ni.value, ni.kind, ni.module = "scalar", "shape", info(node).module
+        for user in users:
+            self._replace_input(user, node, fixed)
+
+    def rule_linear(self, node: fx.Node) -> None:
+        form = _linear_form(node)
+        if form is None:
+            self.rule_matmul(node)
+            return
+        x, w, b, out_dim, in_dim = form
+        if not (isinstance(w, fx.Node) and w.op == "get_attr"):
+            self.rule_matmul(node)
+            return
+        s = self.sh(x)
+        w_shape = _shape(w)
+        out_features = w_shape[out_dim]
+        if s.kind == "P":
+            x = self.gathered(x, node)
+            _set_linear_input(node, x)
+            s = R
+        x_nd = len(_shape(x))
+        if s.kind == "R":
+            chunks = _chunk_layout(node, out_features)
+            ok = out_features % self.tp == 0 and (chunks is None or all(c % self.tp == 0 for c in chunks))
+            blocker = _view_blocking_shard(node, self.tp) if ok else None
+            if blocker is not None:
+                self.note(node, f"linear left replicated: {blocker}")
+                self.set(node, R)
+                return
+            have = self.param_shardings.get(self.param_name(w) or "")
+            if ok and (have is None or have == S(out_dim, chunks)):
+                self.shard_param(w, S(out_dim, chunks))
+                if b is not None:
+                    self.shard_param(b, S(0, chunks))
+                _set_linear_input(node, self.copy_to_tp(x, node))
+                self.set(node, S(len(_shape(node)) - 1, chunks))
+                return
+            why = (f"out features {out_features} not divisible by tp={self.tp}" if not ok
+                   else f"its weight is already sharded as {have}")
+            self.note(node, f"linear left replicated: {why}")
+            if have is not None and have.kind == "S":
+                _set_linear_weight(node, self.gathered(w, node))
+            self.set(node, R)
+            return
+        if s.dim == x_nd - 1:
+            want = S(in_dim, s.chunks)
+            have = self.param_shardings.get(self.param_name(w) or "")
+            if have is None or have == want:
+                self.shard_param(w, want)
+                out = self._row_parallel(node, b)
+                self.set(out, R)
+                return
+            self.make_replicated(node, f"linear weight already sharded as {have}")
+            return
+        # sharded on a leading (batch-like) dim: every rank applies the whole weight to its rows
+        if self.param_shardings.get(self.param_name(w) or "", R) != R:
+            _set_linear_weight(node, self.gathered(w, node))
+        else:
+            self.whole(node, w)
+            if b is not None:
+                self.whole(node, b)
+        self.set(node, S(s.dim))
+
+    def _row_parallel(self, node: fx.Node, bias: fx.Node | None) -> fx.Node:
+        """Drop the bias from the local matmul, sum the partials, add the bias once."""
+        if bias is not None:
+            _drop_linear_bias(node)
+        self.set(node, P)
+        users = [u for u in node.users]
+        reduced = self._new(node, tpops.reduce_from_tp, (node,), node, R, before=False)
+        last = reduced
+        if bias is not None:
+            with self.graph.inserting_after(reduced):
+                last = self.graph.call_function(operator.add, (reduced, bias))
+            last.meta = {k: v for k, v in node.meta.items() if k in ("nn_module_stack", "stack_trace")}
+            li = info(last)
+            li.value, li.tensor, li.module, li.kind = "tensor", info(node).tensor, info(node).module, "other"
+            self.set(last, R)
+        for user in users:
+            self._replace_input(user, node, last)
+        return last
+
+    def rule_embedding(self, node: fx.Node) -> None:
+        if node.op == "call_function" and node.target in (F.embedding,):
+            ids, w = node.args[0], node.args[1]
+        elif isinstance(node.target, torch._ops.OpOverload):
+            w, ids = node.args[0], node.args[1]
+        else:
+            self.rule_unknown(node)
+            return
+        if not (isinstance(w, fx.Node) and w.op == "get_attr"):
+            self.rule_unknown(node)
+            return
+        if self.sh(ids).kind != "R":
+            self._replace_input(node, ids, self.gathered(ids, node))
+        vocab, width = _shape(w)
+        have = self.param_shardings.get(self.param_name(w) or "")
+        padding = node.kwargs.get("padding_idx", node.args[2] if len(node.args) > 2 else None)
+        padding = None if padding is not None and (not isinstance(padding, int) or padding < 0) else padding
+        if (have is None and vocab % self.tp == 0) or have == S(0):
+            self.shard_param(w, S(0))
+            with self.graph.inserting_before(node):
+                new = self.graph.call_function(tpops.vocab_parallel_embedding, (ids, w, padding))
+            new.meta = dict(node.meta)
+            node.replace_all_uses_with(new)
+            self.graph.erase_node(node)
+            self.set(new, R)
+            return
+        if (have is None and width % self.tp == 0) or have == S(1):
+            self.shard_param(w, S(1))
+            self.set(node, S(len(_shape(node)) - 1))
+            return
+        self.note(node, f"embedding left replicated: neither vocabulary {vocab} nor width {width} divisible by tp={self.tp}")
+        self.set(node, R)
+
+    def rule_matmul(self, node: fx.Node) -> None:
+        a, b = node.args[0], node.args[1]
+        sa, sb = self.sh(a), self.sh(b)
+        if sa.kind == "P" or sb.kind == "P":
+            self.make_replicated(node, "matmul of a partial sum")
+            return
+        if sa.kind == "R" and sb.kind == "R":
+            self.set(node, R)
+            return
+        ashape, bshape, oshape = _shape(a), _shape(b), _shape(node)
+        if len(ashape) < 2 or len(bshape) < 2 or sa.chunks or sb.chunks:
+            self.make_replicated(node, f"{_describe(node)} on vectors or fused shards")
+            return
+        na, nb, no = len(ashape), len(bshape), len(oshape)
+        # batch dims aligned from the right of the batch part
+        def out_of(x_dim: int, nx: int) -> int:
+            return x_dim + (no - nx)
+
+        if sa.kind == "S" and sa.dim < na - 2:
+            e = out_of(sa.dim, na)
+            if sb.kind == "S" and out_of(sb.dim, nb) != e:
+                self.make_replicated(node, "matmul of differently sharded batches")
+                return
+            if sb.kind == "R":
+                bd = e - (no - nb)
+                if bd >= 0 and bshape[bd] != 1:
+                    self._replace_input(node, b, self.scatter(b, bd, node))
+                else:
+                    self.whole(node, b)
+            self.set(node, S(e))
+            return
+        if sb.kind == "S" and sb.dim < nb - 2:
+            e = out_of(sb.dim, nb)
+            ad = e - (no - na)
+            if ad >= 0 and ashape[ad] != 1:
+                self._replace_input(node, a, self.scatter(a, ad, node))
+            else:
+                self.whole(node, a)
+            self.set(node, S(e))
+            return
+        if sa.kind == "S" and sa.dim == na - 2 and sb.kind == "R":
+            self.whole(node, b)
+            self.set(node, S(no - 2))
+            return
+        if sb.kind == "S" and sb.dim == nb - 1 and sa.kind == "R":
+            self.whole(node, a)
+            self.set(node, S(no - 1))
+            return
+        if sa.kind == "S" and sa.dim == na - 1 and sb.kind == "S" and sb.dim == nb - 2:
+            self.set(node, P)
+            users = list(node.users)
+            reduced = self._new(node, tpops.reduce_from_tp, (node,), node, R, before=False)
+            for user in users:
+                self._replace_input(user, node, reduced)
+            return
+        self.make_replicated(node, f"{_describe(node)} with operands sharded as {sa} and {sb}")
+
+    def rule_attention(self, node: fx.Node) -> None:
+        if node.op == "call_module":
+            self.rule_unknown(node)
+            return
+        q, k, v = node.args[0], node.args[1], node.args[2]
+        shards = [self.sh(t) for t in (q, k, v)]
+        if all(s.kind == "R" for s in shards):
+            mask = _arg(node, 3, "attn_mask")
+            if isinstance(mask, fx.Node) and self.sh(mask).kind != "R":
+                self._replace_input(node, mask, self.gathered(mask, node))
+            self.set(node, R)
+            return
+        heads = [s.dim for s in shards if s.kind == "S"]
+        qs = _shape(q)
+        head_dim = len(qs) - 3
+        if any(d != head_dim for d in heads) or any(s.kind == "P" or s.chunks for s in shards):
+            self.make_replicated(node, "attention sharded on a dim other than heads")
+            return
+        for t in (q, k, v):
+            if self.sh(t).kind == "R":
+                shape = _shape(t)
+                if shape[head_dim] % self.tp:
+                    self.make_replicated(node, f"attention: {shape[head_dim]} heads not divisible by tp={self.tp}")
+                    return
+                self._replace_input(node, t, self.scatter(t, head_dim, node))
+        mask = _arg(node, 3, "attn_mask")
+        if isinstance(mask, fx.Node):
+            ms = _shape(mask)
+            md = head_dim - (len(qs) - len(ms))
+            if self.sh(mask).kind == "S":
+                if self.sh(mask).dim != md:
+                    self._replace_input(node, mask, self.gathered(mask, node))
+                    mask = node.args[3] if len(node.args) > 3 else node.kwargs["attn_mask"]
+            if self.sh(mask).kind == "R" and md >= 0 and ms[md] != 1:
+                self._replace_input(node, mask, self.scatter(mask, md, node))
+            elif self.sh(mask).kind == "R":
+                self.whole(node, mask)
+        self.set(node, S(head_dim))
+
+
+# --- helpers over op spellings -------------------------------------------------
+
+
+def _op_name_of(node: fx.Node) -> str:
+    from ..optable import _op_name
+
+    name = _op_name(node)
+    return name.rstrip("_") if not name.startswith("_") else name
+
+
+def _describe(node: fx.Node) -> str:
+    return f"{_op_name_of(node)} ({node.name})"
+
+
+def _is_param(gm: fx.GraphModule, node: fx.Node) -> bool:
+    try:
+        gm.get_parameter(str(node.target))
+        return True
+    except AttributeError:
+        return False
+
+
+def _is_to_other(node: fx.Node) -> bool:
+    return node.op == "call_method" and node.target == "to" and len(node.args) > 1 and isinstance(node.args[1], fx.Node)
+
+
+def _container_len(node: fx.Node) -> int:
+    idx = [u.args[1] for u in node.users if u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)]
+    return (max(idx) + 1) if idx else 0
+
+
+def _split_sizes(node: fx.Node, dim_size: int) -> list[int] | None:
+    name = _op_name_of(node)
+    arg = node.args[1] if len(node.args) > 1 else node.kwargs.get("split_size_or_sections", node.kwargs.get("chunks"))
+    if name == "chunk":
+        if not isinstance(arg, int) or dim_size % arg:
+            return None
+        return [dim_size // arg] * arg
+    if isinstance(arg, int):
+        return [arg] * (dim_size // arg) + ([dim_size % arg] if dim_size % arg else [])
+    if isinstance(arg, (list, tuple)) and all(isinstance(x, int) for x in arg):
+        return list(arg)
+    return None
+
+
+def _chunk_layout(linear: fx.Node, out_features: int) -> tuple[int, ...] | None:
+    """If the linear's output is split along its feature dim (fused QKV), the chunk sizes."""
+    users = list(linear.users)
+    if len(users) != 1:
+        return None
+    (user,) = users
+    if user.op not in ("call_function", "call_method") or _op_name_of(user) not in ("split", "chunk", "split_with_sizes"):
+        return None
+    shape = _shape(linear)
+    nd = len(shape)
+    dim = user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
+    if _norm_dim(dim, nd) != nd - 1:
+        return None
+    sizes = _split_sizes(user, out_features)
+    return tuple(sizes) if sizes and len(sizes) > 1 else None
+
+
+def _view_blocking_shard(linear: fx.Node, tp: int) -> str | None:
+    """Why sharding this linear's output features would be undone by the view right after it
+    (GQA: 2 kv heads cannot split over tp=4), or None. Looks through a fused split."""
+    shape = _shape(linear)
+    frontier = [(linear, shape)]
+    for user in linear.users:
+        if _op_name_of(user) in ("split", "chunk", "split_with_sizes"):
+            frontier = [(g, _shape(g)) for g in user.users if _shape(g) is not None]
+            break
+    for value, vshape in frontier:
+        for user in value.users:
+            if user.op in ("call_function", "call_method") and _op_name_of(user) in ("view", "reshape", "_unsafe_view", "unflatten"):
+                out = _shape(user)
+                if out is not None and _view_shard_dim(vshape, out, len(vshape) - 1, tp) is None:
+                    return f"its output is viewed as {list(out)}, which cannot be split over tp={tp}"
+    return None
+
+
+def _linear_form(node: fx.Node) -> tuple[Any, Any, Any, int, int] | None:
+    """(input, weight, bias, weight's out dim, weight's in dim) for each spelling of a linear."""
+    t = node.target
+    if node.op == "call_function" and (t is F.linear or t in (aten.linear.default,)):
+        return node.args[0], node.args[1], _arg(node, 2, "bias"), 0, 1
+    if isinstance(t, torch._ops.OpOverload) and t.overloadpacket in (aten.addmm,):
+        return node.args[1], node.args[2], node.args[0], 1, 0
+    if t is torch.addmm:
+        return node.args[1], node.args[2], node.args[0], 1, 0
+    if isinstance(t, torch._ops.OpOverload) and t.overloadpacket in (aten.mm,) or t is torch.mm:
+        return node.args[0], node.args[1], None, 1, 0
+    return None
+
+
+def _set_linear_input(node: fx.Node, x: fx.Node) -> None:
+    args = list(node.args)
+    pos = 1 if (node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm) else 0
+    args[pos] = x
+    node.args = tuple(args)
+
+
+def _set_linear_weight(node: fx.Node, w: fx.Node) -> None:
+    args = list(node.args)
+    pos = 2 if (node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm) else 1
+    args[pos] = w
+    node.args = tuple(args)
+
+
+def _drop_linear_bias(node: fx.Node) -> None:
+    if node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm:
+        node.target = aten.mm.default if isinstance(node.target, torch._ops.OpOverload) else torch.mm
+        node.args = (node.args[1], node.args[2])
+        node.kwargs = {}
+    else:
+        node.args = tuple(node.args[:2])
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "bias"}
+
+
+def _view_shard_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int, tp: int) -> int | None:
+    """The output dim that inherits input dim d's shard under a view, if the view keeps it local.
+
+    The shard survives when an output dim e starts where input dim d starts (same
+    product of the dims before) and tp divides it: each rank's block of d, with
+    everything inside it, is then exactly a block of e.
+    """
+    prefix_in = 1
+    for x in in_shape[:d]:
+        prefix_in *= x
+    prefix = 1
+    for e, x in enumerate(out_shape):
+        if prefix == prefix_in and x % tp == 0 and x > 1:
+            inner_in = 1
+            for y in in_shape[d:]:
+                inner_in *= y
+            inner_out = 1
+            for y in out_shape[e:]:
+                inner_out *= y
+            if inner_in == inner_out and (x >= in_shape[d] or in_shape[d] % x == 0):
+                # x < in[d]: the dim was split; its outer factor x carries the shard only if
+                # each rank's block of d covers whole blocks of x
+                if x >= in_shape[d] or (in_shape[d] // x) * x == in_shape[d] and (in_shape[d] // tp) % (in_shape[d] // x) == 0:
+                    return e
+        prefix *= x
+        if prefix > prefix_in:
+            break
+    return None
+
+
+def _index_shard_dim(index: Any, nd: int, d: int) -> int | None:
+    """Where dim d goes under `tensor[index]`; None if the index touches it."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    if any(isinstance(i, fx.Node) for i in items):
+        return None
+    n_ellipsis = sum(1 for i in items if i is Ellipsis)
+    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    in_dim, out_dim = 0, 0
+    for item in items:
+        if item is Ellipsis:
+            span = nd - consumed
+            if in_dim <= d < in_dim + span:
+                return out_dim + (d - in_dim)
+            in_dim += span
+            out_dim += span
+        elif item is None:
+            out_dim += 1
+        elif isinstance(item, int):
+            if in_dim == d:
+                return None
+            in_dim += 1
+        elif isinstance(item, slice):
+            if in_dim == d:
+                return out_dim if item == slice(None) else None
+            in_dim += 1
+            out_dim += 1
+        else:
+            return None
+    if n_ellipsis == 0 and d >= in_dim:
+        return out_dim + (d - in_dim)
+    return None
+
+
+def tensor_parallel_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    if ctx.plan.tp == 1:
+        return gm
+    rewriter = _Rewriter(gm, ctx)
+    rewriter.run()
+    gm.graph.lint()
+    gm.recompile()
+    ctx.param_shardings = rewriter.param_shardings
+    ctx.replicated = rewriter.replicated
+    from ..analysis.shapes import annotate
+
+    # what one rank computes: local shapes, FLOPs and bytes
+    annotate(gm, ctx.inputs, param_shardings=rewriter.param_shardings, tp=ctx.plan.tp)
+    return gm
