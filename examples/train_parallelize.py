@@ -1,6 +1,7 @@
 """graphsplit from Python, inside torchrun: this rank builds its pipeline stage and trains.
 
     torchrun --standalone --nproc-per-node 2 examples/train_parallelize.py --pp 2 --steps 5
+    torchrun --standalone --nproc-per-node 4 examples/train_parallelize.py --pp 2 --tp 2
 
 Every rank builds the model the same way (same seed); `parallelize` keeps only
 this rank's stages. `--dump DIR` saves step 1's gradients per rank (tests use it).
@@ -28,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="gpt")
     parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dump", type=Path, default=None)
     args = parser.parse_args()
@@ -37,12 +39,13 @@ def main() -> None:
     model = example.build_model()
     inputs, target = example.example_inputs(), example.example_target()
 
-    module = parallelize(model, Plan(pp=args.pp), example_inputs=inputs, loss_fn=example.loss_fn)
+    module = parallelize(model, Plan(pp=args.pp, tp=args.tp), example_inputs=inputs, loss_fn=example.loss_fn)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
     for step in range(1, args.steps + 1):
         loss = module.train_step(*inputs, target=target)
         if step == 1 and args.dump is not None:
-            torch.save({"grads": module.grads(), "loss": loss}, args.dump / f"rank{dist.get_rank()}.pt")
+            tp_rank = dist.get_rank() % args.tp  # the mesh is (dp, pp, tp), tp fastest
+            torch.save({"grads": module.grads(), "loss": loss, "tp_rank": tp_rank}, args.dump / f"rank{dist.get_rank()}.pt")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if loss is not None:

@@ -80,6 +80,7 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
                 "modules": mods,
                 "params": st.num_params,
                 "param_bytes": st.param_bytes,
+                "param_bytes_per_rank": program.stage_param_bytes(st.index),
                 "flops": st.flops,
                 "cost": st.cost,
                 "inputs": st.inputs,
@@ -108,6 +109,12 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
         "boundaries": boundaries,
         "tied_parameters": program.shared_params,
     }
+    if plan.tp > 1:
+        from .analysis.collectives import collectives, count_table
+
+        data["collectives"] = count_table(collectives(st.gm.graph for st in program.stages))
+        data["parameter_shardings"] = {k: str(v) for k, v in program.param_shardings.items()}
+        data["left_replicated"] = program.replicated
     if transform_seconds is not None:
         data["transform_seconds"] = transform_seconds
     if timings:

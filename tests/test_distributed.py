@@ -1,6 +1,7 @@
-"""Real gloo processes under torchrun: every example at pp 2 and 4 and each schedule
-trains and matches the untouched model (step 1's loss, output and every rank's
-gradients; the loss of every step)."""
+"""Real gloo processes under torchrun: every example at pp 2 and 4 and each schedule,
+and at tp 2 and 4 and tp 2 x pp 2, trains and matches the untouched model (step 1's
+loss, output and every rank's gradient against the matching slice of the original
+gradient; the loss of every step)."""
 
 import pytest
 
@@ -23,11 +24,21 @@ CASES = [
     ("mlp.py", Plan(pp=2, schedule="1f1b")),
     ("mlp.py", Plan(pp=4, schedule="looped-bfs", stages_per_rank=2, microbatches=8)),
     ("last_input.py", Plan(pp=4, schedule="1f1b")),
+    # tensor parallel, and tensor x pipeline (world = pp x tp)
+    ("gpt.py", Plan(tp=2)),
+    ("gpt.py", Plan(tp=4)),
+    ("gpt.py", Plan(tp=2, pp=2)),
+    ("llama.py", Plan(tp=2)),
+    ("llama.py", Plan(tp=4)),  # 2 kv heads over 4 ranks: replicated and sliced per rank
+    ("llama.py", Plan(tp=2, pp=2, schedule="gpipe")),
+    ("bert.py", Plan(tp=2)),
+    ("bert.py", Plan(tp=4)),
+    ("bert.py", Plan(tp=2, pp=2)),
 ]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n.removesuffix('.py')}-pp{p.pp}-{p.schedule}" for n, p in CASES])
+@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n.removesuffix('.py')}-pp{p.pp}-tp{p.tp}-{p.schedule}" for n, p in CASES])
 def test_torchrun_training_matches_untouched_model(name, plan):
     path = EXAMPLES / name if (EXAMPLES / name).exists() else MODELS / name
     lines: list[str] = []

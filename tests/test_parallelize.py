@@ -7,8 +7,11 @@ import sys
 import pytest
 import torch
 
+from graphsplit import Plan
 from graphsplit.check import compare, missing_grads, reference_step
+from graphsplit.compile import compile_program
 from graphsplit.loader import load_model
+from graphsplit.sharding import shard_tensor
 
 from .conftest import EXAMPLES
 
@@ -16,10 +19,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(300)
-def test_parallelize_in_a_torchrun_script(tmp_path):
+@pytest.mark.parametrize("pp, tp", [(2, 1), (2, 2)])
+def test_parallelize_in_a_torchrun_script(tmp_path, pp, tp):
+    world = pp * tp
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        str(EXAMPLES / "train_parallelize.py"), "--model", "gpt", "--pp", "2", "--steps", "2", "--dump", str(tmp_path),
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+        str(EXAMPLES / "train_parallelize.py"), "--model", "gpt", "--pp", str(pp), "--tp", str(tp),
+        "--steps", "2", "--dump", str(tmp_path),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -28,12 +34,16 @@ def test_parallelize_in_a_torchrun_script(tmp_path):
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     model = loaded.build("cpu", seed=0)
     ref = reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, 2)
-    dumps = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, Plan(pp=pp, tp=tp)).program
+    dumps = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     losses = [d["loss"] for d in dumps if d["loss"] is not None]
-    assert len(losses) == 1
+    assert len(losses) == tp  # every tp rank of the last stage has the loss
     got = {}
     for d in dumps:
-        cmp = compare(None, None, d["grads"], ref)
+        def shard(name, full, r=d["tp_rank"]):
+            return shard_tensor(full, program.param_sharding(name), r, tp)
+
+        cmp = compare(None, None, d["grads"], ref, expected=shard)
         assert cmp.ok, cmp.failures
         got.update(d["grads"])
     assert not missing_grads(ref, set(got))

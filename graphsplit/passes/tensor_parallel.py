@@ -100,15 +100,17 @@ class _Rewriter:
         self.replicated.append({"module": info(node).module or "<root>", "node": node.name, "reason": reason})
 
     def _new(self, where: fx.Node, fn: Callable[..., Any], args: tuple, like: fx.Node, sharding: Sharding,
-             before: bool = True, shape: tuple[int, ...] | None = None) -> fx.Node:
+             before: bool = True, shape: tuple[int, ...] | None = None, owner: fx.Node | None = None) -> fx.Node:
+        """A new call before/after `where`, shaped like `like`, attributed to `owner`'s module."""
         ctx = self.graph.inserting_before(where) if before else self.graph.inserting_after(where)
         with ctx:
             new = self.graph.call_function(fn, args)
-        new.meta = {k: v for k, v in like.meta.items() if k in ("nn_module_stack", "stack_trace")}
+        owner = owner or like
+        new.meta = {k: v for k, v in owner.meta.items() if k in ("nn_module_stack", "stack_trace")}
         src = info(like)
         spec = src.tensor if shape is None else TensorSpec(shape, src.tensor.dtype, src.tensor.requires_grad)
         ni = info(new)
-        ni.value, ni.tensor, ni.module, ni.kind = "tensor", spec, src.module, "collective"
+        ni.value, ni.tensor, ni.module, ni.kind = "tensor", spec, info(owner).module, "collective"
         self.set(new, sharding)
         return new
 
@@ -148,9 +150,13 @@ class _Rewriter:
     def copy_to_tp(self, value: fx.Node, at: fx.Node) -> fx.Node:
         """f before column-parallel layers; one per value, so their input gradients are
         summed by autograd first and all-reduced once."""
+        spec = info(value).tensor
+        if spec is None or not spec.requires_grad:
+            return value  # no gradient flows back: nothing to sum
         found = self._copies.get(value)
         if found is None:
-            found = self._copies[value] = self._new(at, tpops.copy_to_tp, (value,), value, R)
+            # f belongs to the layer it feeds (Megatron's column-parallel input)
+            found = self._copies[value] = self._new(at, tpops.copy_to_tp, (value,), value, R, owner=at)
         return found
 
     def whole(self, node: fx.Node, value: Any) -> None:
@@ -173,6 +179,10 @@ class _Rewriter:
     # -- the walk ------------------------------------------------------------
     def run(self) -> None:
         self.functionalize_modules()
+        self.max_heads = max(_heads_views(self.graph), default=0)
+        self.linear_weights = {
+            self.param_name(form[1]) for n in self.graph.nodes if (form := _linear_form(n)) is not None
+        } - {None}
         for node in list(self.graph.nodes):
             if info(node).value == "scalar" and node.op != "output":
                 fam = tp_family(node, self.gm)
@@ -270,11 +280,8 @@ class _Rewriter:
     rule_shape = rule_unknown
 
     def rule_identity(self, node: fx.Node) -> None:
+        # type_as(other) / to(other) read only other's dtype and device: its layout does not matter
         src = node.args[0] if node.args else None
-        if node.op == "call_method" and node.target == "type_as" or _is_to_other(node):
-            other = node.args[1]
-            if isinstance(other, fx.Node) and self.sh(other).kind != "R":
-                self._replace_input(node, other, self.gathered(other, node))
         s = self.sh(src)
         if s.kind == "P":
             self._replace_input(node, src, self.gathered(src, node))
@@ -579,9 +586,26 @@ class _Rewriter:
             ok = out_features % self.tp == 0 and (chunks is None or all(c % self.tp == 0 for c in chunks))
             blocker = _view_blocking_shard(node, self.tp) if ok else None
             if blocker is not None:
-                self.note(node, f"linear left replicated: {blocker}")
+                heads, why = blocker
+                if heads >= self.max_heads:  # the query heads must split; fewer kv heads may stay whole
+                    raise GraphsplitError(
+                        f"attention in '{info(node).module or '<root>'}': {heads} heads cannot be split over "
+                        f"tp={self.tp}; use tp={_nearest_divisor(heads, self.tp)} (tp must divide the number of heads)"
+                    )
+                self.note(node, f"linear left replicated: {why}")
                 self.set(node, R)
                 return
+            if ok and not _column_pays_off(node, self.gm):
+                self.note(node, "linear left replicated: its sharded output would be gathered before any "
+                                "row-parallel layer (a norm or reduction comes first)")
+                self.set(node, R)
+                return
+            if not ok and _feeds_output(node, self.gm):
+                raise GraphsplitError(
+                    f"output layer '{info(node).module or node.name}': {out_features} output features (the vocabulary) "
+                    f"cannot be split over tp={self.tp}; pad it to {_round_up(out_features, self.tp)} "
+                    f"or use tp={_nearest_divisor(out_features, self.tp)}"
+                )
             have = self.param_shardings.get(self.param_name(w) or "")
             if ok and (have is None or have == S(out_dim, chunks)):
                 self.shard_param(w, S(out_dim, chunks))
@@ -661,6 +685,12 @@ class _Rewriter:
             self.graph.erase_node(node)
             self.set(new, R)
             return
+        if vocab % self.tp and self.param_name(w) in self.linear_weights:
+            raise GraphsplitError(
+                f"embedding '{info(node).module or w.target}': vocabulary {vocab} cannot be split over tp={self.tp} "
+                f"and its weight is tied to an output layer; pad the vocabulary to {_round_up(vocab, self.tp)} "
+                f"or use tp={_nearest_divisor(vocab, self.tp)}"
+            )
         if (have is None and width % self.tp == 0) or have == S(1):
             self.shard_param(w, S(1))
             self.set(node, S(len(_shape(node)) - 1))
@@ -827,9 +857,10 @@ def _chunk_layout(linear: fx.Node, out_features: int) -> tuple[int, ...] | None:
     return tuple(sizes) if sizes and len(sizes) > 1 else None
 
 
-def _view_blocking_shard(linear: fx.Node, tp: int) -> str | None:
-    """Why sharding this linear's output features would be undone by the view right after it
-    (GQA: 2 kv heads cannot split over tp=4), or None. Looks through a fused split."""
+def _view_blocking_shard(linear: fx.Node, tp: int) -> tuple[int, str] | None:
+    """(heads, why) if sharding this linear's output features would be undone by the view
+    right after it (GQA: 2 kv heads cannot split over tp=4), else None. Looks through a
+    fused split."""
     shape = _shape(linear)
     frontier = [(linear, shape)]
     for user in linear.users:
@@ -838,11 +869,77 @@ def _view_blocking_shard(linear: fx.Node, tp: int) -> str | None:
             break
     for value, vshape in frontier:
         for user in value.users:
-            if user.op in ("call_function", "call_method") and _op_name_of(user) in ("view", "reshape", "_unsafe_view", "unflatten"):
+            if user.op in ("call_function", "call_method") and _op_name_of(user) in _HEAD_VIEWS:
                 out = _shape(user)
                 if out is not None and _view_shard_dim(vshape, out, len(vshape) - 1, tp) is None:
-                    return f"its output is viewed as {list(out)}, which cannot be split over tp={tp}"
+                    heads = out[len(vshape) - 1] if len(out) > len(vshape) else 0
+                    return heads, f"its output is viewed as {list(out)}, which cannot be split over tp={tp}"
     return None
+
+
+_HEAD_VIEWS = ("view", "reshape", "_unsafe_view", "unflatten")
+
+
+def _heads_views(graph: fx.Graph) -> list[int]:
+    """Head counts of views that split a feature dim into (heads, head_dim)."""
+    found = []
+    for node in graph.nodes:
+        if node.op in ("call_function", "call_method") and _op_name_of(node) in _HEAD_VIEWS:
+            src = node.args[0] if node.args else None
+            ins, out = _shape(src), _shape(node)
+            if ins and out and len(out) == len(ins) + 1 and out[: len(ins) - 1] == ins[:-1]:
+                found.append(out[len(ins) - 1])
+    return found
+
+
+def _feeds_output(node: fx.Node, gm: fx.GraphModule) -> bool:
+    """Whether `node`'s value reaches the model's output through layout-only ops (an LM head)."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        for user in n.users:
+            if user.op == "output":
+                return True
+            if user not in seen and tp_family(user, gm) in ("view", "identity", "transpose", "getitem"):
+                seen.add(user)
+                todo.append(user)
+    return False
+
+
+_KEEPS_SHARD = frozenset({"pointwise", "identity", "view", "transpose", "split", "getitem", "softmax", "matmul",
+                          "attention", "repeat_interleave", "expand", "stack", "cat"})
+
+
+def _column_pays_off(linear: fx.Node, gm: fx.GraphModule, limit: int = 500) -> bool:
+    """Whether a column-parallel output would reach a row-parallel layer (or the model's
+    output) before anything that needs it whole: only then is splitting it worth a collective."""
+    todo, seen, reached = [linear], {linear}, False
+    while todo and len(seen) < limit:
+        n = todo.pop()
+        for user in n.users:
+            if user in seen:
+                continue
+            seen.add(user)
+            if user.op == "output":
+                reached = True
+                continue
+            family = tp_family(user, gm)
+            if family == "linear" and _linear_form(user) is not None:
+                reached = True
+            elif family in _KEEPS_SHARD or family == "size" or info(user).value == "scalar":
+                todo.append(user)
+            else:
+                return False
+    return reached
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def _nearest_divisor(n: int, tp: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - tp), -d))
 
 
 def _linear_form(node: fx.Node) -> tuple[Any, Any, Any, int, int] | None:

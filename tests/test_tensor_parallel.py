@@ -1,0 +1,172 @@
+"""The tensor_parallel pass without processes: what it shards, the collectives it
+inserts (Megatron's count), how it rewrites sizes, and what it refuses."""
+
+import operator
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from graphsplit import GraphsplitError, Plan
+from graphsplit.analysis.collectives import collectives, count_table
+from graphsplit.compile import compile_program
+from graphsplit.loader import load_model
+from graphsplit.materialize import materialize_stage, model_tensors
+from graphsplit.ops import tp as tpops
+from graphsplit.sharding import S, shard_tensor
+
+from .conftest import EXAMPLES
+
+
+def compiled(model_or_path, plan, args=None, kwargs=None):
+    if isinstance(model_or_path, nn.Module):
+        return compile_program(model_or_path, args, kwargs or {}, plan).program
+    loaded = load_model(str(model_or_path))
+    return compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path).program
+
+
+def per_block(program):
+    return count_table(collectives(st.gm.graph for st in program.stages))["per_block"]
+
+
+@pytest.mark.parametrize("example, block_prefix, blocks", [("gpt.py", "h.", 4), ("llama.py", "layers.", 4), ("bert.py", "layers.", 4)])
+def test_megatron_count_per_block_found_automatically(example, block_prefix, blocks):
+    table = per_block(compiled(EXAMPLES / example, Plan(tp=2)))
+    layers = {k: v for k, v in table.items() if k.startswith(block_prefix)}
+    assert len(layers) == blocks
+    for name, counts in layers.items():
+        assert counts == {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}, name
+
+
+def test_vocab_parallel_embedding_costs_one_forward_all_reduce():
+    table = per_block(compiled(EXAMPLES / "gpt.py", Plan(tp=2)))
+    assert table["wte"] == {"forward": {"all_reduce": 1}, "backward": {}}
+    assert table["wpe"] == {"forward": {"all_reduce": 1}, "backward": {}}
+
+
+def test_weights_split_norms_replicated_and_qkv_chunked():
+    program = compiled(EXAMPLES / "gpt.py", Plan(tp=2))
+    sh = program.param_shardings
+    assert sh["h.0.attn.c_attn.weight"] == S(0, (64, 64, 64))  # fused QKV: each rank its part of q, k and v
+    assert sh["h.0.attn.c_proj.weight"] == S(1)  # row-parallel
+    assert "h.0.attn.c_proj.bias" not in sh  # added once, after the reduction
+    assert sh["wte.weight"] == S(0)  # vocab-parallel, and the tied LM head uses the same shard
+    assert not any(k.endswith(("ln_1.weight", "ln_f.weight")) for k in sh)
+    full = sum(p.numel() * 4 for p in load_model(str(EXAMPLES / "gpt.py")).build("meta").parameters())
+    per_rank = program.stage_param_bytes(0)
+    sharded = sum(
+        st.gm.get_parameter(local).numel() * 4
+        for st in program.stages
+        for local, canonical in st.param_sources.items()
+        if canonical in sh and local == canonical
+    )
+    assert per_rank == full - sharded // 2
+    assert per_rank < 0.55 * full
+
+
+def test_chunked_shard_takes_each_rank_part_of_every_chunk():
+    full = torch.arange(12).reshape(12, 1)  # q = 0..3, k = 4..7, v = 8..11
+    r0 = shard_tensor(full, S(0, (4, 4, 4)), 0, 2).flatten().tolist()
+    r1 = shard_tensor(full, S(0, (4, 4, 4)), 1, 2).flatten().tolist()
+    assert r0 == [0, 1, 4, 5, 8, 9] and r1 == [2, 3, 6, 7, 10, 11]
+
+
+class Heads(nn.Module):
+    """The same attention written three ways: sizes as constants, computed, and -1."""
+
+    def __init__(self, style):
+        super().__init__()
+        self.style = style
+        self.q = nn.Linear(32, 32)
+        self.o = nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        if self.style == "computed":
+            h = self.q(x).view(b, t, 4, c // 4)
+        elif self.style == "minus_one":
+            h = self.q(x).view(b, t, -1, 8)
+        else:
+            h = self.q(x).view(2, 6, 4, 8)
+        h = h.transpose(1, 2).softmax(-1).transpose(1, 2)
+        return self.o(h.reshape(b, t, c))
+
+
+@pytest.mark.parametrize("style", ["constant", "computed", "minus_one"])
+def test_view_sizes_rewritten_in_all_three_forms(style):
+    program = compiled(Heads(style), Plan(tp=2), (torch.randn(2, 6, 32),))
+    graph = program.stages[0].gm.graph
+    view = next(n for n in graph.nodes if n.op == "call_method" and n.target == "view")
+    sizes = list(view.args[1:])
+    if style == "constant":
+        assert sizes == [2, 6, 2, 8]  # 4 heads -> 2 per rank
+    elif style == "minus_one":
+        assert sizes[2:] == [-1, 8]  # -1 infers the local head count by itself
+    else:
+        assert sizes[2] == 2
+        assert isinstance(sizes[3], torch.fx.Node) and sizes[3].target is operator.floordiv
+    reshape = next(n for n in graph.nodes if n.op == "call_method" and n.target == "reshape")
+    c = reshape.args[3]
+    assert isinstance(c, torch.fx.Node) and c.target is operator.floordiv and c.args[1] == 2
+    counts = count_table(collectives([graph]))["total"]
+    assert counts["forward"] == {"all_reduce": 1}
+    assert counts["backward"] == {}  # the input needs no gradient, so f is left out
+
+
+def test_runtime_collectives_match_the_static_count():
+    """Run rank 0's program forward and backward on a fake process group and count calls."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    program = compiled(EXAMPLES / "llama.py", Plan(tp=2))
+    model = loaded.build("cpu", seed=0)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        tpops.set_tp_group(dist.group.WORLD)
+        stage = materialize_stage(program.stages[0], "cpu", model_tensors(model), 0, program.param_shardings, 0, 2)
+        tpops.COUNTS.clear()
+        out = stage(*program.traced.flatten_inputs(loaded.args, loaded.kwargs))
+        out.float().pow(2).mean().backward()
+        runtime = {d: {k: n for (dd, k), n in tpops.COUNTS.items() if dd == d} for d in ("forward", "backward")}
+    finally:
+        tpops.set_tp_group(None)
+        dist.destroy_process_group()
+    static = count_table(collectives(st.gm.graph for st in program.stages))["total"]
+    assert runtime == static
+    assert runtime["forward"]["all_reduce"] == 2 * 4 + 1
+
+
+def test_gqa_kv_heads_stay_replicated_when_tp_does_not_divide_them():
+    program = compiled(EXAMPLES / "llama.py", Plan(tp=4))  # 4 query heads, 2 kv heads
+    sh = program.param_shardings
+    assert sh["layers.0.attention.wq.weight"] == S(0)
+    assert "layers.0.attention.wk.weight" not in sh and "layers.0.attention.wv.weight" not in sh
+    reasons = [r for r in program.replicated if r["module"] == "layers.0.attention.wk"]
+    assert reasons and "cannot be split over tp=4" in reasons[0]["reason"]
+
+
+def test_tp_not_dividing_heads_names_module_and_suggests_tp():
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Linear(36, 36)
+            self.o = nn.Linear(36, 36)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            h = self.q(x).view(b, t, 6, 6).transpose(1, 2).softmax(-1)
+            return self.o(h.transpose(1, 2).reshape(b, t, c))
+
+    with pytest.raises(GraphsplitError, match=r"'q': 6 heads cannot be split over tp=4; use tp=3"):
+        compiled(Attn(), Plan(tp=4), (torch.randn(2, 5, 36),))
+
+
+def test_tp_not_dividing_a_tied_vocabulary_suggests_padding():
+    with pytest.raises(GraphsplitError, match=r"vocabulary 256 cannot be split over tp=3 .* pad the vocabulary to 258"):
+        compiled(EXAMPLES / "gpt.py", Plan(tp=3))
+
+
+def test_unsplittable_layers_are_reported_with_a_reason():
+    program = compiled(EXAMPLES / "bert.py", Plan(tp=2))
+    assert any(r["module"] == "transform" and "norm" in r["reason"] for r in program.replicated)
