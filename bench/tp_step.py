@@ -215,44 +215,45 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
         gs_step()
         dt_step()
 
-    def timed(step) -> float:
+    def timed(step) -> tuple[float, float]:
+        """(wall seconds per step, slower rank; CPU seconds per step, mean of ranks)."""
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.steps):
             step()
         dist.barrier()
-        elapsed = torch.tensor([(time.perf_counter() - start) / args.steps])
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        return elapsed.item()
+        wall = torch.tensor([(time.perf_counter() - start) / args.steps])
+        cpu_t = torch.tensor([(time.process_time() - cpu) / args.steps / TP])
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+        dist.all_reduce(cpu_t)
+        return wall.item(), cpu_t.item()
 
-    samples: dict[str, list[float]] = {"graphsplit": [], "dtensor": []}
+    steps = {"graphsplit": gs_step, "dtensor": dt_step}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     for r in range(args.rounds):
-        order = ("graphsplit", "dtensor") if r % 2 == 0 else ("dtensor", "graphsplit")
-        for name in order:
-            samples[name].append(timed(gs_step if name == "graphsplit" else dt_step))
+        for name in sorted(steps, reverse=r % 2 == 1):
+            samples[name].append(timed(steps[name]))
 
-    profile_text = ""
-    if args.profile:
-        profiler = cProfile.Profile() if rank == 0 else None
+    profiles = {}
+    for name in steps if args.profile else ():
+        profiler = cProfile.Profile()
         dist.barrier()
-        if profiler is not None:
-            profiler.enable()
+        profiler.enable()
         for _ in range(args.steps):
-            gs_step()
-        if profiler is not None:
-            profiler.disable()
-            text = io.StringIO()
-            stats = pstats.Stats(profiler, stream=text)
-            stats.sort_stats("tottime").print_stats(args.profile)
-            stats.sort_stats("cumulative").print_stats(args.profile)
-            profile_text = text.getvalue()
+            steps[name]()
+        profiler.disable()
         dist.barrier()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.profile)
+        profiles[name] = text.getvalue()
 
     if rank == 0:
-        t_gs, t_dt = statistics.median(samples["graphsplit"]), statistics.median(samples["dtensor"])
+        wall = {name: statistics.median(w for w, _ in s) for name, s in samples.items()}
+        cpu = {name: statistics.median(c for _, c in s) for name, s in samples.items()}
         n_params = sum(p.numel() for p in build(args).parameters())
         print(f"model: {args.layers} blocks, dim {args.dim}, {args.heads} heads, batch {args.batch}, "
-              f"seq {args.seq}, {n_params / 1e6:.2f}M parameters; tp={TP} on gloo, 1 thread per rank")
+              f"seq {args.seq}, {n_params / 1e6:.2f}M parameters; tp={TP} on gloo, 1 thread per rank; "
+              f"dtensor plan {args.dtensor_plan}")
         print(f"step 1 loss: graphsplit {gs_loss.item():.6f}  dtensor {dt_loss.item():.6f}  "
               f"|diff| {abs(gs_loss.item() - dt_loss.item()):.2e}")
         print(f"step 1 grads: max |graphsplit - dtensor| {report[0].item():.2e} over matched shards"
@@ -261,14 +262,16 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
         dt_desc = ", ".join(f"{k} {v}" for k, v in sorted(dt_counts.items()) if v)
         print(f"collectives per step: graphsplit {sum(gs_counts.values())} ({gs_desc}); "
               f"dtensor {sum(dt_counts.values())} ({dt_desc})")
-        print(f"\n{'':12}{'ms/step':>9}{'min':>8}{'max':>8}{'vs dtensor':>12}")
-        for name, t in (("graphsplit", t_gs), ("dtensor", t_dt)):
-            s = samples[name]
-            print(f"{name:12}{t * 1e3:9.2f}{min(s) * 1e3:8.2f}{max(s) * 1e3:8.2f}{t / t_dt:11.2f}x")
-        print(f"(median of {args.rounds} interleaved rounds of {args.steps} steps, after {args.warmup} warm-up; "
-              f"ratio graphsplit / dtensor {t_gs / t_dt:.2f}, target <= 0.9)")
-        if profile_text:
-            print(f"\ncProfile of {args.steps} graphsplit steps on rank 0:\n{profile_text}")
+        print(f"\n{'':12}{'ms/step':>9}{'min':>8}{'max':>8}{'/ dtensor':>11} |{'cpu ms/step':>12}{'/ dtensor':>11}")
+        for name in steps:
+            w = [x for x, _ in samples[name]]
+            print(f"{name:12}{wall[name] * 1e3:9.2f}{min(w) * 1e3:8.2f}{max(w) * 1e3:8.2f}"
+                  f"{wall[name] / wall['dtensor']:10.2f}x |{cpu[name] * 1e3:12.2f}{cpu[name] / cpu['dtensor']:10.2f}x")
+        print(f"(medians of {args.rounds} interleaved rounds of {args.steps} steps after {args.warmup} warm-up; "
+              f"ms: wall clock of the slower rank, cpu: process CPU time, mean of ranks)")
+        print(f"ratio graphsplit / dtensor: {wall['graphsplit'] / wall['dtensor']:.2f} (target <= 0.9)")
+        for name, text in profiles.items():
+            print(f"\ncProfile of {args.steps} {name} steps on rank 0 (by own time):\n{text.rstrip()}")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -287,10 +290,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--warmup", type=int, default=3, help="untimed steps of each before timing")
-    p.add_argument("--steps", type=int, default=10, help="steps per timed round")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
+    p.add_argument("--steps", type=int, default=5, help="steps per timed round")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved rounds; the median is reported")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="cProfile --steps graphsplit steps on rank 0; print the top N functions")
+                   help="cProfile --steps steps of each on rank 0; print the top N functions by own time")
     p.add_argument("--dtensor-plan", choices=("basic", "prepared"), default="basic",
                    help="basic: the Colwise/Rowwise plan alone (3 backward all-reduces per attention); "
                    "prepared: also PrepareModuleInput on attn so q/k/v share one (1 per attention)")

@@ -8,8 +8,9 @@ cuts the graph into one GraphModule per stage:
   output leaves);
 - a tensor used by a later, non-adjacent stage is passed through the stages
   between (skip connections, the attention mask);
-- scalars (sizes, ints) never cross: each stage that needs one recomputes it
-  from tensors it has, by copying the nodes that computed it;
+- scalars (sizes, ints) never cross, nor tensors computed only from
+  parameters, buffers and scalars (analysis/recompute.py): each stage that
+  needs one recomputes it from what it has, by copying the nodes that computed it;
 - a parameter is cloned into every stage that uses it; `Program.param_stages`
   says which, so the runtime can sum the gradients of tied copies.
 """
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from .analysis.recompute import recomputable
 from .errors import GraphsplitError
 from .meta import TensorSpec, canonical_names, info
 from .ops.pipeline import dense_grad
@@ -138,11 +140,13 @@ def build_program(
     # 1. Which tensors produced elsewhere each stage needs (through recomputed scalars too).
     needs: list[set[fx.Node]] = [set() for _ in range(num)]
 
+    recomp = recomputable(gm.graph)
+
     def resolve(m: fx.Node, s: int) -> None:
         if m.op == "get_attr" or owner[m] == s:
             return
         kind = info(m).value
-        if kind == "scalar":
+        if m in recomp:  # recomputed here from what this stage has, never sent
             for a in m.all_input_nodes:
                 resolve(a, s)
         elif kind == "container":
@@ -209,7 +213,7 @@ def build_program(
         def get(m: fx.Node, s: int = s, env: dict = env, graph: fx.Graph = graph) -> fx.Node:
             found = env.get(m)
             if found is None:
-                if m.op != "get_attr" and info(m).value != "scalar":
+                if m not in recomp:
                     raise GraphsplitError(f"internal: stage {s} uses {m.name} which it neither has nor can recompute")
                 found = env[m] = graph.node_copy(m, lambda a: get(a))
             return found

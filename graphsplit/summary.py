@@ -126,12 +126,12 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     plan = summary["plan"]
     title = (
-        f"graphsplit: {summary['num_stages']} stages on pp={plan['pp']} "
+        f"graphsplit: {summary['num_stages']} stages on pp={plan['pp']}, tp={plan['tp']} "
         f"({plan['schedule']}, {summary['microbatches']} micro-batches, traced with {summary['tracer']})"
     )
     table = Table(title=title, title_justify="left")
-    for col in ("stage", "rank", "modules", "params", "FLOPs/mb", "sends"):
-        table.add_column(col, justify="right" if col in ("stage", "rank", "params", "FLOPs/mb") else "left")
+    for col in ("stage", "rank", "modules", "params", "bytes/rank", "FLOPs/mb", "sends"):
+        table.add_column(col, justify="left" if col in ("modules", "sends") else "right")
     sends = {b["from_stage"]: b for b in summary["boundaries"]}
     for st in summary["stages"]:
         b = sends.get(st["index"])
@@ -145,6 +145,7 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
             str(st["pp_rank"]),
             ", ".join(st["modules"]),
             _fmt_count(st["params"]),
+            _fmt_bytes(st["param_bytes_per_rank"]),
             _fmt_count(st["flops"]),
             sent,
         )
@@ -153,5 +154,30 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     if summary["tied_parameters"]:
         tied = ", ".join(f"{k} (stages {', '.join(map(str, v))})" for k, v in summary["tied_parameters"].items())
         console.print(f"tied parameters, gradients summed across stages: {tied}")
+    if "collectives" in summary:
+        _render_collectives(summary, console)
     if "transform_seconds" in summary:
         console.print(f"transform took {summary['transform_seconds']:.2f} s")
+
+
+def _render_collectives(summary: dict[str, Any], console: Console) -> None:
+    coll = summary["collectives"]
+
+    def fmt(counts: dict[str, dict[str, int]]) -> str:
+        parts = [f"{n} {kind.replace('_', '-')} {'fwd' if direction == 'forward' else 'bwd'}" for direction in ("forward", "backward")
+                 for kind, n in sorted(counts.get(direction, {}).items())]
+        return ", ".join(parts) or "none"
+
+    console.print(f"tensor-parallel collectives per step and micro-batch: {fmt(coll['total'])}")
+    by_counts: dict[str, list[str]] = {}
+    for block, counts in coll["per_block"].items():
+        by_counts.setdefault(fmt(counts), []).append(block)
+    for text, blocks in by_counts.items():
+        shown = ", ".join(blocks[:6]) + (f" (+{len(blocks) - 6} more)" if len(blocks) > 6 else "")
+        console.print(f"  {shown}: {text}")
+    groups: dict[tuple[str, str], int] = {}
+    for item in summary.get("left_replicated", []):
+        key = (re.sub(r"\.\d+\.", ".*.", item["module"]), re.sub(r"\[\d+, ", "[", item["reason"]))
+        groups[key] = groups.get(key, 0) + 1
+    for (module, reason), n in groups.items():
+        console.print(f"  left whole: {module}{f' (x{n})' if n > 1 else ''}: {reason}")

@@ -19,6 +19,7 @@ import numpy as np
 import torch.fx as fx
 
 from ..analysis.cost import boundary_cost, node_cost
+from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
 from ..meta import info
 from .manager import PassContext
@@ -38,13 +39,14 @@ def liveness(gm: fx.GraphModule) -> tuple[list[fx.Node], np.ndarray, np.ndarray]
     pos = {node: i for i, node in enumerate(seq)}
     # last_use: the last position where a value is needed. A scalar's tensor sources
     # are needed wherever the scalar is (it is recomputed there), so they inherit its uses.
+    recomp = recomputable(gm.graph)
     last_use: dict[fx.Node, int] = {}
     for node in reversed(gm.graph.nodes):
         lu = -1
         for user in node.users:
             if user.op == "output":
                 lu = max(lu, n)
-            elif info(user).value == "scalar":
+            elif user in recomp:
                 lu = max(lu, last_use.get(user, pos.get(user, -1)), pos.get(user, -1))
             else:
                 lu = max(lu, pos[user])
@@ -59,6 +61,8 @@ def liveness(gm: fx.GraphModule) -> tuple[list[fx.Node], np.ndarray, np.ndarray]
         if end < start:
             continue
         ni = info(node)
+        if node in recomp:
+            continue
         if ni.value == "tensor":
             live[start] += ni.out_bytes
             live[end + 1] -= ni.out_bytes

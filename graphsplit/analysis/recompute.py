@@ -1,0 +1,45 @@
+"""Which values a stage can compute for itself instead of receiving them.
+
+Scalars (sizes, ints) always can. So can tensors computed only from
+parameters, buffers and scalars (a RoPE table sliced to the sequence length,
+a causal mask, a transposed weight): every stage that needs one recomputes it
+from its own copy of the buffer, so it never crosses a pipeline boundary.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ..meta import info
+
+_RANDOM = ("rand", "dropout", "bernoulli", "multinomial", "normal")
+
+
+def recomputable(graph: fx.Graph) -> set[fx.Node]:
+    found: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            found.add(node)
+            continue
+        if node.op in ("placeholder", "output"):
+            continue
+        ni = info(node)
+        if ni.value == "scalar":
+            found.add(node)
+            continue
+        if ni.value != "tensor" or node.op == "call_module":
+            continue
+        name = str(getattr(node.target, "__name__", node.target)).lower()
+        if any(r in name for r in _RANDOM) or _mutates(node, name):
+            continue
+        if node.all_input_nodes and all(a in found for a in node.all_input_nodes):
+            found.add(node)
+    return found
+
+
+def _mutates(node: fx.Node, name: str) -> bool:
+    """In-place ops (a BatchNorm's `num_batches_tracked.add_(1)`) must run exactly once."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return True
+    return name.endswith("_") and not name.endswith("__")
