@@ -17,7 +17,7 @@ from .plan import SCHEDULES, Plan
 def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--pp", type=int, default=None, help="Pipeline-parallel ranks."),
-        click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (not implemented yet)."),
+        click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (Megatron-style plan found from the graph)."),
         click.option("--dp", type=int, default=None, help="Data-parallel replicas (not implemented yet)."),
         click.option("--microbatches", type=int, default=None, help="Micro-batches per step (default: number of stages)."),
         click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None, help="Pipeline schedule (default 1f1b)."),
