@@ -39,7 +39,8 @@ def main() -> None:
     model = example.build_model()
     inputs, target = example.example_inputs(), example.example_target()
 
-    module = parallelize(model, Plan(pp=args.pp, tp=args.tp), example_inputs=inputs, loss_fn=example.loss_fn)
+    module = parallelize(model, Plan(pp=args.pp, tp=args.tp), example_inputs=inputs, loss_fn=example.loss_fn,
+                         example_target=target)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
     for step in range(1, args.steps + 1):
         loss = module.train_step(*inputs, target=target)

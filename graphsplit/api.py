@@ -40,7 +40,7 @@ def transform(
     loaded = load_model(model) if isinstance(model, str) else model
     module = loaded.build("meta")
     start = time.perf_counter()
-    result = compile_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts)
+    result = compile_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target)
     summary = summarize(result.program, timings=result.timings)
     if out_dir is not None:
         from .artifacts import write_artifacts
@@ -71,7 +71,9 @@ class PipelinedModule(nn.Module):
         if target is None:
             target = torch.zeros(inputs[0].shape[0], device=inputs[0].device)
         loss, output = self.pipeline.step(inputs, target)
-        self.last_output = self.program.unflatten_output(output) if output is not None else None
+        # vocab-parallel cross-entropy keeps logits sharded: there is no whole output to show
+        whole = output is not None and not self.program.sharded_outputs
+        self.last_output = self.program.unflatten_output(output) if whole else None
         return loss
 
     def grads(self) -> dict[str, torch.Tensor]:
@@ -87,6 +89,7 @@ def parallelize(
     plan: Plan,
     example_inputs: tuple[Any, ...] | dict[str, Any],
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    example_target: Any = None,
     timeout_s: float = 120.0,
 ) -> PipelinedModule:
     """Inside a torchrun process: build this rank's part of `model` under `plan`.
@@ -107,7 +110,7 @@ def parallelize(
     args, kwargs = (example_inputs, {}) if isinstance(example_inputs, tuple) else ((), dict(example_inputs))
     device = init_distributed(timeout_s)
     mesh = make_mesh(plan, device)
-    program = compile_program(model, args, kwargs, plan).program
+    program = compile_program(model, args, kwargs, plan, loss_fn=loss_fn, target=example_target).program
     on_meta = any(t.device.type == "meta" for t in model.parameters())
     source = None if on_meta else model_tensors(model)
     modules = materialize_rank(program, mesh, device, source)

@@ -53,6 +53,8 @@ def compile_program(
     plan: Plan,
     source: Path | None = None,
     fixed_cuts: tuple[str, ...] | None = None,
+    loss_fn: Any = None,
+    target: Any = None,
 ) -> CompileResult:
     """Trace `model`, analyze it at the micro-batch shape, split it: the whole transform."""
     require_supported(plan)
@@ -66,10 +68,20 @@ def compile_program(
     start = time.perf_counter()
     annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
     timings["analyze"] = time.perf_counter() - start
-    ctx = PassContext(plan=plan, inputs=tuple(micro), fixed_cuts=fixed_cuts)
+    micro_target = split_microbatches(target, plan.num_microbatches)[0] if target is not None else None
+    ctx = PassContext(plan=plan, inputs=tuple(micro), fixed_cuts=fixed_cuts, loss_fn=loss_fn,
+                      target=micro_target, out_spec=traced.out_spec)
     run_passes(traced.gm, ctx)
     timings.update({f"pass:{k}": v for k, v in ctx.timings.items()})
     start = time.perf_counter()
     program = build_program(traced, plan, ctx.param_shardings, ctx.replicated)
+    program.loss_gm, program.sharded_outputs = ctx.loss_gm, dict(ctx.sharded_outputs)
     timings["build"] = time.perf_counter() - start
     return CompileResult(program, timings)
+
+
+def compile_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None = None) -> CompileResult:
+    """`compile_program` for a loaded model file: built on meta, with its loss and target."""
+    return compile_program(
+        loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target
+    )

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from .check import ATOL, Comparison, compare, missing_grads, reference_step
-from .compile import compile_program
+from .compile import compile_loaded
 from .errors import GraphsplitError
 from .loader import load_model
 from .materialize import model_tensors
@@ -96,7 +96,7 @@ def run_training(
 ) -> Comparison | None:
     loaded = load_model(model_spec)
     # Compile here first: a bad plan or model fails in one process, before torchrun starts.
-    program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts).program
+    program = compile_loaded(loaded, plan, fixed_cuts).program
     with tempfile.TemporaryDirectory(prefix="graphsplit-run-") as tmp_str:
         tmp = Path(tmp_str)
         model = loaded.build("cpu", seed=plan.seed)

@@ -181,7 +181,7 @@ def tp_family(node: fx.Node, gm: fx.GraphModule) -> str:
                           ("cat", _CAT), ("softmax", _SOFTMAX), ("reduction", _REDUCTION), ("size", _SIZE)):
         if bare in names:
             return family
-    if bare in ("expand", "repeat_interleave", "stack"):
+    if bare in ("expand", "repeat_interleave", "stack", "cross_entropy"):
         return bare
     if kind == OpKind.VIEW:
         return "view"

@@ -83,6 +83,10 @@ class Program:
     # tensor parallel: canonical parameter name -> Sharding (absent: replicated)
     param_shardings: dict[str, Sharding] = field(default_factory=dict)
     replicated: list[dict[str, str]] = field(default_factory=list)
+    # with tp and a cross-entropy loss: the loss as a graph over vocab-sharded logits, and
+    # which output tensors stay sharded (index among the last stage's outputs -> Sharding)
+    loss_gm: fx.GraphModule | None = None
+    sharded_outputs: dict[int, Sharding] = field(default_factory=dict)
 
     def param_sharding(self, canonical: str) -> Sharding:
         return self.param_shardings.get(canonical, R)

@@ -58,7 +58,11 @@ def make_loss(program: Program, user_loss: LossFn | None) -> LossFn:
     fn = user_loss or default_loss
 
     def loss(stage_output: Any, target: Any) -> torch.Tensor:
-        value = fn(program.unflatten_output(stage_output), target)
+        if program.loss_gm is not None:  # the loss rewritten for vocab-sharded logits
+            outs = (stage_output,) if isinstance(stage_output, torch.Tensor) else tuple(stage_output)
+            value = program.loss_gm(*outs, target)
+        else:
+            value = fn(program.unflatten_output(stage_output), target)
         if not isinstance(value, torch.Tensor) or value.dim() != 0:
             raise GraphsplitError("loss_fn must return a scalar tensor")
         return value
@@ -95,3 +99,15 @@ def sync_tied_grads(
             reduce(canonical, total)
         for p in params:
             p.grad = total.clone()
+
+
+def gather_outputs(program: Program, output: Any) -> Any:
+    """The last stage's raw output with vocab-sharded tensors gathered (for checks and display)."""
+    if not program.sharded_outputs or output is None:
+        return output
+    from .ops import tp as tpops
+
+    outs = (output,) if isinstance(output, torch.Tensor) else tuple(output)
+    whole = [tpops.gather_for_inspection(t, program.sharded_outputs[i].dim) if i in program.sharded_outputs else t
+             for i, t in enumerate(outs)]
+    return whole[0] if isinstance(output, torch.Tensor) else tuple(whole)

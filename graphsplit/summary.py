@@ -112,7 +112,11 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
     if plan.tp > 1:
         from .analysis.collectives import collectives, count_table
 
-        data["collectives"] = count_table(collectives(st.gm.graph for st in program.stages))
+        found = collectives(st.gm.graph for st in program.stages)
+        if program.loss_gm is not None:
+            found += collectives([program.loss_gm.graph], default_block="loss")
+            data["loss"] = "vocab-parallel cross-entropy (logits stay sharded)"
+        data["collectives"] = count_table(found)
         data["parameter_shardings"] = {k: str(v) for k, v in program.param_shardings.items()}
         data["left_replicated"] = program.replicated
     if transform_seconds is not None:
@@ -169,6 +173,8 @@ def _render_collectives(summary: dict[str, Any], console: Console) -> None:
         return ", ".join(parts) or "none"
 
     console.print(f"tensor-parallel collectives per step and micro-batch: {fmt(coll['total'])}")
+    if "loss" in summary:
+        console.print(f"  loss: {summary['loss']}")
     by_counts: dict[str, list[str]] = {}
     for block, counts in coll["per_block"].items():
         by_counts.setdefault(fmt(counts), []).append(block)

@@ -62,17 +62,17 @@ def run(spec: RunSpec) -> None:
         make_mesh,
         materialize_rank,
     )
-    from .compile import compile_program
+    from .compile import compile_loaded
     from .loader import load_model
     from .plan import Plan
-    from .runtime import make_loss
+    from .runtime import gather_outputs, make_loss
 
     plan = Plan.from_dict(spec.plan)
     device = init_distributed(spec.timeout_s)
     mesh = make_mesh(plan, device)
     loaded = load_model(spec.model)
     fixed = tuple(spec.fixed_cuts) if spec.fixed_cuts is not None else None
-    program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed).program
+    program = compile_loaded(loaded, plan, fixed).program
     source = torch.load(spec.weights, mmap=True, weights_only=True) if spec.weights else None
     modules = materialize_rank(program, mesh, device, source)
     del source
@@ -85,7 +85,8 @@ def run(spec: RunSpec) -> None:
     for step in range(1, spec.steps + 1):
         loss, output = pipe.step(inputs, target)
         if step == 1 and spec.dump_dir:
-            dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), output),
+            whole = gather_outputs(program, output)
+            dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), whole),
                     "tp_rank": mesh.get_local_rank("tp")}
             torch.save(dump, Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
         optimizer.step()

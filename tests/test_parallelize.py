@@ -9,7 +9,7 @@ import torch
 
 from graphsplit import Plan
 from graphsplit.check import compare, missing_grads, reference_step
-from graphsplit.compile import compile_program
+from graphsplit.compile import compile_loaded
 from graphsplit.loader import load_model
 from graphsplit.sharding import shard_tensor
 
@@ -34,7 +34,7 @@ def test_parallelize_in_a_torchrun_script(tmp_path, pp, tp):
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     model = loaded.build("cpu", seed=0)
     ref = reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, 2)
-    program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, Plan(pp=pp, tp=tp)).program
+    program = compile_loaded(loaded, Plan(pp=pp, tp=tp)).program
     dumps = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     losses = [d["loss"] for d in dumps if d["loss"] is not None]
     assert len(losses) == tp  # every tp rank of the last stage has the loss

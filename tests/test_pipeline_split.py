@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.shapes import annotate
-from graphsplit.compile import compile_program
+from graphsplit.compile import compile_loaded
 from graphsplit.loader import load_model
 from graphsplit.meta import info
 from graphsplit.passes.pipeline_split import balanced_cuts, liveness
@@ -18,7 +18,7 @@ from graphsplit.trace import trace_model
 
 def program_for(path, **plan):
     loaded = load_model(str(path))
-    return compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, Plan(**plan), loaded.path).program
+    return compile_loaded(loaded, Plan(**plan)).program
 
 
 def test_every_boundary_carries_only_tensors_and_stages_cover_the_graph(examples_dir):
@@ -145,6 +145,6 @@ def test_saved_split_reproduces_the_same_stages(examples_dir):
     first = program_for(examples_dir / "resnet.py", pp=4)
     loaded = load_model(str(examples_dir / "resnet.py"))
     starts = tuple(s.first_node for s in first.stages[1:])
-    again = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, Plan(pp=4), loaded.path, starts).program
+    again = compile_loaded(loaded, Plan(pp=4), starts).program
     assert [s.inputs for s in again.stages] == [s.inputs for s in first.stages]
     assert [s.modules for s in again.stages] == [s.modules for s in first.stages]

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.collectives import collectives, count_table
-from graphsplit.compile import compile_program
+from graphsplit.compile import compile_loaded, compile_program
 from graphsplit.loader import load_model
 from graphsplit.materialize import materialize_stage, model_tensors
 from graphsplit.ops import tp as tpops
@@ -23,7 +23,7 @@ def compiled(model_or_path, plan, args=None, kwargs=None):
     if isinstance(model_or_path, nn.Module):
         return compile_program(model_or_path, args, kwargs or {}, plan).program
     loaded = load_model(str(model_or_path))
-    return compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path).program
+    return compile_loaded(loaded, plan).program
 
 
 def per_block(program):
@@ -170,3 +170,32 @@ def test_tp_not_dividing_a_tied_vocabulary_suggests_padding():
 def test_unsplittable_layers_are_reported_with_a_reason():
     program = compiled(EXAMPLES / "bert.py", Plan(tp=2))
     assert any(r["module"] == "transform" and "norm" in r["reason"] for r in program.replicated)
+
+
+def test_cross_entropy_loss_keeps_logits_sharded():
+    from graphsplit.ops.tp import gather_from_tp, vocab_parallel_cross_entropy
+
+    program = compiled(EXAMPLES / "gpt.py", Plan(tp=2))
+    last = program.stages[-1].gm.graph
+    assert not any(n.target is gather_from_tp for n in last.nodes), "the logits are not gathered"
+    assert program.sharded_outputs == {0: S(2)}
+    assert any(n.target is vocab_parallel_cross_entropy for n in program.loss_gm.graph.nodes)
+
+
+def test_other_losses_get_whole_logits():
+    from graphsplit.ops.tp import gather_from_tp
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(16)
+            self.head = nn.Linear(16, 8)  # column-parallel: its output is sharded
+
+        def forward(self, x):
+            return self.head(self.norm(x))
+
+    x, y = torch.randn(4, 16), torch.randn(4, 8)
+    program = compile_program(Head(), (x,), {}, Plan(tp=2), loss_fn=nn.functional.mse_loss, target=y).program
+    assert program.param_shardings["head.weight"] == S(0)
+    assert program.loss_gm is None and not program.sharded_outputs  # MSE needs the whole output
+    assert any(n.target is gather_from_tp for n in program.stages[-1].gm.graph.nodes)

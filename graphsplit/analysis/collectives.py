@@ -18,12 +18,14 @@ from ..meta import info
 from ..ops import tp as tpops
 
 # op -> the (direction, collective) it runs; backward ones only when its input needs a gradient
-COLLECTIVES_OF: dict[Any, tuple[str, str]] = {
-    tpops.copy_to_tp: ("backward", "all_reduce"),
-    tpops.reduce_from_tp: ("forward", "all_reduce"),
-    tpops.vocab_parallel_embedding: ("forward", "all_reduce"),
-    tpops.gather_from_tp: ("forward", "all_gather"),
-    tpops.scatter_to_tp: ("backward", "all_gather"),
+COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
+    tpops.copy_to_tp: [("backward", "all_reduce")],
+    tpops.reduce_from_tp: [("forward", "all_reduce")],
+    tpops.vocab_parallel_embedding: [("forward", "all_reduce")],
+    tpops.gather_from_tp: [("forward", "all_gather")],
+    tpops.scatter_to_tp: [("backward", "all_gather")],
+    # max, sum of exponentials, target logit: three all-reduces of one number per token
+    tpops.vocab_parallel_cross_entropy: [("forward", "all_reduce")] * 3,
 }
 
 
@@ -32,24 +34,22 @@ def _block_of(path: str) -> str:
     for i, part in enumerate(parts):
         if part.isdigit():
             return ".".join(parts[: i + 1])
-    return parts[0] if parts[0] else "<root>"
+    return parts[0]
 
 
-def collectives(graphs: Iterable[fx.Graph]) -> list[tuple[str, str, str]]:
+def collectives(graphs: Iterable[fx.Graph], default_block: str = "<root>") -> list[tuple[str, str, str]]:
     """(block, direction, kind) for every collective the graphs run in one step."""
     found = []
     for graph in graphs:
         for node in graph.nodes:
-            hit = COLLECTIVES_OF.get(node.target) if node.op == "call_function" else None
-            if hit is None:
-                continue
-            direction, kind = hit
-            if direction == "backward":
-                src = node.args[0] if node.args else None
-                spec = info(src).tensor if isinstance(src, fx.Node) else None
-                if spec is None or not spec.requires_grad:
-                    continue
-            found.append((_block_of(info(node).module), direction, kind))
+            hits = COLLECTIVES_OF.get(node.target, []) if node.op == "call_function" else []
+            for direction, kind in hits:
+                if direction == "backward":
+                    src = node.args[0] if node.args else None
+                    spec = info(src).tensor if isinstance(src, fx.Node) else None
+                    if spec is None or not spec.requires_grad:
+                        continue
+                found.append((_block_of(info(node).module) if info(node).module else default_block, direction, kind))
     return found
 
 

@@ -62,14 +62,14 @@ def check_locally(loaded: Any, plan: Any, fixed_cuts: tuple[str, ...] | None = N
     """Compile `loaded` (a LoadedModel) under `plan`, run step 1 of every stage in this
     process, and compare loss, output and gradients with the untouched model."""
     from ..check import compare, missing_grads, reference_step
-    from ..compile import compile_program
+    from ..compile import compile_loaded
     from ..materialize import materialize_stage, model_tensors
     from ..runtime import default_loss, make_loss
 
     if plan.tp > 1:
         raise GraphsplitError("the local backend runs pipeline stages only; check tensor parallelism with run --check")
     model = loaded.build("cpu", seed=plan.seed)
-    program = compile_program(loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts).program
+    program = compile_loaded(loaded, plan, fixed_cuts).program
     source = model_tensors(model)
     stages = [materialize_stage(s, "cpu", source) for s in program.stages]
     pipe = LocalPipeline(program, stages, make_loss(program, loaded.loss_fn))

@@ -171,3 +171,52 @@ def global_shape(x: torch.Tensor, dim: int) -> torch.Size:
     shape = list(x.shape)
     shape[dim] *= _size()
     return torch.Size(shape)
+
+
+def _all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    if _GROUP is None:
+        return x
+    COUNTS[("forward", "all_reduce")] += 1
+    x = x.contiguous()
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=_GROUP)
+    return x
+
+
+@torch.fx.wrap
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean"
+) -> torch.Tensor:
+    """`F.cross_entropy(logits, target)` with `logits` (N, V) split over the vocabulary.
+
+    Three all-reduces of N numbers (max, sum of exponentials, the target's logit)
+    instead of gathering N x V logits. Built from differentiable ops and
+    `reduce_from_tp` (all-reduce forward, identity backward), so autograd gives
+    each rank the gradient of its own columns: softmax - one_hot.
+    """
+    rows = logits.shape[-1]
+    start = _rank() * rows
+    global_max = _all_reduce_max(logits.detach().amax(dim=-1))  # any shift is exact; keep it out of autograd
+    shifted = logits.float() - global_max.unsqueeze(-1)
+    sum_exp = reduce_from_tp(shifted.exp().sum(dim=-1))
+    outside = (target < start) | (target >= start + rows)
+    local_target = (target - start).masked_fill(outside, 0)
+    picked = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+    picked = reduce_from_tp(picked)
+    losses = torch.log(sum_exp) - picked
+    valid = target != ignore_index
+    losses = losses.masked_fill(~valid, 0.0)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / valid.sum()
+
+
+def gather_for_inspection(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """All-gather outside autograd (to show or check a sharded output), not counted."""
+    n = _size()
+    if _GROUP is None or n == 1:
+        return x
+    parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(n)]
+    dist.all_gather(parts, x.detach().contiguous(), group=_GROUP)
+    return torch.cat(parts, dim=dim)

@@ -1,7 +1,8 @@
 """Runs the passes in order: lints, times, and names the pass that failed.
 
 A pass is a function `(gm, ctx) -> gm`. The passes live in this package:
-`tensor_parallel.py` (shard linears/embeddings, insert tp collectives), then
+`tensor_parallel.py` (shard linears/embeddings, insert tp collectives),
+`../loss.py` (keep vocab-sharded logits into a cross-entropy), then
 `pipeline_split.py` (assign nodes to pipeline stages). Later passes
 (tensor_parallel, checkpoint, autocast) plug into `default_passes()`.
 """
@@ -35,13 +36,24 @@ class PassContext:
     # left by tensor_parallel: canonical parameter name -> Sharding, and what stayed whole and why
     param_shardings: dict[str, Any] = field(default_factory=dict)
     replicated: list[dict[str, str]] = field(default_factory=list)
+    # the loss, for passes that rewrite it with the model (vocab-parallel cross-entropy)
+    loss_fn: Any = None
+    target: Any = None
+    out_spec: Any = None
+    loss_gm: Any = None
+    sharded_outputs: dict[int, Any] = field(default_factory=dict)
 
 
 def default_passes() -> list[tuple[str, Pass]]:
+    from ..loss import vocab_parallel_loss_pass
     from .pipeline_split import pipeline_split_pass
     from .tensor_parallel import tensor_parallel_pass
 
-    return [("tensor_parallel", tensor_parallel_pass), ("pipeline_split", pipeline_split_pass)]
+    return [
+        ("tensor_parallel", tensor_parallel_pass),
+        ("vocab_parallel_loss", vocab_parallel_loss_pass),
+        ("pipeline_split", pipeline_split_pass),
+    ]
 
 
 def run_passes(gm: fx.GraphModule, ctx: PassContext, passes: list[tuple[str, Pass]] | None = None) -> fx.GraphModule:

@@ -698,6 +698,29 @@ class _Rewriter:
         self.note(node, f"embedding left replicated: neither vocabulary {vocab} nor width {width} divisible by tp={self.tp}")
         self.set(node, R)
 
+    def rule_cross_entropy(self, node: fx.Node) -> None:
+        """Cross-entropy over vocab-sharded logits: three small all-reduces instead of a gather."""
+        x, target = node.args[0], _arg(node, 1, "target")
+        s = self.sh(x)
+        simple = (
+            s.kind == "S" and not s.chunks and len(_shape(x)) == 2 and s.dim == 1
+            and _arg(node, 2, "weight") is None and not _arg(node, 7, "label_smoothing", 0.0)
+            and _arg(node, 6, "reduction", "mean") in ("mean", "sum", "none")
+            and isinstance(target, fx.Node) and self.sh(target).kind == "R"
+        )
+        if not simple:
+            self.rule_unknown(node)
+            return
+        with self.graph.inserting_before(node):
+            new = self.graph.call_function(
+                tpops.vocab_parallel_cross_entropy,
+                (x, target, _arg(node, 4, "ignore_index", -100), _arg(node, 6, "reduction", "mean")),
+            )
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        self.graph.erase_node(node)
+        self.set(new, R)
+
     def rule_matmul(self, node: fx.Node) -> None:
         a, b = node.args[0], node.args[1]
         sa, sb = self.sh(a), self.sh(b)
@@ -1041,6 +1064,21 @@ def _index_shard_dim(index: Any, nd: int, d: int) -> int | None:
     if n_ellipsis == 0 and d >= in_dim:
         return out_dim + (d - in_dim)
     return None
+
+
+def rewrite_loss(loss_gm: fx.GraphModule, ctx: PassContext, input_shardings: dict[int, Sharding]) -> bool:
+    """Rewrite a traced loss whose inputs `input_shardings` (placeholder index -> S) stay
+    sharded; True if every sharded input is consumed without a gather (vocab-parallel CE)."""
+    placeholders = [n for n in loss_gm.graph.nodes if n.op == "placeholder"]
+    for i, sharding in input_shardings.items():
+        info(placeholders[i]).sharding = sharding
+    rewriter = _Rewriter(loss_gm, ctx)
+    rewriter.run()
+    loss_gm.graph.lint()
+    loss_gm.recompile()
+    gathered = any(n.target is tpops.gather_from_tp for n in loss_gm.graph.nodes if n.op == "call_function")
+    fused = any(n.target is tpops.vocab_parallel_cross_entropy for n in loss_gm.graph.nodes if n.op == "call_function")
+    return fused and not gathered
 
 
 def tensor_parallel_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
