@@ -1,37 +1,46 @@
 """Tensor-parallel step time: graphsplit's tp=2 program against PyTorch DTensor's
 `parallelize_module` with the hand-written Colwise/Rowwise plan, on one model.
 
-    python bench/tp_step.py                          # dim 256, 4 heads, 4 layers, batch 8, seq 128
-    python bench/tp_step.py --layers 2 --rounds 3    # a quick run
-    python bench/tp_step.py --profile 25             # also profile graphsplit's steps on rank 0
+    python bench/tp_step.py                            # dim 256, 4 heads, 4 layers, batch 8, seq 128
+    python bench/tp_step.py --layers 2 --rounds 4      # a quick run
+    python bench/tp_step.py --dtensor-plan prepared    # DTensor with one backward all-reduce per attention
+    python bench/tp_step.py --profile 25               # also cProfile both on rank 0 (top 25 by own time)
 
 Two gloo CPU processes (`torch.multiprocessing.spawn`, one thread each) build
 the same transformer stack from the same seed (pre-LayerNorm blocks: separate
 q/k/v `nn.Linear`s, `view(B, T, n_head, head_dim)` + transpose,
 `F.scaled_dot_product_attention(is_causal=True)`, out-projection; MLP
-Linear -> GELU -> Linear; residuals) and train it as tp=2 two ways:
+Linear -> GELU -> Linear; residuals; a final LayerNorm), loss MSE to a fixed
+target, and train it as tp=2 two ways:
 
 - graphsplit: `parallelize(model, Plan(tp=2), example_inputs=(x,), loss_fn=mse)`
   on the model exactly as written; `module.train_step(x, target=y)`.
-- DTensor: `parallelize_module` with q/k/v and mlp.fc `ColwiseParallel()`,
-  attention out-projection and mlp.proj `RowwiseParallel()`; then
+- DTensor: `parallelize_module` on each block with q/k/v and mlp.fc
+  `ColwiseParallel()`, attn.proj and mlp.proj `RowwiseParallel()`; then
   `loss = mse(model(x), y); loss.backward()`. The model as written does not
   run under that plan: its attention views the local q/k/v shards as
   `n_head` heads, so, as every DTensor user must, the script edits the
   model after parallelizing (`attn.n_head = n_head // tp`). graphsplit needs
-  no such edit: it rewrites the view sizes itself.
+  no such edit: it rewrites the view sizes itself. With that plan each of
+  q, k, v all-reduces its input's gradient; `--dtensor-plan prepared` adds the
+  `PrepareModuleInput` on attn that an expert would, so they share one.
 
 A step is forward + backward (no optimizer step; gradients are set to None
 before each). Both are warmed up, then timed in interleaved rounds (each
 round times --steps steps of one and then of the other, the order alternating),
-so machine noise falls on both alike; each side's figure is the median over
-rounds of the per-step time (the slower rank's clock). The ratio is
-graphsplit / DTensor: below 1 means graphsplit's step is faster (target <= 0.9).
+so machine noise falls on both alike. Printed per side: the median over rounds
+of the per-step wall time (the slower rank's clock), its min and max, and the
+median per-step process CPU time (mean of the ranks: the work done, less
+sensitive to other load on the machine). Ratios are graphsplit / DTensor,
+below 1 means graphsplit is faster (target <= 0.9): of the wall medians, and
+the median of the per-round ratios (each round's two measurements are
+back-to-back, so this one is the most robust to load that drifts).
 
 It also prints step 1's loss from both (same weights, same data: they must
 agree), the largest difference between their gradients (each rank's shards,
-matched by parameter name), and the collectives each issues per step
-(graphsplit's own `graphsplit.ops.tp.COUNTS`; DTensor's from `CommDebugMode`).
+matched by parameter name), and the collectives each issues per step, counted
+on step 2 (graphsplit's own `graphsplit.ops.tp.COUNTS`; DTensor's from
+`CommDebugMode`).
 """
 
 from __future__ import annotations

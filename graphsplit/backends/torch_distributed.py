@@ -86,6 +86,17 @@ class DistributedPipeline:
         self.pp_rank = mesh.get_local_rank("pp")
         pp_group = mesh.get_group("pp")
         tpops.set_tp_group(mesh.get_group("tp") if plan.tp > 1 else None)
+        self.is_first = 0 in self.modules
+        self.is_last = plan.num_stages - 1 in self.modules
+        self._tied_groups = self._make_tied_groups()
+        if plan.num_stages == 1:
+            # No pipeline: run the micro-batches directly. (A one-stage schedule would cost an
+            # extra forward on step 1 for its shape inference, collectives included.)
+            from .local import LocalPipeline
+
+            self.single = LocalPipeline(program, [self.modules[0]], loss_fn)
+            return
+        self.single = None
         self.stages = [
             pipelining.PipelineStage(module, index, plan.num_stages, device, group=pp_group)
             for index, module in sorted(self.modules.items())
@@ -97,9 +108,6 @@ class DistributedPipeline:
         else:
             (only,) = self.stages
             self.schedule = cls(only, **common)
-        self.is_first = 0 in self.modules
-        self.is_last = plan.num_stages - 1 in self.modules
-        self._tied_groups = self._make_tied_groups()
 
     def _make_tied_groups(self) -> dict[str, dist.ProcessGroup | None]:
         """One group per tied parameter over the pp ranks holding it (every rank calls new_group)."""
@@ -127,6 +135,8 @@ class DistributedPipeline:
 
     def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
         """One training step's forward and backward; (mean loss, merged output) on the last stage."""
+        if self.single is not None:
+            return self.single.step(inputs, target)
         losses: list[torch.Tensor] = []
         args = inputs if self.is_first else ()
         kwargs: dict[str, Any] = {"losses": losses}
