@@ -86,15 +86,19 @@ def _retarget_devices(module: torch.fx.GraphModule, device: torch.device) -> Non
     def swap(value: object) -> object:
         return device if isinstance(value, torch.device) and value.type == "meta" else value
 
-    changed = False
-    for node in module.graph.nodes:
-        args = torch.fx.node.map_aggregate(node.args, swap)
-        kwargs = torch.fx.node.map_aggregate(node.kwargs, swap)
-        if args != node.args or kwargs != node.kwargs:
-            node.args, node.kwargs = args, kwargs
-            changed = True
-    if changed:
-        module.recompile()
+    # export keeps no_grad / autocast regions as nested GraphModules: retarget those too
+    for sub in module.modules():
+        if not isinstance(sub, torch.fx.GraphModule):
+            continue
+        changed = False
+        for node in sub.graph.nodes:
+            args = torch.fx.node.map_aggregate(node.args, swap)
+            kwargs = torch.fx.node.map_aggregate(node.kwargs, swap)
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs = args, kwargs
+                changed = True
+        if changed:
+            sub.recompile()
 
 
 def _retie(module: nn.Module, stage: StageProgram) -> None:

@@ -183,6 +183,8 @@ def tp_family(node: fx.Node, gm: fx.GraphModule) -> str:
             return family
     if bare in ("expand", "repeat_interleave", "stack", "cross_entropy"):
         return bare
+    if bare in ("slice", "select") and isinstance(node.target, torch._ops.OpOverload):
+        return "slice"
     if kind == OpKind.VIEW:
         return "view"
     if _is_pointwise(bare, node) or bare in ("dropout", "gelu", "silu", "relu"):

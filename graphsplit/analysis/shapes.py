@@ -8,6 +8,7 @@ an 80-layer 65B model takes seconds) under `torch.utils.flop_counter`'s
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -126,7 +127,9 @@ def _meta_copy(gm: fx.GraphModule, param_shardings: dict[str, Any], tp: int) -> 
         if isinstance(t, torch.nn.Parameter):
             meta_t = torch.nn.Parameter(meta_t, requires_grad=t.requires_grad)
         memo[id(t)] = meta_t
-    copied = copy.deepcopy(gm, memo)
+    with warnings.catch_warnings():  # deep-copying export's pytree specs warns about a deprecated API
+        warnings.simplefilter("ignore", FutureWarning)
+        copied = copy.deepcopy(gm, memo)
     for src, dst in zip(gm.graph.nodes, copied.graph.nodes):
         dst.meta[META_KEY] = src.meta.get(META_KEY) or info(src)
     return copied

@@ -339,11 +339,13 @@ class _Rewriter:
             return
         in_shape, out_shape = _shape(src), _shape(node)
         e = _view_shard_dim(in_shape, out_shape, s.dim, self.tp)
-        if e is None or s.chunks:
+        if e is not None and s.chunks and out_shape[e] != in_shape[s.dim]:
+            e = None  # a fused dim keeps its chunk layout only if the view leaves it whole
+        if e is None:
             self.make_replicated(node, f"{_describe(node)} {list(in_shape)} -> {list(out_shape)} moves the sharded dim {s.dim}")
             return
         self._localize_size_args(node, out_shape, e)
-        self.set(node, S(e))
+        self.set(node, S(e, s.chunks))
 
     def _localize_size_args(self, node: fx.Node, out_shape: tuple[int, ...], e: int) -> None:
         """Rewrite the size argument of output dim `e` (constant, computed node or -1) to the local size."""
@@ -503,6 +505,23 @@ class _Rewriter:
             self.make_replicated(node, f"indexing {src.name} along its sharded dim")
         else:
             self.set(node, S(e, s.chunks))
+
+    def rule_slice(self, node: fx.Node) -> None:
+        """aten.slice(x, dim, start, end, step) / aten.select(x, dim, index): keep a shard on another dim."""
+        src = node.args[0]
+        s = self.sh(src)
+        if s.kind == "R":
+            self.set(node, R)
+            return
+        nd = len(_shape(src))
+        dim = _norm_dim(_arg(node, 1, "dim", 0), nd)
+        if s.kind != "S" or dim == s.dim:
+            self.make_replicated(node, f"{_describe(node)} along the sharded dim")
+            return
+        if _op_name_of(node) == "select":
+            self.set(node, S(s.dim - (1 if dim < s.dim else 0)))
+        else:
+            self.set(node, S(s.dim, s.chunks))
 
     def rule_cat(self, node: fx.Node) -> None:
         tensors = [a for a in node.all_input_nodes if info(a).value == "tensor"]
@@ -866,12 +885,18 @@ def _split_sizes(node: fx.Node, dim_size: int) -> list[int] | None:
 def _chunk_layout(linear: fx.Node, out_features: int) -> tuple[int, ...] | None:
     """If the linear's output is split along its feature dim (fused QKV), the chunk sizes."""
     users = list(linear.users)
+    value = linear
+    # look through views that keep the feature dim whole (HF Conv1D: addmm(...).view(B, T, 3C))
+    while len(users) == 1 and _op_name_of(users[0]) in ("view", "reshape", "_unsafe_view") and _shape(users[0]) \
+            and _shape(users[0])[-1] == out_features:
+        value = users[0]
+        users = list(value.users)
     if len(users) != 1:
         return None
     (user,) = users
     if user.op not in ("call_function", "call_method") or _op_name_of(user) not in ("split", "chunk", "split_with_sizes"):
         return None
-    shape = _shape(linear)
+    shape = _shape(value)
     nd = len(shape)
     dim = user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
     if _norm_dim(dim, nd) != nd - 1:
@@ -930,7 +955,7 @@ def _feeds_output(node: fx.Node, gm: fx.GraphModule) -> bool:
 
 
 _KEEPS_SHARD = frozenset({"pointwise", "identity", "view", "transpose", "split", "getitem", "softmax", "matmul",
-                          "attention", "repeat_interleave", "expand", "stack", "cat"})
+                          "attention", "repeat_interleave", "expand", "stack", "cat", "slice"})
 
 
 def _column_pays_off(linear: fx.Node, gm: fx.GraphModule, limit: int = 500) -> bool:
