@@ -199,3 +199,15 @@ def test_other_losses_get_whole_logits():
     assert program.param_shardings["head.weight"] == S(0)
     assert program.loss_gm is None and not program.sharded_outputs  # MSE needs the whole output
     assert any(n.target is gather_from_tp for n in program.stages[-1].gm.graph.nodes)
+
+
+def test_export_spellings_keep_the_plan():
+    """HF-style code traced by torch.export: aten.slice in RoPE keeps the head shard, and a
+    fused QKV behind a view (HF's Conv1D) is still sharded chunk by chunk."""
+    from .conftest import MODELS
+
+    sliced = compiled(MODELS / "hf_export_slice.py", Plan(tp=2))
+    assert sliced.traced.tracer == "export" and sliced.replicated == []
+    fused = compiled(MODELS / "hf_fused_qkv_view.py", Plan(tp=2))
+    assert fused.replicated == []
+    assert fused.param_shardings["w_attn"] == S(1, (32, 32, 32))
