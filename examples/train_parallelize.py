@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 examples/train_parallelize.py --pp 2 --steps 5
     torchrun --standalone --nproc-per-node 4 examples/train_parallelize.py --pp 2 --tp 2
+    torchrun --standalone --nproc-per-node 8 examples/train_parallelize.py --dp 2 --pp 2 --tp 2
 
 Every rank builds the model the same way (same seed); `parallelize` keeps only
 this rank's stages. `--dump DIR` saves step 1's gradients per rank (tests use it).
@@ -9,6 +10,7 @@ this rank's stages. `--dump DIR` saves step 1's gradients per rank (tests use it
 
 import argparse
 import importlib.util
+import os
 from pathlib import Path
 
 import torch
@@ -30,6 +32,7 @@ def main() -> None:
     parser.add_argument("--model", default="gpt")
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--dp", type=int, default=1)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dump", type=Path, default=None)
     args = parser.parse_args()
@@ -38,19 +41,27 @@ def main() -> None:
     torch.manual_seed(0)
     model = example.build_model()
     inputs, target = example.example_inputs(), example.example_target()
+    plan = Plan(dp=args.dp, pp=args.pp, tp=args.tp)
+    if args.dp > 1:  # like DDP: each replica trains on its own share of the batch
+        dp_rank = int(os.environ["RANK"]) // (args.pp * args.tp)  # the mesh is (dp, pp, tp)
+        inputs = tuple(t.chunk(args.dp)[dp_rank] for t in inputs)
+        target = target.chunk(args.dp)[dp_rank]
 
-    module = parallelize(model, Plan(pp=args.pp, tp=args.tp), example_inputs=inputs, loss_fn=example.loss_fn,
-                         example_target=target)
+    module = parallelize(model, plan, example_inputs=inputs, loss_fn=example.loss_fn, example_target=target)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    losses = []
     for step in range(1, args.steps + 1):
         loss = module.train_step(*inputs, target=target)
         if step == 1 and args.dump is not None:
             tp_rank = dist.get_rank() % args.tp  # the mesh is (dp, pp, tp), tp fastest
             torch.save({"grads": module.grads(), "loss": loss, "tp_rank": tp_rank}, args.dump / f"rank{dist.get_rank()}.pt")
+        losses.append(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if loss is not None:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
+    if args.dump is not None and losses[-1] is not None:
+        torch.save([float(x) for x in losses], args.dump / f"losses{dist.get_rank()}.pt")
     dist.destroy_process_group()
 
 

@@ -94,6 +94,10 @@ def parallelize(
 ) -> PipelinedModule:
     """Inside a torchrun process: build this rank's part of `model` under `plan`.
 
+    `example_inputs` (and the batches given to `train_step`) are this rank's batch:
+    with dp > 1 each replica feeds its own share, as with DDP; gradients and the
+    returned loss are averaged over the replicas.
+
     A model with real weights is sliced (each rank copies only its stages'
     tensors); a model built on `meta` is initialized per module with its own
     `reset_parameters()`, seeded by module name.
@@ -110,7 +114,7 @@ def parallelize(
     args, kwargs = (example_inputs, {}) if isinstance(example_inputs, tuple) else ((), dict(example_inputs))
     device = init_distributed(timeout_s)
     mesh = make_mesh(plan, device)
-    program = compile_program(model, args, kwargs, plan, loss_fn=loss_fn, target=example_target).program
+    program = compile_program(model, args, kwargs, plan, loss_fn=loss_fn, target=example_target, global_batch=False).program
     on_meta = any(t.device.type == "meta" for t in model.parameters())
     source = None if on_meta else model_tensors(model)
     modules = materialize_rank(program, mesh, device, source)

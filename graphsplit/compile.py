@@ -19,7 +19,6 @@ from .runtime import split_microbatches
 from .trace import trace_model
 
 NOT_YET = {
-    "dp": "data parallelism (--dp > 1)",
     "fsdp": "FSDP (--fsdp)",
     "checkpoint": "activation checkpointing (--checkpoint)",
     "autocast": "mixed precision (--autocast)",
@@ -29,7 +28,6 @@ NOT_YET = {
 def require_supported(plan: Plan) -> None:
     """Refuse, clearly, the parts of a Plan this version does not run yet."""
     active = {
-        "dp": plan.dp > 1,
         "fsdp": plan.fsdp,
         "checkpoint": plan.checkpoint != "none",
         "autocast": plan.autocast is not None,
@@ -37,7 +35,7 @@ def require_supported(plan: Plan) -> None:
     for key, on in active.items():
         if on:
             raise GraphsplitError(f"{NOT_YET[key]} is not implemented yet in this version of graphsplit; "
-                                  "drop that option (pipeline and tensor parallelism work)")
+                                  "drop that option (pipeline, tensor and data parallelism work)")
 
 
 @dataclass
@@ -55,8 +53,13 @@ def compile_program(
     fixed_cuts: tuple[str, ...] | None = None,
     loss_fn: Any = None,
     target: Any = None,
+    global_batch: bool = True,
 ) -> CompileResult:
-    """Trace `model`, analyze it at the micro-batch shape, split it: the whole transform."""
+    """Trace `model`, analyze it at the micro-batch shape, split it: the whole transform.
+
+    `args` hold the global batch (each of the plan's dp replicas takes 1/dp of it), or with
+    `global_batch=False` one replica's batch (parallelize() inside a rank).
+    """
     require_supported(plan)
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -64,11 +67,12 @@ def compile_program(
     timings["trace"] = time.perf_counter() - start
     flat = traced.flatten_inputs(args, kwargs)
     # Stages see micro-batches: analyze (shapes, bytes, FLOPs) at that size.
-    micro = split_microbatches(flat, plan.num_microbatches)[0]
+    pieces = plan.num_microbatches * (plan.dp if global_batch else 1)
+    micro = split_microbatches(flat, pieces)[0]
     start = time.perf_counter()
     annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
     timings["analyze"] = time.perf_counter() - start
-    micro_target = split_microbatches(target, plan.num_microbatches)[0] if target is not None else None
+    micro_target = split_microbatches(target, pieces)[0] if target is not None else None
     ctx = PassContext(plan=plan, inputs=tuple(micro), fixed_cuts=fixed_cuts, loss_fn=loss_fn,
                       target=micro_target, out_spec=traced.out_spec)
     run_passes(traced.gm, ctx)

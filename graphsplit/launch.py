@@ -26,7 +26,7 @@ from .errors import GraphsplitError
 from .loader import load_model
 from .materialize import model_tensors
 from .plan import Plan
-from .runtime import default_loss
+from .runtime import default_loss, merge_outputs
 from .sharding import shard_tensor
 from .worker import RunSpec, make_optimizer
 
@@ -49,7 +49,8 @@ def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions
     optimizer = make_optimizer(opts.optimizer, list(model.parameters()), opts.lr)
     first, losses = None, []
     for _ in range(opts.steps):
-        result = reference_step(model, loaded.args, loaded.kwargs, target, loss_fn, plan.num_microbatches)
+        # dp replicas x micro-batches, in order: the pieces the program's ranks see
+        result = reference_step(model, loaded.args, loaded.kwargs, target, loss_fn, plan.dp * plan.num_microbatches)
         first = first or result
         losses.append(float(result.loss))
         optimizer.step()
@@ -109,7 +110,7 @@ def run_training(
             weights=str(tmp / "weights.pt"), dump_dir=str(tmp) if opts.check else None,
         )
         spec.save(tmp / "spec.json")
-        echo(f"launching {plan.world_size} processes: pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
+        echo(f"launching {plan.world_size} processes: dp={plan.dp} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
              f"{plan.num_microbatches} micro-batches)")
         _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log")
         if reference is None:
@@ -121,9 +122,14 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
     first, ref_losses = reference
     dumps = {int(p.stem.removeprefix("rank")): torch.load(p, weights_only=False) for p in sorted(tmp.glob("rank*.pt"))}
     loss, output = None, None
+    replica_outputs = {}
     for dump in dumps.values():
         if dump["loss"] is not None:
-            loss, output = dump["loss"], program.unflatten_output(dump["output"])
+            loss = dump["loss"]
+            if dump.get("tp_rank", 0) == 0:
+                replica_outputs[dump.get("dp_rank", 0)] = dump["output"]
+    if replica_outputs:  # each dp replica computed its share of the batch
+        output = program.unflatten_output(merge_outputs([replica_outputs[d] for d in sorted(replica_outputs)]))
     cmp = compare(loss, output, {}, first)
     n_grads = 0
     for rank, dump in sorted(dumps.items()):
@@ -143,7 +149,8 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
     worst_curve = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve, ref_losses))
     if not worst_curve <= LOSS_CURVE_RTOL:
         cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {LOSS_CURVE_RTOL:g}")
-    echo(f"check: untouched model in one process vs graphsplit pp={plan.pp} tp={plan.tp}, same {plan.num_microbatches} micro-batches")
+    echo(f"check: untouched model in one process vs graphsplit dp={plan.dp} pp={plan.pp} tp={plan.tp}, "
+         f"same {plan.dp * plan.num_microbatches} micro-batches")
     echo(f"  loss step 1   {float(first.loss):.6f} (reference) vs {float(loss):.6f}")
     out_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("output")]
     grad_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("grad")]

@@ -65,7 +65,7 @@ def run(spec: RunSpec) -> None:
     from .compile import compile_loaded
     from .loader import load_model
     from .plan import Plan
-    from .runtime import gather_outputs, make_loss
+    from .runtime import gather_outputs, make_loss, split_microbatches
 
     plan = Plan.from_dict(spec.plan)
     device = init_distributed(spec.timeout_s)
@@ -78,16 +78,21 @@ def run(spec: RunSpec) -> None:
     del source
     pipe = DistributedPipeline(program, modules, make_loss(program, loaded.loss_fn), mesh, device)
     optimizer = make_optimizer(spec.optimizer, pipe.parameters(), spec.lr)
-    inputs = _to(device, program.traced.flatten_inputs(loaded.args, loaded.kwargs))
-    target = _to(device, loaded.target if loaded.target is not None else torch.zeros(inputs[0].shape[0]))
-    reporter = pipe.is_last and mesh.get_local_rank("dp") == 0 and mesh.get_local_rank("tp") == 0
+    inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
+    target = loaded.target if loaded.target is not None else torch.zeros(inputs[0].shape[0])
+    dp_rank = mesh.get_local_rank("dp")
+    if plan.dp > 1:  # this replica's share of the global batch
+        inputs = split_microbatches(inputs, plan.dp)[dp_rank]
+        target = split_microbatches(target, plan.dp)[dp_rank]
+    inputs, target = _to(device, inputs), _to(device, target)
+    reporter = pipe.is_last and dp_rank == 0 and mesh.get_local_rank("tp") == 0
     losses = []
     for step in range(1, spec.steps + 1):
         loss, output = pipe.step(inputs, target)
         if step == 1 and spec.dump_dir:
             whole = gather_outputs(program, output)
             dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), whole),
-                    "tp_rank": mesh.get_local_rank("tp")}
+                    "tp_rank": mesh.get_local_rank("tp"), "dp_rank": dp_rank}
             torch.save(dump, Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

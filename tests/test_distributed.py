@@ -35,11 +35,17 @@ CASES = [
     ("bert.py", Plan(tp=4)),
     ("bert.py", Plan(tp=2, pp=2)),
     ("mlp.py", Plan(tp=2)),  # an MSE loss: the output is gathered, not kept sharded
+    # data parallel: each replica trains on its share of the batch, gradients averaged
+    ("mlp.py", Plan(dp=2)),
+    ("gpt.py", Plan(dp=2, pp=2)),
+    ("resnet.py", Plan(dp=2, pp=2)),  # BatchNorm sees the same micro-batches as the reference
+    ("llama.py", Plan(dp=2, tp=2)),
 ]
+THREE_D = [("gpt.py", Plan(dp=2, pp=2, tp=2)), ("llama.py", Plan(dp=2, pp=2, tp=2))]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n.removesuffix('.py')}-pp{p.pp}-tp{p.tp}-{p.schedule}" for n, p in CASES])
+@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n.removesuffix('.py')}-dp{p.dp}-pp{p.pp}-tp{p.tp}-{p.schedule}" for n, p in CASES])
 def test_torchrun_training_matches_untouched_model(name, plan):
     path = EXAMPLES / name if (EXAMPLES / name).exists() else MODELS / name
     lines: list[str] = []
@@ -48,3 +54,14 @@ def test_torchrun_training_matches_untouched_model(name, plan):
     assert cmp.ok, "\n".join(lines)
     assert any("rank" in k for k in cmp.max_diff), "gradients from the ranks were compared"
     assert lines[-1].startswith("check passed")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, plan", THREE_D, ids=[n.removesuffix(".py") for n, _ in THREE_D])
+def test_3d_world_of_8_trains_like_one_process_with_adamw(name, plan):
+    """dp2 x pp2 x tp2 on 8 gloo processes, 5 AdamW steps: the loss curve of the untouched model."""
+    lines: list[str] = []
+    opts = RunOptions(steps=5, optimizer="adamw", lr=1e-3, check=True, timeout_s=240)
+    cmp = run_training(str(EXAMPLES / name), plan, opts, echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    assert any("5 steps" in line for line in lines)

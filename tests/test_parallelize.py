@@ -10,6 +10,7 @@ import torch
 from graphsplit import Plan
 from graphsplit.check import compare, missing_grads, reference_step
 from graphsplit.compile import compile_loaded
+from graphsplit.launch import RunOptions, reference_train
 from graphsplit.loader import load_model
 from graphsplit.sharding import shard_tensor
 
@@ -19,13 +20,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("pp, tp", [(2, 1), (2, 2)])
-def test_parallelize_in_a_torchrun_script(tmp_path, pp, tp):
-    world = pp * tp
+@pytest.mark.parametrize("dp, pp, tp", [(1, 2, 1), (1, 2, 2), (2, 2, 2)])
+def test_parallelize_in_a_torchrun_script(tmp_path, dp, pp, tp):
+    world = dp * pp * tp
+    steps = 5
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-        str(EXAMPLES / "train_parallelize.py"), "--model", "gpt", "--pp", str(pp), "--tp", str(tp),
-        "--steps", "2", "--dump", str(tmp_path),
+        str(EXAMPLES / "train_parallelize.py"), "--model", "gpt", "--dp", str(dp), "--pp", str(pp), "--tp", str(tp),
+        "--steps", str(steps), "--dump", str(tmp_path),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -33,11 +35,12 @@ def test_parallelize_in_a_torchrun_script(tmp_path, pp, tp):
 
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     model = loaded.build("cpu", seed=0)
-    ref = reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, 2)
-    program = compile_loaded(loaded, Plan(pp=pp, tp=tp)).program
+    plan = Plan(dp=dp, pp=pp, tp=tp)
+    ref = reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, dp * plan.num_microbatches)
+    program = compile_loaded(loaded, plan).program
     dumps = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     losses = [d["loss"] for d in dumps if d["loss"] is not None]
-    assert len(losses) == tp  # every tp rank of the last stage has the loss
+    assert len(losses) == dp * tp  # every tp rank of every replica's last stage has the loss
     got = {}
     for d in dumps:
         def shard(name, full, r=d["tp_rank"]):
@@ -48,3 +51,9 @@ def test_parallelize_in_a_torchrun_script(tmp_path, pp, tp):
         got.update(d["grads"])
     assert not missing_grads(ref, set(got))
     assert compare(losses[0], None, {}, ref).ok
+
+    # the AdamW loss curve of the untouched model, trained on the same micro-batches
+    curve = torch.load(next(tmp_path.glob("losses*.pt")))
+    fresh = loaded.build("cpu", seed=0)
+    _, ref_curve = reference_train(fresh, loaded, plan, RunOptions(steps=steps, optimizer="adamw", lr=1e-3))
+    assert curve == pytest.approx(ref_curve, rel=1e-4)

@@ -2,7 +2,9 @@
 
 The device mesh has three named axes, (dp, pp, tp); pipeline stages talk over
 the pp axis through `torch.distributed.pipelining` (`PipelineStage` built from
-our own stage GraphModules, and its schedules). gloo on CPU, nccl on CUDA.
+our own stage GraphModules, and its schedules), tp collectives over the tp
+axis, and gradients are averaged over the dp axis after each step (one
+flattened all-reduce; no overlap with backward yet). gloo on CPU, nccl on CUDA.
 Copies of a tied parameter on several pp ranks get the sum of their
 gradients through one all-reduce per parameter on a group of just those ranks.
 """
@@ -89,6 +91,7 @@ class DistributedPipeline:
         self.is_first = 0 in self.modules
         self.is_last = plan.num_stages - 1 in self.modules
         self._tied_groups = self._make_tied_groups()
+        self.dp_group = mesh.get_group("dp") if plan.dp > 1 else None
         if plan.num_stages == 1:
             # No pipeline: run the micro-batches directly. (A one-stage schedule would cost an
             # extra forward on step 1 for its shape inference, collectives included.)
@@ -136,7 +139,29 @@ class DistributedPipeline:
     def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
         """One training step's forward and backward; (mean loss, merged output) on the last stage."""
         if self.single is not None:
-            return self.single.step(inputs, target)
+            loss, output = self.single.step(inputs, target)
+        else:
+            loss, output = self._pipeline_step(inputs, target)
+        if self.dp_group is not None:
+            self._average_over_dp()
+            if loss is not None:  # every rank of this dp group holds the last stage
+                loss = loss.clone()
+                dist.all_reduce(loss, group=self.dp_group)
+                loss /= self.plan.dp
+        return loss, output
+
+    def _average_over_dp(self) -> None:
+        """Data parallel: average every gradient over the dp replicas, in one all-reduce."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.plan.dp
+        for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(avg)
+
+    def _pipeline_step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
         losses: list[torch.Tensor] = []
         args = inputs if self.is_first else ()
         kwargs: dict[str, Any] = {"losses": losses}
