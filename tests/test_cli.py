@@ -56,12 +56,12 @@ BAD = [
     (["transform", EXAMPLES / "mlp.py", "--pp", "2", "--split-at", "blocks.3"], "names no module"),
     (["transform", MODELS / "no_builder.py", "--pp", "2"], r"defines no build_model\(\)"),
     (["transform", MODELS / "int_output.py", "--pp", "2"], "not a tensor"),
-    (["transform", EXAMPLES / "mlp.py", "--pp", "2", "--dp", "2"], "not implemented yet"),
+    (["transform", EXAMPLES / "mlp.py", "--pp", "2", "--microbatches", "3"], "cannot be cut into 3 equal micro-batches"),
     (["transform", EXAMPLES / "mlp.py", "--pp", "0"], "Plan.pp"),
 ]
 
 
-@pytest.mark.parametrize("args, message", BAD, ids=["untraceable", "pp-too-large", "bad-split", "no-builder", "int-output", "dp", "pp0"])
+@pytest.mark.parametrize("args, message", BAD, ids=["untraceable", "pp-too-large", "bad-split", "no-builder", "int-output", "microbatches", "pp0"])
 def test_bad_input_one_line_error_and_no_output(tmp_path, args, message):
     out = tmp_path / "out"
     r = cli(*args, "--out", out)
