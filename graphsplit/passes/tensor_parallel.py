@@ -44,34 +44,36 @@ from ..ops import tp as tpops
 from ..optable import tp_family
 from ..sharding import P, R, S, Sharding
 from .manager import PassContext
+from .tp_layout import (
+    container_len,
+    index_shard_dim,
+    nearest_divisor,
+    norm_dim,
+    round_up,
+    shape_of,
+    view_shard_dim,
+)
+from .tp_lookahead import (
+    chunk_layout,
+    column_pays_off,
+    feeds_output,
+    heads_views,
+    view_blocking_shard,
+)
+from .tp_spellings import (
+    arg_of,
+    describe,
+    drop_linear_bias,
+    is_param,
+    linear_form,
+    op_name_of,
+    set_arg,
+    set_linear_input,
+    set_linear_weight,
+    split_sizes,
+)
 
 aten = torch.ops.aten
-
-
-def _norm_dim(dim: int, ndim: int) -> int:
-    return dim + ndim if dim < 0 else dim
-
-
-def _shape(node: Any) -> tuple[int, ...] | None:
-    if isinstance(node, fx.Node):
-        spec = info(node).tensor
-        return tuple(int(s) for s in spec.shape) if spec is not None else None
-    return None
-
-
-def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
-
-
-def _set_arg(node: fx.Node, index: int, name: str, value: Any) -> None:
-    if len(node.args) > index:
-        args = list(node.args)
-        args[index] = value
-        node.args = tuple(args)
-    else:
-        node.kwargs = {**node.kwargs, name: value}
 
 
 class _Rewriter:
@@ -144,7 +146,7 @@ class _Rewriter:
         for arg in list(node.all_input_nodes):
             if info(arg).value == "tensor" and self.sh(arg).kind != "R":
                 self._replace_input(node, arg, self.gathered(arg, node))
-        self.set(node, [R] * _container_len(node) if info(node).value == "container" else R)
+        self.set(node, [R] * container_len(node) if info(node).value == "container" else R)
         self.note(node, reason)
 
     def copy_to_tp(self, value: fx.Node, at: fx.Node) -> fx.Node:
@@ -170,7 +172,7 @@ class _Rewriter:
         self._replace_input(node, value, self.copy_to_tp(value, node))
 
     def scatter(self, value: fx.Node, dim: int, at: fx.Node) -> fx.Node:
-        shape = _shape(value)
+        shape = shape_of(value)
         local = list(shape) if shape else None
         if local:
             local[dim] //= self.tp
@@ -179,9 +181,9 @@ class _Rewriter:
     # -- the walk ------------------------------------------------------------
     def run(self) -> None:
         self.functionalize_modules()
-        self.max_heads = max(_heads_views(self.graph), default=0)
+        self.max_heads = max(heads_views(self.graph), default=0)
         self.linear_weights = {
-            self.param_name(form[1]) for n in self.graph.nodes if (form := _linear_form(n)) is not None
+            self.param_name(form[1]) for n in self.graph.nodes if (form := linear_form(n)) is not None
         } - {None}
         for node in list(self.graph.nodes):
             if info(node).value == "scalar" and node.op != "output":
@@ -239,7 +241,7 @@ class _Rewriter:
     def param_name(self, node: Any) -> str | None:
         if not isinstance(node, fx.Node) or node.op != "get_attr":
             return None
-        value = self.gm.get_parameter(str(node.target)) if _is_param(self.gm, node) else None
+        value = self.gm.get_parameter(str(node.target)) if is_param(self.gm, node) else None
         return self.canonical.get(id(value)) if value is not None else None
 
     def shard_param(self, node: fx.Node, sharding: Sharding) -> bool:
@@ -266,18 +268,17 @@ class _Rewriter:
             if sharded:
                 for a in sharded:
                     self._replace_input(node, a, self.gathered(a, node))
-                self.note(node, f"{_describe(node)} is not known to keep a shard")
-            self.set(node, [R] * _container_len(node))
+                self.note(node, f"{describe(node)} is not known to keep a shard")
+            self.set(node, [R] * container_len(node))
             return
         if sharded:
             for a in sharded:
                 self._replace_input(node, a, self.gathered(a, node))
-            self.note(node, f"{_describe(node)} is not known to keep a shard")
+            self.note(node, f"{describe(node)} is not known to keep a shard")
         self.set(node, R)
 
-    rule_other = rule_unknown
-    rule_param = rule_unknown
-    rule_shape = rule_unknown
+    # families with no rule of their own
+    rule_other = rule_param = rule_shape = rule_unknown
 
     def rule_identity(self, node: fx.Node) -> None:
         # type_as(other) / to(other) read only other's dtype and device: its layout does not matter
@@ -289,7 +290,7 @@ class _Rewriter:
         self.set(node, s)
 
     def rule_pointwise(self, node: fx.Node) -> None:
-        out_shape = _shape(node)
+        out_shape = shape_of(node)
         tensors = [a for a in node.all_input_nodes if info(a).value == "tensor"]
         if out_shape is None or not tensors:
             self.set(node, R)
@@ -303,26 +304,26 @@ class _Rewriter:
         for a in tensors:
             s = self.sh(a)
             if s.kind == "S":
-                dims.add(s.dim + nd - len(_shape(a)))
+                dims.add(s.dim + nd - len(shape_of(a)))
                 chunks.add(s.chunks)
         if not dims:
             self.set(node, R)
             return
         if len(dims) > 1 or len(chunks) > 1:
-            self.make_replicated(node, f"{_describe(node)} mixes values sharded on different dims")
+            self.make_replicated(node, f"{describe(node)} mixes values sharded on different dims")
             return
         (d,) = dims
         (c,) = chunks
         for a in tensors:
             if self.sh(a).kind == "S":
                 continue
-            shape = _shape(a)
+            shape = shape_of(a)
             ad = d - (nd - len(shape))
             if ad < 0 or shape[ad] == 1:
                 self.whole(node, a)  # broadcast along the sharded dim: every rank uses all of it
                 continue
             if c:
-                self.make_replicated(node, f"{_describe(node)} combines a fused sharded value with a whole one")
+                self.make_replicated(node, f"{describe(node)} combines a fused sharded value with a whole one")
                 return
             self._replace_input(node, a, self.scatter(a, ad, node))
         self.set(node, S(d, c))
@@ -337,19 +338,19 @@ class _Rewriter:
             self._replace_input(node, src, self.gathered(src, node))
             self.set(node, R)
             return
-        in_shape, out_shape = _shape(src), _shape(node)
-        e = _view_shard_dim(in_shape, out_shape, s.dim, self.tp)
+        in_shape, out_shape = shape_of(src), shape_of(node)
+        e = view_shard_dim(in_shape, out_shape, s.dim, self.tp)
         if e is not None and s.chunks and out_shape[e] != in_shape[s.dim]:
             e = None  # a fused dim keeps its chunk layout only if the view leaves it whole
         if e is None:
-            self.make_replicated(node, f"{_describe(node)} {list(in_shape)} -> {list(out_shape)} moves the sharded dim {s.dim}")
+            self.make_replicated(node, f"{describe(node)} {list(in_shape)} -> {list(out_shape)} moves the sharded dim {s.dim}")
             return
         self._localize_size_args(node, out_shape, e)
         self.set(node, S(e, s.chunks))
 
     def _localize_size_args(self, node: fx.Node, out_shape: tuple[int, ...], e: int) -> None:
         """Rewrite the size argument of output dim `e` (constant, computed node or -1) to the local size."""
-        name = _op_name_of(node)
+        name = op_name_of(node)
         if name in ("flatten", "squeeze", "unsqueeze", "view_as", "reshape_as"):
             if name in ("view_as", "reshape_as"):
                 other = node.args[1]
@@ -357,10 +358,10 @@ class _Rewriter:
                     raise GraphsplitError(f"internal: {node.name} views as a differently sharded value")
             return
         if name == "unflatten":
-            dim = _norm_dim(_arg(node, 1, "dim"), len(_shape(node.args[0])))
-            sizes = list(_arg(node, 2, "sizes"))
+            dim = norm_dim(arg_of(node, 1, "dim"), len(shape_of(node.args[0])))
+            sizes = list(arg_of(node, 2, "sizes"))
             sizes[e - dim] = self._local_size(sizes[e - dim], node)
-            _set_arg(node, 2, "sizes", tuple(sizes))
+            set_arg(node, 2, "sizes", tuple(sizes))
             return
         # view/reshape: sizes either as varargs (Tensor.view(a, b, c)) or one list
         if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)):
@@ -394,8 +395,8 @@ class _Rewriter:
         if s.kind != "S":
             self.rule_identity(node)
             return
-        out_shape = _shape(node)
-        e = s.dim + len(out_shape) - len(_shape(src))
+        out_shape = shape_of(node)
+        e = s.dim + len(out_shape) - len(shape_of(src))
         sizes = list(node.args[1]) if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else list(node.args[1:])
         sizes[e] = self._local_size(sizes[e], node)
         node.args = (src, sizes) if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else (src, *sizes)
@@ -405,12 +406,12 @@ class _Rewriter:
         # repeating each element in place keeps a contiguous block per rank
         src = node.args[0]
         s = self.sh(src)
-        if s.kind == "S" and isinstance(_arg(node, 1, "repeats"), int) and _arg(node, 2, "dim") is not None:
+        if s.kind == "S" and isinstance(arg_of(node, 1, "repeats"), int) and arg_of(node, 2, "dim") is not None:
             self.set(node, S(s.dim))
         elif s.kind == "R":
             self.set(node, R)
         else:
-            self.make_replicated(node, f"{_describe(node)} without a dim")
+            self.make_replicated(node, f"{describe(node)} without a dim")
 
     def rule_transpose(self, node: fx.Node) -> None:
         src = node.args[0]
@@ -418,29 +419,29 @@ class _Rewriter:
         if s.kind != "S":
             self.rule_identity(node)
             return
-        nd = len(_shape(src))
-        name = _op_name_of(node)
+        nd = len(shape_of(src))
+        name = op_name_of(node)
         d = s.dim
         if name == "t":
             e = 1 - d if nd == 2 else d
         elif name == "permute":
             dims = list(node.args[1]) if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else list(node.args[1:])
-            dims = [_norm_dim(x, nd) for x in dims]
+            dims = [norm_dim(x, nd) for x in dims]
             e = dims.index(d)
         else:
-            a = _norm_dim(_arg(node, 1, "dim0"), nd)
-            b = _norm_dim(_arg(node, 2, "dim1"), nd)
+            a = norm_dim(arg_of(node, 1, "dim0"), nd)
+            b = norm_dim(arg_of(node, 2, "dim1"), nd)
             e = b if d == a else a if d == b else d
         self.set(node, S(e, s.chunks))
 
     def rule_softmax(self, node: fx.Node) -> None:
         src = node.args[0]
         s = self.sh(src)
-        dim = _arg(node, 1, "dim")
-        if s.kind == "S" and dim is not None and _norm_dim(dim, len(_shape(src))) != s.dim:
+        dim = arg_of(node, 1, "dim")
+        if s.kind == "S" and dim is not None and norm_dim(dim, len(shape_of(src))) != s.dim:
             self.set(node, s)
         else:
-            self.make_replicated(node, f"{_describe(node)} over the sharded dim") if s.kind != "R" else self.set(node, R)
+            self.make_replicated(node, f"{describe(node)} over the sharded dim") if s.kind != "R" else self.set(node, R)
 
     def rule_reduction(self, node: fx.Node) -> None:
         src = node.args[0]
@@ -448,15 +449,15 @@ class _Rewriter:
         if s.kind == "R":
             self.set(node, R)
             return
-        nd = len(_shape(src))
-        dim = _arg(node, 1, "dim")
-        keepdim = bool(_arg(node, 2, "keepdim", False))
+        nd = len(shape_of(src))
+        dim = arg_of(node, 1, "dim")
+        keepdim = bool(arg_of(node, 2, "keepdim", False))
         if dim is None or s.kind != "S" or info(node).value != "tensor":
-            self.make_replicated(node, f"{_describe(node)} reduces over every dim")
+            self.make_replicated(node, f"{describe(node)} reduces over every dim")
             return
-        dims = {_norm_dim(x, nd) for x in (dim if isinstance(dim, (list, tuple)) else [dim])}
+        dims = {norm_dim(x, nd) for x in (dim if isinstance(dim, (list, tuple)) else [dim])}
         if s.dim in dims:
-            self.make_replicated(node, f"{_describe(node)} reduces over the sharded dim")
+            self.make_replicated(node, f"{describe(node)} reduces over the sharded dim")
             return
         e = s.dim if keepdim else s.dim - sum(1 for x in dims if x < s.dim)
         self.set(node, S(e))
@@ -464,22 +465,22 @@ class _Rewriter:
     def rule_split(self, node: fx.Node) -> None:
         src = node.args[0]
         s = self.sh(src)
-        n_out = _container_len(node)
+        n_out = container_len(node)
         if s.kind == "R":
             self.set(node, [R] * n_out)
             return
-        nd = len(_shape(src))
-        name = _op_name_of(node)
-        dim = _norm_dim(_arg(node, 2, "dim", 0) if name != "chunk" else _arg(node, 2, "dim", 0), nd)
+        nd = len(shape_of(src))
+        name = op_name_of(node)
+        dim = norm_dim(arg_of(node, 2, "dim", 0) if name != "chunk" else arg_of(node, 2, "dim", 0), nd)
         if s.kind == "S" and dim != s.dim:
             self.set(node, [S(s.dim)] * n_out)
             return
-        sizes = _split_sizes(node, _shape(src)[dim])
+        sizes = split_sizes(node, shape_of(src)[dim])
         if s.kind == "S" and s.chunks and sizes is not None and tuple(sizes) == s.chunks:
             if name != "chunk":
                 arg = node.args[1]
                 new = arg // self.tp if isinstance(arg, int) else type(arg)(x // self.tp for x in arg)
-                _set_arg(node, 1, "split_size_or_sections", new)
+                set_arg(node, 1, "split_size_or_sections", new)
             self.set(node, [S(s.dim)] * n_out)
             return
         for a in node.all_input_nodes:
@@ -487,7 +488,7 @@ class _Rewriter:
                 self._replace_input(node, a, self.gathered(a, node))
             elif self.sh(a).chunks:
                 raise GraphsplitError(f"internal: fused sharded value {a.name} split differently than its weight")
-        self.note(node, f"{_describe(node)} splits along the sharded dim")
+        self.note(node, f"{describe(node)} splits along the sharded dim")
         self.set(node, [R] * n_out)
 
     def rule_getitem(self, node: fx.Node) -> None:
@@ -500,7 +501,7 @@ class _Rewriter:
         if s.kind == "R" or info(node).value != "tensor":
             self.set(node, R)
             return
-        e = _index_shard_dim(index, len(_shape(src)), s.dim)
+        e = index_shard_dim(index, len(shape_of(src)), s.dim)
         if e is None or s.kind != "S":
             self.make_replicated(node, f"indexing {src.name} along its sharded dim")
         else:
@@ -513,12 +514,12 @@ class _Rewriter:
         if s.kind == "R":
             self.set(node, R)
             return
-        nd = len(_shape(src))
-        dim = _norm_dim(_arg(node, 1, "dim", 0), nd)
+        nd = len(shape_of(src))
+        dim = norm_dim(arg_of(node, 1, "dim", 0), nd)
         if s.kind != "S" or dim == s.dim:
-            self.make_replicated(node, f"{_describe(node)} along the sharded dim")
+            self.make_replicated(node, f"{describe(node)} along the sharded dim")
             return
-        if _op_name_of(node) == "select":
+        if op_name_of(node) == "select":
             self.set(node, S(s.dim - (1 if dim < s.dim else 0)))
         else:
             self.set(node, S(s.dim, s.chunks))
@@ -526,27 +527,27 @@ class _Rewriter:
     def rule_cat(self, node: fx.Node) -> None:
         tensors = [a for a in node.all_input_nodes if info(a).value == "tensor"]
         shards = {self.sh(a) for a in tensors}
-        nd = len(_shape(node))
-        dim = _norm_dim(_arg(node, 1, "dim", 0), nd)
+        nd = len(shape_of(node))
+        dim = norm_dim(arg_of(node, 1, "dim", 0), nd)
         if shards == {R}:
             self.set(node, R)
             return
         if len(shards) == 1 and (only := next(iter(shards))).kind == "S" and only.dim != dim and not only.chunks:
             self.set(node, only)
             return
-        self.make_replicated(node, f"{_describe(node)} concatenates along the sharded dim or mixes layouts")
+        self.make_replicated(node, f"{describe(node)} concatenates along the sharded dim or mixes layouts")
 
     def rule_stack(self, node: fx.Node) -> None:
         tensors = [a for a in node.all_input_nodes if info(a).value == "tensor"]
         shards = {self.sh(a) for a in tensors}
-        nd = len(_shape(node))
-        dim = _norm_dim(_arg(node, 1, "dim", 0), nd)
+        nd = len(shape_of(node))
+        dim = norm_dim(arg_of(node, 1, "dim", 0), nd)
         if shards == {R}:
             self.set(node, R)
         elif len(shards) == 1 and (only := next(iter(shards))).kind == "S" and not only.chunks:
             self.set(node, S(only.dim + (1 if only.dim >= dim else 0)))
         else:
-            self.make_replicated(node, f"{_describe(node)} mixes layouts")
+            self.make_replicated(node, f"{describe(node)} mixes layouts")
 
     def rule_norm(self, node: fx.Node) -> None:
         x = node.args[0]
@@ -554,7 +555,7 @@ class _Rewriter:
         if s.kind == "R":
             self.set(node, R)
             return
-        self.make_replicated(node, f"{_describe(node)} normalizes over the sharded dim")
+        self.make_replicated(node, f"{describe(node)} normalizes over the sharded dim")
 
     def rule_size(self, node: fx.Node) -> None:
         """Size queries of a sharded tensor answer the global size: computed sizes stay global."""
@@ -562,11 +563,11 @@ class _Rewriter:
         if not isinstance(src, fx.Node) or self.sh(src).kind != "S":
             return
         s = self.sh(src)
-        nd = len(_shape(src))
-        name = _op_name_of(node)
+        nd = len(shape_of(src))
+        name = op_name_of(node)
         users = list(node.users)
-        if name in ("size", "sym_size") and _arg(node, 1, "dim") is not None:
-            if _norm_dim(_arg(node, 1, "dim"), nd) != s.dim:
+        if name in ("size", "sym_size") and arg_of(node, 1, "dim") is not None:
+            if norm_dim(arg_of(node, 1, "dim"), nd) != s.dim:
                 return
             with self.graph.inserting_after(node):
                 fixed = self.graph.call_function(operator.mul, (node, self.tp))
@@ -584,7 +585,7 @@ class _Rewriter:
             self._replace_input(user, node, fixed)
 
     def rule_linear(self, node: fx.Node) -> None:
-        form = _linear_form(node)
+        form = linear_form(node)
         if form is None:
             self.rule_matmul(node)
             return
@@ -593,51 +594,51 @@ class _Rewriter:
             self.rule_matmul(node)
             return
         s = self.sh(x)
-        w_shape = _shape(w)
+        w_shape = shape_of(w)
         out_features = w_shape[out_dim]
         if s.kind == "P":
             x = self.gathered(x, node)
-            _set_linear_input(node, x)
+            set_linear_input(node, x)
             s = R
-        x_nd = len(_shape(x))
+        x_nd = len(shape_of(x))
         if s.kind == "R":
-            chunks = _chunk_layout(node, out_features)
+            chunks = chunk_layout(node, out_features)
             ok = out_features % self.tp == 0 and (chunks is None or all(c % self.tp == 0 for c in chunks))
-            blocker = _view_blocking_shard(node, self.tp) if ok else None
+            blocker = view_blocking_shard(node, self.tp) if ok else None
             if blocker is not None:
                 heads, why = blocker
                 if heads >= self.max_heads:  # the query heads must split; fewer kv heads may stay whole
                     raise GraphsplitError(
                         f"attention in '{info(node).module or '<root>'}': {heads} heads cannot be split over "
-                        f"tp={self.tp}; use tp={_nearest_divisor(heads, self.tp)} (tp must divide the number of heads)"
+                        f"tp={self.tp}; use tp={nearest_divisor(heads, self.tp)} (tp must divide the number of heads)"
                     )
                 self.note(node, f"linear left replicated: {why}")
                 self.set(node, R)
                 return
-            if ok and not _column_pays_off(node, self.gm):
+            if ok and not column_pays_off(node, self.gm):
                 self.note(node, "linear left replicated: its sharded output would be gathered before any "
                                 "row-parallel layer (a norm or reduction comes first)")
                 self.set(node, R)
                 return
-            if not ok and _feeds_output(node, self.gm):
+            if not ok and feeds_output(node, self.gm):
                 raise GraphsplitError(
                     f"output layer '{info(node).module or node.name}': {out_features} output features (the vocabulary) "
-                    f"cannot be split over tp={self.tp}; pad it to {_round_up(out_features, self.tp)} "
-                    f"or use tp={_nearest_divisor(out_features, self.tp)}"
+                    f"cannot be split over tp={self.tp}; pad it to {round_up(out_features, self.tp)} "
+                    f"or use tp={nearest_divisor(out_features, self.tp)}"
                 )
             have = self.param_shardings.get(self.param_name(w) or "")
             if ok and (have is None or have == S(out_dim, chunks)):
                 self.shard_param(w, S(out_dim, chunks))
                 if b is not None:
                     self.shard_param(b, S(0, chunks))
-                _set_linear_input(node, self.copy_to_tp(x, node))
-                self.set(node, S(len(_shape(node)) - 1, chunks))
+                set_linear_input(node, self.copy_to_tp(x, node))
+                self.set(node, S(len(shape_of(node)) - 1, chunks))
                 return
             why = (f"out features {out_features} not divisible by tp={self.tp}" if not ok
                    else f"its weight is already sharded as {have}")
             self.note(node, f"linear left replicated: {why}")
             if have is not None and have.kind == "S":
-                _set_linear_weight(node, self.gathered(w, node))
+                set_linear_weight(node, self.gathered(w, node))
             self.set(node, R)
             return
         if s.dim == x_nd - 1:
@@ -652,7 +653,7 @@ class _Rewriter:
             return
         # sharded on a leading (batch-like) dim: every rank applies the whole weight to its rows
         if self.param_shardings.get(self.param_name(w) or "", R) != R:
-            _set_linear_weight(node, self.gathered(w, node))
+            set_linear_weight(node, self.gathered(w, node))
         else:
             self.whole(node, w)
             if b is not None:
@@ -662,7 +663,7 @@ class _Rewriter:
     def _row_parallel(self, node: fx.Node, bias: fx.Node | None) -> fx.Node:
         """Drop the bias from the local matmul, sum the partials, add the bias once."""
         if bias is not None:
-            _drop_linear_bias(node)
+            drop_linear_bias(node)
         self.set(node, P)
         users = [u for u in node.users]
         reduced = self._new(node, tpops.reduce_from_tp, (node,), node, R, before=False)
@@ -691,7 +692,7 @@ class _Rewriter:
             return
         if self.sh(ids).kind != "R":
             self._replace_input(node, ids, self.gathered(ids, node))
-        vocab, width = _shape(w)
+        vocab, width = shape_of(w)
         have = self.param_shardings.get(self.param_name(w) or "")
         padding = node.kwargs.get("padding_idx", node.args[2] if len(node.args) > 2 else None)
         padding = None if padding is not None and (not isinstance(padding, int) or padding < 0) else padding
@@ -707,24 +708,24 @@ class _Rewriter:
         if vocab % self.tp and self.param_name(w) in self.linear_weights:
             raise GraphsplitError(
                 f"embedding '{info(node).module or w.target}': vocabulary {vocab} cannot be split over tp={self.tp} "
-                f"and its weight is tied to an output layer; pad the vocabulary to {_round_up(vocab, self.tp)} "
-                f"or use tp={_nearest_divisor(vocab, self.tp)}"
+                f"and its weight is tied to an output layer; pad the vocabulary to {round_up(vocab, self.tp)} "
+                f"or use tp={nearest_divisor(vocab, self.tp)}"
             )
         if (have is None and width % self.tp == 0) or have == S(1):
             self.shard_param(w, S(1))
-            self.set(node, S(len(_shape(node)) - 1))
+            self.set(node, S(len(shape_of(node)) - 1))
             return
         self.note(node, f"embedding left replicated: neither vocabulary {vocab} nor width {width} divisible by tp={self.tp}")
         self.set(node, R)
 
     def rule_cross_entropy(self, node: fx.Node) -> None:
         """Cross-entropy over vocab-sharded logits: three small all-reduces instead of a gather."""
-        x, target = node.args[0], _arg(node, 1, "target")
+        x, target = node.args[0], arg_of(node, 1, "target")
         s = self.sh(x)
         simple = (
-            s.kind == "S" and not s.chunks and len(_shape(x)) == 2 and s.dim == 1
-            and _arg(node, 2, "weight") is None and not _arg(node, 7, "label_smoothing", 0.0)
-            and _arg(node, 6, "reduction", "mean") in ("mean", "sum", "none")
+            s.kind == "S" and not s.chunks and len(shape_of(x)) == 2 and s.dim == 1
+            and arg_of(node, 2, "weight") is None and not arg_of(node, 7, "label_smoothing", 0.0)
+            and arg_of(node, 6, "reduction", "mean") in ("mean", "sum", "none")
             and isinstance(target, fx.Node) and self.sh(target).kind == "R"
         )
         if not simple:
@@ -733,7 +734,7 @@ class _Rewriter:
         with self.graph.inserting_before(node):
             new = self.graph.call_function(
                 tpops.vocab_parallel_cross_entropy,
-                (x, target, _arg(node, 4, "ignore_index", -100), _arg(node, 6, "reduction", "mean")),
+                (x, target, arg_of(node, 4, "ignore_index", -100), arg_of(node, 6, "reduction", "mean")),
             )
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
@@ -749,9 +750,9 @@ class _Rewriter:
         if sa.kind == "R" and sb.kind == "R":
             self.set(node, R)
             return
-        ashape, bshape, oshape = _shape(a), _shape(b), _shape(node)
+        ashape, bshape, oshape = shape_of(a), shape_of(b), shape_of(node)
         if len(ashape) < 2 or len(bshape) < 2 or sa.chunks or sb.chunks:
-            self.make_replicated(node, f"{_describe(node)} on vectors or fused shards")
+            self.make_replicated(node, f"{describe(node)} on vectors or fused shards")
             return
         na, nb, no = len(ashape), len(bshape), len(oshape)
         # batch dims aligned from the right of the batch part
@@ -795,7 +796,7 @@ class _Rewriter:
             for user in users:
                 self._replace_input(user, node, reduced)
             return
-        self.make_replicated(node, f"{_describe(node)} with operands sharded as {sa} and {sb}")
+        self.make_replicated(node, f"{describe(node)} with operands sharded as {sa} and {sb}")
 
     def rule_attention(self, node: fx.Node) -> None:
         if node.op == "call_module":
@@ -804,27 +805,27 @@ class _Rewriter:
         q, k, v = node.args[0], node.args[1], node.args[2]
         shards = [self.sh(t) for t in (q, k, v)]
         if all(s.kind == "R" for s in shards):
-            mask = _arg(node, 3, "attn_mask")
+            mask = arg_of(node, 3, "attn_mask")
             if isinstance(mask, fx.Node) and self.sh(mask).kind != "R":
                 self._replace_input(node, mask, self.gathered(mask, node))
             self.set(node, R)
             return
         heads = [s.dim for s in shards if s.kind == "S"]
-        qs = _shape(q)
+        qs = shape_of(q)
         head_dim = len(qs) - 3
         if any(d != head_dim for d in heads) or any(s.kind == "P" or s.chunks for s in shards):
             self.make_replicated(node, "attention sharded on a dim other than heads")
             return
         for t in (q, k, v):
             if self.sh(t).kind == "R":
-                shape = _shape(t)
+                shape = shape_of(t)
                 if shape[head_dim] % self.tp:
                     self.make_replicated(node, f"attention: {shape[head_dim]} heads not divisible by tp={self.tp}")
                     return
                 self._replace_input(node, t, self.scatter(t, head_dim, node))
-        mask = _arg(node, 3, "attn_mask")
+        mask = arg_of(node, 3, "attn_mask")
         if isinstance(mask, fx.Node):
-            ms = _shape(mask)
+            ms = shape_of(mask)
             md = head_dim - (len(qs) - len(ms))
             if self.sh(mask).kind == "S":
                 if self.sh(mask).dim != md:
@@ -838,257 +839,6 @@ class _Rewriter:
 
 
 # --- helpers over op spellings -------------------------------------------------
-
-
-def _op_name_of(node: fx.Node) -> str:
-    from ..optable import _op_name
-
-    name = _op_name(node)
-    return name.rstrip("_") if not name.startswith("_") else name
-
-
-def _describe(node: fx.Node) -> str:
-    return f"{_op_name_of(node)} ({node.name})"
-
-
-def _is_param(gm: fx.GraphModule, node: fx.Node) -> bool:
-    try:
-        gm.get_parameter(str(node.target))
-        return True
-    except AttributeError:
-        return False
-
-
-def _is_to_other(node: fx.Node) -> bool:
-    return node.op == "call_method" and node.target == "to" and len(node.args) > 1 and isinstance(node.args[1], fx.Node)
-
-
-def _container_len(node: fx.Node) -> int:
-    idx = [u.args[1] for u in node.users if u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)]
-    return (max(idx) + 1) if idx else 0
-
-
-def _split_sizes(node: fx.Node, dim_size: int) -> list[int] | None:
-    name = _op_name_of(node)
-    arg = node.args[1] if len(node.args) > 1 else node.kwargs.get("split_size_or_sections", node.kwargs.get("chunks"))
-    if name == "chunk":
-        if not isinstance(arg, int) or dim_size % arg:
-            return None
-        return [dim_size // arg] * arg
-    if isinstance(arg, int):
-        return [arg] * (dim_size // arg) + ([dim_size % arg] if dim_size % arg else [])
-    if isinstance(arg, (list, tuple)) and all(isinstance(x, int) for x in arg):
-        return list(arg)
-    return None
-
-
-def _chunk_layout(linear: fx.Node, out_features: int) -> tuple[int, ...] | None:
-    """If the linear's output is split along its feature dim (fused QKV), the chunk sizes."""
-    users = list(linear.users)
-    value = linear
-    # look through views that keep the feature dim whole (HF Conv1D: addmm(...).view(B, T, 3C))
-    while len(users) == 1 and _op_name_of(users[0]) in ("view", "reshape", "_unsafe_view") and _shape(users[0]) \
-            and _shape(users[0])[-1] == out_features:
-        value = users[0]
-        users = list(value.users)
-    if len(users) != 1:
-        return None
-    (user,) = users
-    if user.op not in ("call_function", "call_method") or _op_name_of(user) not in ("split", "chunk", "split_with_sizes"):
-        return None
-    shape = _shape(value)
-    nd = len(shape)
-    dim = user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
-    if _norm_dim(dim, nd) != nd - 1:
-        return None
-    sizes = _split_sizes(user, out_features)
-    return tuple(sizes) if sizes and len(sizes) > 1 else None
-
-
-def _view_blocking_shard(linear: fx.Node, tp: int) -> tuple[int, str] | None:
-    """(heads, why) if sharding this linear's output features would be undone by the view
-    right after it (GQA: 2 kv heads cannot split over tp=4), else None. Looks through a
-    fused split."""
-    shape = _shape(linear)
-    frontier = [(linear, shape)]
-    for user in linear.users:
-        if _op_name_of(user) in ("split", "chunk", "split_with_sizes"):
-            frontier = [(g, _shape(g)) for g in user.users if _shape(g) is not None]
-            break
-    for value, vshape in frontier:
-        for user in value.users:
-            if user.op in ("call_function", "call_method") and _op_name_of(user) in _HEAD_VIEWS:
-                out = _shape(user)
-                if out is not None and _view_shard_dim(vshape, out, len(vshape) - 1, tp) is None:
-                    heads = out[len(vshape) - 1] if len(out) > len(vshape) else 0
-                    return heads, f"its output is viewed as {list(out)}, which cannot be split over tp={tp}"
-    return None
-
-
-_HEAD_VIEWS = ("view", "reshape", "_unsafe_view", "unflatten")
-
-
-def _heads_views(graph: fx.Graph) -> list[int]:
-    """Head counts of views that split a feature dim into (heads, head_dim)."""
-    found = []
-    for node in graph.nodes:
-        if node.op in ("call_function", "call_method") and _op_name_of(node) in _HEAD_VIEWS:
-            src = node.args[0] if node.args else None
-            ins, out = _shape(src), _shape(node)
-            if ins and out and len(out) == len(ins) + 1 and out[: len(ins) - 1] == ins[:-1]:
-                found.append(out[len(ins) - 1])
-    return found
-
-
-def _feeds_output(node: fx.Node, gm: fx.GraphModule) -> bool:
-    """Whether `node`'s value reaches the model's output through layout-only ops (an LM head)."""
-    todo, seen = [node], set()
-    while todo:
-        n = todo.pop()
-        for user in n.users:
-            if user.op == "output":
-                return True
-            if user not in seen and tp_family(user, gm) in ("view", "identity", "transpose", "getitem"):
-                seen.add(user)
-                todo.append(user)
-    return False
-
-
-_KEEPS_SHARD = frozenset({"pointwise", "identity", "view", "transpose", "split", "getitem", "softmax", "matmul",
-                          "attention", "repeat_interleave", "expand", "stack", "cat", "slice"})
-
-
-def _column_pays_off(linear: fx.Node, gm: fx.GraphModule, limit: int = 500) -> bool:
-    """Whether a column-parallel output would reach a row-parallel layer (or the model's
-    output) before anything that needs it whole: only then is splitting it worth a collective."""
-    todo, seen, reached = [linear], {linear}, False
-    while todo and len(seen) < limit:
-        n = todo.pop()
-        for user in n.users:
-            if user in seen:
-                continue
-            seen.add(user)
-            if user.op == "output":
-                reached = True
-                continue
-            family = tp_family(user, gm)
-            if family == "linear" and _linear_form(user) is not None:
-                reached = True
-            elif family in _KEEPS_SHARD or family == "size" or info(user).value == "scalar":
-                todo.append(user)
-            else:
-                return False
-    return reached
-
-
-def _round_up(n: int, k: int) -> int:
-    return -(-n // k) * k
-
-
-def _nearest_divisor(n: int, tp: int) -> int:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    return min(divisors, key=lambda d: (abs(d - tp), -d))
-
-
-def _linear_form(node: fx.Node) -> tuple[Any, Any, Any, int, int] | None:
-    """(input, weight, bias, weight's out dim, weight's in dim) for each spelling of a linear."""
-    t = node.target
-    if node.op == "call_function" and (t is F.linear or t in (aten.linear.default,)):
-        return node.args[0], node.args[1], _arg(node, 2, "bias"), 0, 1
-    if isinstance(t, torch._ops.OpOverload) and t.overloadpacket in (aten.addmm,):
-        return node.args[1], node.args[2], node.args[0], 1, 0
-    if t is torch.addmm:
-        return node.args[1], node.args[2], node.args[0], 1, 0
-    if isinstance(t, torch._ops.OpOverload) and t.overloadpacket in (aten.mm,) or t is torch.mm:
-        return node.args[0], node.args[1], None, 1, 0
-    return None
-
-
-def _set_linear_input(node: fx.Node, x: fx.Node) -> None:
-    args = list(node.args)
-    pos = 1 if (node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm) else 0
-    args[pos] = x
-    node.args = tuple(args)
-
-
-def _set_linear_weight(node: fx.Node, w: fx.Node) -> None:
-    args = list(node.args)
-    pos = 2 if (node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm) else 1
-    args[pos] = w
-    node.args = tuple(args)
-
-
-def _drop_linear_bias(node: fx.Node) -> None:
-    if node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm:
-        node.target = aten.mm.default if isinstance(node.target, torch._ops.OpOverload) else torch.mm
-        node.args = (node.args[1], node.args[2])
-        node.kwargs = {}
-    else:
-        node.args = tuple(node.args[:2])
-        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "bias"}
-
-
-def _view_shard_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int, tp: int) -> int | None:
-    """The output dim that inherits input dim d's shard under a view, if the view keeps it local.
-
-    The shard survives when an output dim e starts where input dim d starts (same
-    product of the dims before) and tp divides it: each rank's block of d, with
-    everything inside it, is then exactly a block of e.
-    """
-    prefix_in = 1
-    for x in in_shape[:d]:
-        prefix_in *= x
-    prefix = 1
-    for e, x in enumerate(out_shape):
-        if prefix == prefix_in and x % tp == 0 and x > 1:
-            inner_in = 1
-            for y in in_shape[d:]:
-                inner_in *= y
-            inner_out = 1
-            for y in out_shape[e:]:
-                inner_out *= y
-            if inner_in == inner_out and (x >= in_shape[d] or in_shape[d] % x == 0):
-                # x < in[d]: the dim was split; its outer factor x carries the shard only if
-                # each rank's block of d covers whole blocks of x
-                if x >= in_shape[d] or (in_shape[d] // x) * x == in_shape[d] and (in_shape[d] // tp) % (in_shape[d] // x) == 0:
-                    return e
-        prefix *= x
-        if prefix > prefix_in:
-            break
-    return None
-
-
-def _index_shard_dim(index: Any, nd: int, d: int) -> int | None:
-    """Where dim d goes under `tensor[index]`; None if the index touches it."""
-    items = list(index) if isinstance(index, tuple) else [index]
-    if any(isinstance(i, fx.Node) for i in items):
-        return None
-    n_ellipsis = sum(1 for i in items if i is Ellipsis)
-    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
-    in_dim, out_dim = 0, 0
-    for item in items:
-        if item is Ellipsis:
-            span = nd - consumed
-            if in_dim <= d < in_dim + span:
-                return out_dim + (d - in_dim)
-            in_dim += span
-            out_dim += span
-        elif item is None:
-            out_dim += 1
-        elif isinstance(item, int):
-            if in_dim == d:
-                return None
-            in_dim += 1
-        elif isinstance(item, slice):
-            if in_dim == d:
-                return out_dim if item == slice(None) else None
-            in_dim += 1
-            out_dim += 1
-        else:
-            return None
-    if n_ellipsis == 0 and d >= in_dim:
-        return out_dim + (d - in_dim)
-    return None
 
 
 def rewrite_loss(loss_gm: fx.GraphModule, ctx: PassContext, input_shardings: dict[int, Sharding]) -> bool:

@@ -1,0 +1,101 @@
+"""Layout reasoning for tensor parallelism: where a shard goes under views and indexing.
+
+Pure functions over global shapes (from the meta analysis); no graph edits.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch.fx as fx
+
+from ..meta import info
+
+
+def norm_dim(dim: int, ndim: int) -> int:
+    return dim + ndim if dim < 0 else dim
+
+
+def shape_of(node: Any) -> tuple[int, ...] | None:
+    if isinstance(node, fx.Node):
+        spec = info(node).tensor
+        return tuple(int(s) for s in spec.shape) if spec is not None else None
+    return None
+
+
+def container_len(node: fx.Node) -> int:
+    idx = [u.args[1] for u in node.users if u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)]
+    return (max(idx) + 1) if idx else 0
+
+
+def round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def nearest_divisor(n: int, tp: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - tp), -d))
+
+
+def view_shard_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int, tp: int) -> int | None:
+    """The output dim that inherits input dim d's shard under a view, if the view keeps it local.
+
+    The shard survives when an output dim e starts where input dim d starts (same
+    product of the dims before) and tp divides it: each rank's block of d, with
+    everything inside it, is then exactly a block of e.
+    """
+    prefix_in = 1
+    for x in in_shape[:d]:
+        prefix_in *= x
+    prefix = 1
+    for e, x in enumerate(out_shape):
+        if prefix == prefix_in and x % tp == 0 and x > 1:
+            inner_in = 1
+            for y in in_shape[d:]:
+                inner_in *= y
+            inner_out = 1
+            for y in out_shape[e:]:
+                inner_out *= y
+            if inner_in == inner_out and (x >= in_shape[d] or in_shape[d] % x == 0):
+                # x < in[d]: the dim was split; its outer factor x carries the shard only if
+                # each rank's block of d covers whole blocks of x
+                if x >= in_shape[d] or (in_shape[d] // x) * x == in_shape[d] and (in_shape[d] // tp) % (in_shape[d] // x) == 0:
+                    return e
+        prefix *= x
+        if prefix > prefix_in:
+            break
+    return None
+
+
+def index_shard_dim(index: Any, nd: int, d: int) -> int | None:
+    """Where dim d goes under `tensor[index]`; None if the index touches it."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    if any(isinstance(i, fx.Node) for i in items):
+        return None
+    n_ellipsis = sum(1 for i in items if i is Ellipsis)
+    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    in_dim, out_dim = 0, 0
+    for item in items:
+        if item is Ellipsis:
+            span = nd - consumed
+            if in_dim <= d < in_dim + span:
+                return out_dim + (d - in_dim)
+            in_dim += span
+            out_dim += span
+        elif item is None:
+            out_dim += 1
+        elif isinstance(item, int):
+            if in_dim == d:
+                return None
+            in_dim += 1
+        elif isinstance(item, slice):
+            if in_dim == d:
+                return out_dim if item == slice(None) else None
+            in_dim += 1
+            out_dim += 1
+        else:
+            return None
+    if n_ellipsis == 0 and d >= in_dim:
+        return out_dim + (d - in_dim)
+    return None

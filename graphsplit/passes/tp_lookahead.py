@@ -1,0 +1,114 @@
+"""Decisions that look ahead in the graph before sharding a linear.
+
+Is its output split into fused chunks? Would a view undo the shard (GQA kv
+heads)? Does the shard reach a row-parallel layer before something needs it
+whole? Does it feed the model's output (an LM head)?
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ..meta import info
+from ..optable import tp_family
+from .tp_layout import norm_dim, shape_of, view_shard_dim
+from .tp_spellings import linear_form, op_name_of, split_sizes
+
+
+def chunk_layout(linear: fx.Node, out_features: int) -> tuple[int, ...] | None:
+    """If the linear's output is split along its feature dim (fused QKV), the chunk sizes."""
+    users = list(linear.users)
+    value = linear
+    # look through views that keep the feature dim whole (HF Conv1D: addmm(...).view(B, T, 3C))
+    while len(users) == 1 and op_name_of(users[0]) in ("view", "reshape", "_unsafe_view") and shape_of(users[0]) \
+            and shape_of(users[0])[-1] == out_features:
+        value = users[0]
+        users = list(value.users)
+    if len(users) != 1:
+        return None
+    (user,) = users
+    if user.op not in ("call_function", "call_method") or op_name_of(user) not in ("split", "chunk", "split_with_sizes"):
+        return None
+    shape = shape_of(value)
+    nd = len(shape)
+    dim = user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
+    if norm_dim(dim, nd) != nd - 1:
+        return None
+    sizes = split_sizes(user, out_features)
+    return tuple(sizes) if sizes and len(sizes) > 1 else None
+
+
+def view_blocking_shard(linear: fx.Node, tp: int) -> tuple[int, str] | None:
+    """(heads, why) if sharding this linear's output features would be undone by the view
+    right after it (GQA: 2 kv heads cannot split over tp=4), else None. Looks through a
+    fused split."""
+    shape = shape_of(linear)
+    frontier = [(linear, shape)]
+    for user in linear.users:
+        if op_name_of(user) in ("split", "chunk", "split_with_sizes"):
+            frontier = [(g, shape_of(g)) for g in user.users if shape_of(g) is not None]
+            break
+    for value, vshape in frontier:
+        for user in value.users:
+            if user.op in ("call_function", "call_method") and op_name_of(user) in _HEAD_VIEWS:
+                out = shape_of(user)
+                if out is not None and view_shard_dim(vshape, out, len(vshape) - 1, tp) is None:
+                    heads = out[len(vshape) - 1] if len(out) > len(vshape) else 0
+                    return heads, f"its output is viewed as {list(out)}, which cannot be split over tp={tp}"
+    return None
+
+
+_HEAD_VIEWS = ("view", "reshape", "_unsafe_view", "unflatten")
+
+
+def heads_views(graph: fx.Graph) -> list[int]:
+    """Head counts of views that split a feature dim into (heads, head_dim)."""
+    found = []
+    for node in graph.nodes:
+        if node.op in ("call_function", "call_method") and op_name_of(node) in _HEAD_VIEWS:
+            src = node.args[0] if node.args else None
+            ins, out = shape_of(src), shape_of(node)
+            if ins and out and len(out) == len(ins) + 1 and out[: len(ins) - 1] == ins[:-1]:
+                found.append(out[len(ins) - 1])
+    return found
+
+
+def feeds_output(node: fx.Node, gm: fx.GraphModule) -> bool:
+    """Whether `node`'s value reaches the model's output through layout-only ops (an LM head)."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        for user in n.users:
+            if user.op == "output":
+                return True
+            if user not in seen and tp_family(user, gm) in ("view", "identity", "transpose", "getitem"):
+                seen.add(user)
+                todo.append(user)
+    return False
+
+
+_KEEPS_SHARD = frozenset({"pointwise", "identity", "view", "transpose", "split", "getitem", "softmax", "matmul",
+                          "attention", "repeat_interleave", "expand", "stack", "cat", "slice"})
+
+
+def column_pays_off(linear: fx.Node, gm: fx.GraphModule, limit: int = 500) -> bool:
+    """Whether a column-parallel output would reach a row-parallel layer (or the model's
+    output) before anything that needs it whole: only then is splitting it worth a collective."""
+    todo, seen, reached = [linear], {linear}, False
+    while todo and len(seen) < limit:
+        n = todo.pop()
+        for user in n.users:
+            if user in seen:
+                continue
+            seen.add(user)
+            if user.op == "output":
+                reached = True
+                continue
+            family = tp_family(user, gm)
+            if family == "linear" and linear_form(user) is not None:
+                reached = True
+            elif family in _KEEPS_SHARD or family == "size" or info(user).value == "scalar":
+                todo.append(user)
+            else:
+                return False
+    return reached
