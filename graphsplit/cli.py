@@ -24,13 +24,15 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--stages-per-rank", type=int, default=None, help="Virtual stages per pp rank (interleaved schedules)."),
         click.option("--split-at", default=None, help="Comma-separated module names that start a new stage, e.g. h.6,h.12."),
         click.option("--seed", type=int, default=None, help="Seed for the model's initialization (default 0)."),
+        click.option("--checkpoint", default=None,
+                     help="Activation checkpointing: none, blocks, every:K, stage or selective (default none)."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-_PLAN_KEYS = ("pp", "tp", "dp", "microbatches", "schedule", "stages_per_rank", "split_at", "seed")
+_PLAN_KEYS = ("pp", "tp", "dp", "microbatches", "schedule", "stages_per_rank", "split_at", "seed", "checkpoint")
 
 
 def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:

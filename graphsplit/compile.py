@@ -20,7 +20,6 @@ from .trace import trace_model
 
 NOT_YET = {
     "fsdp": "FSDP (--fsdp)",
-    "checkpoint": "activation checkpointing (--checkpoint)",
     "autocast": "mixed precision (--autocast)",
 }
 
@@ -29,7 +28,6 @@ def require_supported(plan: Plan) -> None:
     """Refuse, clearly, the parts of a Plan this version does not run yet."""
     active = {
         "fsdp": plan.fsdp,
-        "checkpoint": plan.checkpoint != "none",
         "autocast": plan.autocast is not None,
     }
     for key, on in active.items():

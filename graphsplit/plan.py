@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,8 +93,8 @@ class Plan:
                 f"{len(self.split_at)} split points make {len(self.split_at) + 1} stages, "
                 f"but pp={self.pp} x stages_per_rank={self.stages_per_rank} needs {self.num_stages - 1} split points",
             )
-        if self.checkpoint not in CHECKPOINT_POLICIES:
-            raise _fail("checkpoint", f"unknown policy {self.checkpoint!r}; choose one of {', '.join(CHECKPOINT_POLICIES)}")
+        if self.checkpoint not in CHECKPOINT_POLICIES and not re.fullmatch(r"every:[1-9]\d*", str(self.checkpoint)):
+            raise _fail("checkpoint", f"unknown policy {self.checkpoint!r}; choose one of {', '.join(CHECKPOINT_POLICIES)} or every:K")
         if self.autocast not in AUTOCAST_DTYPES:
             raise _fail("autocast", f"unknown dtype {self.autocast!r}; choose bf16 or fp16")
 

@@ -109,10 +109,19 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
         "boundaries": boundaries,
         "tied_parameters": program.shared_params,
     }
+    if plan.checkpoint != "none":
+        data["activation_bytes"] = _activation_bytes(program)
     if plan.tp > 1:
-        from .analysis.collectives import collectives, count_table
+        import torch.fx as fx
 
-        found = collectives(st.gm.graph for st in program.stages)
+        from .analysis.collectives import collectives, count_table
+        from .ops.checkpoint import CheckpointRegion
+
+        graphs = [m.graph for st in program.stages for m in st.gm.modules() if isinstance(m, fx.GraphModule)]
+        found = collectives(graphs)
+        # checkpointed regions run their forward collectives again during backward
+        regions = [m.inner.graph for st in program.stages for m in st.gm.modules() if isinstance(m, CheckpointRegion)]
+        found += [(b, "recompute", k) for b, d, k in collectives(regions) if d == "forward"]
         if program.loss_gm is not None:
             found += collectives([program.loss_gm.graph], default_block="loss")
             data["loss"] = "vocab-parallel cross-entropy (logits stay sharded)"
@@ -124,6 +133,28 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
     if timings:
         data["timings"] = timings
     return data
+
+
+def _activation_bytes(program: Program) -> list[dict[str, Any]]:
+    """Per stage, bytes saved for backward per micro-batch with and without checkpointing (measured)."""
+    import torch
+
+    from .analysis.memory import saved_bytes
+    from .meta import info
+
+    rows = []
+    for st in program.stages:
+        inputs = tuple(
+            torch.empty(tuple(info(n).tensor.shape), dtype=info(n).tensor.dtype)
+            for n in st.gm.graph.nodes if n.op == "placeholder"
+        )
+        tp, shardings = program.plan.tp, program.param_shardings
+        names = {id(st.gm.get_parameter(local)): canonical for local, canonical in st.param_sources.items()}
+        row: dict[str, Any] = {"stage": st.index, "without": saved_bytes(st.gm, inputs, tp, False, shardings, names)}
+        selective = program.plan.checkpoint == "selective"
+        row["with"] = None if selective else saved_bytes(st.gm, inputs, tp, True, shardings, names)
+        rows.append(row)
+    return rows
 
 
 def render(summary: dict[str, Any], console: Console | None = None) -> None:
@@ -158,6 +189,13 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     if summary["tied_parameters"]:
         tied = ", ".join(f"{k} (stages {', '.join(map(str, v))})" for k, v in summary["tied_parameters"].items())
         console.print(f"tied parameters, gradients summed across stages: {tied}")
+    if "activation_bytes" in summary:
+        parts = [
+            f"stage {r['stage']}: {_fmt_bytes(r['with']) if r['with'] is not None else 'not measured'} "
+            f"(without: {_fmt_bytes(r['without'])})"
+            for r in summary["activation_bytes"]
+        ]
+        console.print(f"saved for backward per micro-batch, checkpoint={plan['checkpoint']}: " + "; ".join(parts))
     if "collectives" in summary:
         _render_collectives(summary, console)
     if "transform_seconds" in summary:
@@ -168,7 +206,8 @@ def _render_collectives(summary: dict[str, Any], console: Console) -> None:
     coll = summary["collectives"]
 
     def fmt(counts: dict[str, dict[str, int]]) -> str:
-        parts = [f"{n} {kind.replace('_', '-')} {'fwd' if direction == 'forward' else 'bwd'}" for direction in ("forward", "backward")
+        short = {"forward": "fwd", "backward": "bwd", "recompute": "recomputed in bwd"}
+        parts = [f"{n} {kind.replace('_', '-')} {short[direction]}" for direction in short
                  for kind, n in sorted(counts.get(direction, {}).items())]
         return ", ".join(parts) or "none"
 

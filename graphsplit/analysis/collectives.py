@@ -58,7 +58,7 @@ def count_table(found: list[tuple[str, str, str]]) -> dict[str, Any]:
     total: dict[str, Counter[str]] = {"forward": Counter(), "backward": Counter()}
     per_block: dict[str, dict[str, Counter[str]]] = {}
     for block, direction, kind in found:
-        total[direction][kind] += 1
-        per_block.setdefault(block, {"forward": Counter(), "backward": Counter()})[direction][kind] += 1
+        total.setdefault(direction, Counter())[kind] += 1
+        per_block.setdefault(block, {"forward": Counter(), "backward": Counter()}).setdefault(direction, Counter())[kind] += 1
     as_dict = lambda d: {k: dict(v) for k, v in d.items()}  # noqa: E731
     return {"total": as_dict(total), "per_block": {b: as_dict(v) for b, v in per_block.items()}}

@@ -100,7 +100,7 @@ def annotate(
     # Parameters may be real (a user's CPU model): run on meta copies, so analysis never
     # touches weight memory, and never changes the user's modules.
     needs_copy = bool(param_shardings) or not _all_meta(gm)
-    on_meta = _meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
+    on_meta = meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
     with tpops.simulate(tp):
         _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)
     if on_meta is not gm:
@@ -112,13 +112,18 @@ def _all_meta(gm: fx.GraphModule) -> bool:
     return all(t.device.type == "meta" for t in (*gm.parameters(), *gm.buffers()))
 
 
-def _meta_copy(gm: fx.GraphModule, param_shardings: dict[str, Any], tp: int) -> fx.GraphModule:
+def meta_copy(
+    gm: fx.GraphModule, param_shardings: dict[str, Any], tp: int, names: dict[int, str] | None = None
+) -> fx.GraphModule:
+    """A copy of `gm` on meta whose sharded parameters have one tp rank's shape.
+
+    `names` maps id(tensor) to its canonical name (default: gm's own first names)."""
     import copy
 
     from ..meta import canonical_names
     from ..sharding import local_shape
 
-    names = canonical_names(gm)
+    names = names if names is not None else canonical_names(gm)
     memo: dict[int, Any] = {}
     for t in (*gm.parameters(), *gm.buffers()):
         sharding = param_shardings.get(names.get(id(t), ""))

@@ -3,7 +3,8 @@
 A pass is a function `(gm, ctx) -> gm`. The passes live in this package:
 `tensor_parallel.py` (shard linears/embeddings, insert tp collectives),
 `../loss.py` (keep vocab-sharded logits into a cross-entropy), then
-`pipeline_split.py` (assign nodes to pipeline stages). Later passes
+`pipeline_split.py` (assign nodes to pipeline stages), then
+`checkpoint.py` (wrap regions of each stage in activation checkpointing). Later passes
 (tensor_parallel, checkpoint, autocast) plug into `default_passes()`.
 """
 
@@ -42,10 +43,12 @@ class PassContext:
     out_spec: Any = None
     loss_gm: Any = None
     sharded_outputs: dict[int, Any] = field(default_factory=dict)
+    checkpoint_regions: list[list[str]] = field(default_factory=list)
 
 
 def default_passes() -> list[tuple[str, Pass]]:
     from ..loss import vocab_parallel_loss_pass
+    from .checkpoint import checkpoint_pass
     from .pipeline_split import pipeline_split_pass
     from .tensor_parallel import tensor_parallel_pass
 
@@ -53,6 +56,7 @@ def default_passes() -> list[tuple[str, Pass]]:
         ("tensor_parallel", tensor_parallel_pass),
         ("vocab_parallel_loss", vocab_parallel_loss_pass),
         ("pipeline_split", pipeline_split_pass),
+        ("checkpoint", checkpoint_pass),
     ]
 
 

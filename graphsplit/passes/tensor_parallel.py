@@ -108,7 +108,7 @@ class _Rewriter:
         with ctx:
             new = self.graph.call_function(fn, args)
         owner = owner or like
-        new.meta = {k: v for k, v in owner.meta.items() if k in ("nn_module_stack", "stack_trace")}
+        _stamp(new, owner)
         src = info(like)
         spec = src.tensor if shape is None else TensorSpec(shape, src.tensor.dtype, src.tensor.requires_grad)
         ni = info(new)
@@ -385,6 +385,7 @@ class _Rewriter:
             with self.graph.inserting_before(at):
                 new = self.graph.call_function(operator.floordiv, (size, self.tp))
             ni = info(new)
+            _stamp(new, at)
             ni.value, ni.kind, ni.module = "scalar", "shape", info(at).module
             return new
         raise GraphsplitError(f"cannot rewrite the size {size!r} of {at.name} for tensor parallelism")
@@ -580,6 +581,7 @@ class _Rewriter:
         else:
             return
         ni = info(fixed)
+        _stamp(fixed, node)
         ni.value, ni.kind, ni.module = "scalar", "shape", info(node).module
         for user in users:
             self._replace_input(user, node, fixed)
@@ -671,7 +673,7 @@ class _Rewriter:
         if bias is not None:
             with self.graph.inserting_after(reduced):
                 last = self.graph.call_function(operator.add, (reduced, bias))
-            last.meta = {k: v for k, v in node.meta.items() if k in ("nn_module_stack", "stack_trace")}
+            _stamp(last, node)
             li = info(last)
             li.value, li.tensor, li.module, li.kind = "tensor", info(node).tensor, info(node).module, "other"
             self.set(last, R)
@@ -839,6 +841,11 @@ class _Rewriter:
 
 
 # --- helpers over op spellings -------------------------------------------------
+
+
+def _stamp(new: fx.Node, like: fx.Node) -> None:
+    """A node the pass adds belongs to the module of the node it serves (re-analysis reads this)."""
+    new.meta.update({k: v for k, v in like.meta.items() if k in ("nn_module_stack", "stack_trace")})
 
 
 def rewrite_loss(loss_gm: fx.GraphModule, ctx: PassContext, input_shardings: dict[int, Sharding]) -> bool:

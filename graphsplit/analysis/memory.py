@@ -1,0 +1,67 @@
+"""Activation memory, measured: bytes kept for backward by one forward of a stage.
+
+Method: run the stage once on `meta` tensors (no memory is used) with
+`torch.autograd.graph.saved_tensors_hooks`; every tensor an op saves for
+backward passes through the pack hook, and we add up the bytes of the distinct
+storages they live in (a view and its base count once). Non-reentrant
+checkpointing keeps its regions' inputs alive for recomputation instead of
+saving tensors through the hooks, so a forward pre-hook on each
+`CheckpointRegion` adds the storages of its inputs. Parameters are not counted
+(they are there anyway); inputs of the stage itself are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ops import tp as tpops
+from ..ops.checkpoint import CheckpointRegion
+from .shapes import meta_copy
+
+
+def saved_bytes(
+    stage: torch.fx.GraphModule,
+    inputs: tuple[torch.Tensor, ...],
+    tp: int = 1,
+    checkpointing: bool = True,
+    param_shardings: dict[str, Any] | None = None,
+    names: dict[int, str] | None = None,
+) -> int:
+    """Bytes kept for backward by one forward of `stage` on inputs shaped like `inputs`;
+    `checkpointing=False` runs its checkpoint regions plainly (the figure without the policy).
+
+    Selective regions keep matmul outputs in checkpoint's own cache, which this does not
+    see: measure `blocks` or `stage` policies only."""
+    module = meta_copy(stage, param_shardings or {}, tp, names)
+    for m in module.modules():
+        if isinstance(m, CheckpointRegion):
+            m.enabled = checkpointing
+    params = {p.untyped_storage()._cdata for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def note(t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        if storage._cdata not in params:
+            seen[storage._cdata] = storage.nbytes()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        note(t)
+        return t
+
+    hooks = [] if not checkpointing else [
+        m.register_forward_pre_hook(lambda _m, args: [note(a) for a in args if isinstance(a, torch.Tensor)] and None)
+        for m in module.modules()
+        if isinstance(m, CheckpointRegion)
+    ]
+    args = tuple(
+        torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=t.is_floating_point()) for t in inputs
+    )
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tpops.simulate(tp):
+            module(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    return sum(seen.values())
