@@ -87,3 +87,17 @@ def canonical_names(gm: torch.nn.Module, params: bool = True) -> dict[int, str]:
     """id(tensor) -> the first name the module gives it: one name per tied parameter."""
     named = gm.named_parameters() if params else gm.named_buffers()
     return {id(t): name for name, t in named}
+
+
+def block_of(module: str) -> str | None:
+    """`h.3.attn.c_attn` -> `h.3`: the repeated block (a ModuleList/Sequential child) a module lies in."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def group_of(module: str) -> str:
+    """The block a module lies in, else its top-level module (`wte`, `ln_f`); '' for the root."""
+    return block_of(module) or module.split(".")[0]

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .meta import group_of
 from .program import Program
 
 
@@ -30,18 +31,9 @@ def _fmt_count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _block_of(path: str) -> str:
-    """`h.3.attn.c_attn` -> `h.3`; `layers.0.conv1` -> `layers.0`; `wte` -> `wte`."""
-    parts = path.split(".")
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return parts[0]
-
-
 def module_groups(program: Program) -> list[list[str]]:
     """Per stage, the blocks it holds, consecutive numbered blocks merged (`h.0-3`); `~` marks a block split between stages."""
-    per_stage = [list(dict.fromkeys(_block_of(m) for m in st.modules)) for st in program.stages]
+    per_stage = [list(dict.fromkeys(group_of(m) for m in st.modules)) for st in program.stages]
     count: dict[str, int] = {}
     for blocks in per_stage:
         for b in blocks:

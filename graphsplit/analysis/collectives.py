@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from ..meta import info
+from ..meta import group_of, info
 from ..ops import tp as tpops
 
 # op -> the (direction, collective) it runs; backward ones only when its input needs a gradient
@@ -29,14 +29,6 @@ COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
 }
 
 
-def _block_of(path: str) -> str:
-    parts = path.split(".")
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return parts[0]
-
-
 def collectives(graphs: Iterable[fx.Graph], default_block: str = "<root>") -> list[tuple[str, str, str]]:
     """(block, direction, kind) for every collective the graphs run in one step."""
     found = []
@@ -49,7 +41,7 @@ def collectives(graphs: Iterable[fx.Graph], default_block: str = "<root>") -> li
                     spec = info(src).tensor if isinstance(src, fx.Node) else None
                     if spec is None or not spec.requires_grad:
                         continue
-                found.append((_block_of(info(node).module) if info(node).module else default_block, direction, kind))
+                found.append((group_of(info(node).module) or default_block, direction, kind))
     return found
 
 

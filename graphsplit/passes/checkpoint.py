@@ -14,21 +14,14 @@ run on the same values, twice.
 from __future__ import annotations
 
 import operator
-import re
 
 import torch.fx as fx
 
-from ..meta import NodeInfo, info
+from ..meta import NodeInfo, block_of, info
 from ..ops.checkpoint import CheckpointRegion
 from .manager import PassContext
 
 _UNPLACED = ("placeholder", "get_attr", "output")
-
-
-def block_of(module: str) -> str | None:
-    """`h.3.attn.c_attn` -> `h.3`: the repeated block a module path lies in, if any."""
-    m = re.match(r"^(.*?\.\d+)(\.|$)", module)
-    return m.group(1) if m else None
 
 
 def regions(gm: fx.GraphModule, policy: str) -> list[list[fx.Node]]:

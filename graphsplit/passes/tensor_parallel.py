@@ -439,10 +439,12 @@ class _Rewriter:
         src = node.args[0]
         s = self.sh(src)
         dim = arg_of(node, 1, "dim")
-        if s.kind == "S" and dim is not None and norm_dim(dim, len(shape_of(src))) != s.dim:
+        if s.kind == "R":
+            self.set(node, R)
+        elif s.kind == "S" and dim is not None and norm_dim(dim, len(shape_of(src))) != s.dim:
             self.set(node, s)
         else:
-            self.make_replicated(node, f"{describe(node)} over the sharded dim") if s.kind != "R" else self.set(node, R)
+            self.make_replicated(node, f"{describe(node)} over the sharded dim")
 
     def rule_reduction(self, node: fx.Node) -> None:
         src = node.args[0]
