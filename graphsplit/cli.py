@@ -26,13 +26,15 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--seed", type=int, default=None, help="Seed for the model's initialization (default 0)."),
         click.option("--checkpoint", default=None,
                      help="Activation checkpointing: none, blocks, every:K, stage or selective (default none)."),
+        click.option("--autocast", type=click.Choice(["bf16", "fp16"]), default=None,
+                     help="Mixed precision: matmuls in this dtype, parameters, norms and the loss in fp32."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-_PLAN_KEYS = ("pp", "tp", "dp", "microbatches", "schedule", "stages_per_rank", "split_at", "seed", "checkpoint")
+_PLAN_KEYS = ("pp", "tp", "dp", "microbatches", "schedule", "stages_per_rank", "split_at", "seed", "checkpoint", "autocast")
 
 
 def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:

@@ -20,7 +20,6 @@ from .trace import trace_model
 
 NOT_YET = {
     "fsdp": "FSDP (--fsdp)",
-    "autocast": "mixed precision (--autocast)",
 }
 
 
@@ -28,7 +27,6 @@ def require_supported(plan: Plan) -> None:
     """Refuse, clearly, the parts of a Plan this version does not run yet."""
     active = {
         "fsdp": plan.fsdp,
-        "autocast": plan.autocast is not None,
     }
     for key, on in active.items():
         if on:

@@ -31,6 +31,9 @@ from .sharding import shard_tensor
 from .worker import RunSpec, make_optimizer
 
 LOSS_CURVE_RTOL = 1e-4
+# bf16 matmuls keep 8 bits of mantissa: loss and outputs agree with fp32 to about 1e-2, and
+# gradients are not compared element by element (they are reported)
+LOW_PRECISION_ATOL = 5e-2
 
 
 @dataclass
@@ -130,7 +133,10 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
                 replica_outputs[dump.get("dp_rank", 0)] = dump["output"]
     if replica_outputs:  # each dp replica computed its share of the batch
         output = program.unflatten_output(merge_outputs([replica_outputs[d] for d in sorted(replica_outputs)]))
-    cmp = compare(loss, output, {}, first)
+    low = plan.autocast is not None
+    atol = LOW_PRECISION_ATOL if low else ATOL
+    curve_rtol = LOW_PRECISION_ATOL if low else LOSS_CURVE_RTOL
+    cmp = compare(loss, output, {}, first, atol=atol)
     n_grads = 0
     for rank, dump in sorted(dumps.items()):
         tp_rank = dump.get("tp_rank", 0)
@@ -138,7 +144,7 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
         def shard(name: str, full: torch.Tensor, tp_rank: int = tp_rank) -> torch.Tensor:
             return shard_tensor(full, program.param_sharding(name), tp_rank, plan.tp)
 
-        sub = compare(None, None, dump["grads"], first, expected=shard)
+        sub = compare(None, None, dump["grads"], first, atol=float("inf") if low else ATOL, expected=shard)
         n_grads += len(dump["grads"])
         cmp.max_diff.update({f"{k} (rank {rank})": v for k, v in sub.max_diff.items()})
         cmp.failures.extend(f"rank {rank}: {f}" for f in sub.failures)
@@ -147,8 +153,8 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
         cmp.failures.append(f"no rank produced a gradient for {', '.join(sorted(missing)[:5])}")
     curve = json.loads((tmp / "losses.json").read_text())
     worst_curve = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve, ref_losses))
-    if not worst_curve <= LOSS_CURVE_RTOL:
-        cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {LOSS_CURVE_RTOL:g}")
+    if not worst_curve <= curve_rtol:
+        cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {curve_rtol:g}")
     echo(f"check: untouched model in one process vs graphsplit dp={plan.dp} pp={plan.pp} tp={plan.tp}, "
          f"same {plan.dp * plan.num_microbatches} micro-batches")
     echo(f"  loss step 1   {float(first.loss):.6f} (reference) vs {float(loss):.6f}")
@@ -159,7 +165,9 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
     echo(f"  loss curve    {len(curve)} steps, max relative difference {worst_curve:.3g}")
     worst = cmp.worst
     if cmp.ok:
-        echo(f"check passed: largest difference {worst[1]:.3g} ({worst[0]}); fp32 atol {ATOL:g} scaled by magnitude")
+        rule = f"{plan.autocast} autocast: loss and outputs within {atol:g}, gradients reported" if low else \
+            f"fp32 atol {ATOL:g} scaled by magnitude"
+        echo(f"check passed: largest difference {worst[1]:.3g} ({worst[0]}); {rule}")
     else:
         for f in cmp.failures[:20]:
             echo(f"  MISMATCH {f}")

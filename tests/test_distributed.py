@@ -43,12 +43,14 @@ CASES = [
     # activation checkpointing around tp collectives and across pipeline stages
     ("gpt.py", Plan(tp=2, pp=2, checkpoint="blocks")),
     ("llama.py", Plan(pp=2, checkpoint="selective")),
+    # bf16 autocast: loss and outputs within bf16 tolerance of fp32
+    ("gpt.py", Plan(tp=2, pp=2, autocast="bf16")),
 ]
 THREE_D = [("gpt.py", Plan(dp=2, pp=2, tp=2)), ("llama.py", Plan(dp=2, pp=2, tp=2))]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n.removesuffix('.py')}-dp{p.dp}-pp{p.pp}-tp{p.tp}-{p.schedule}-{p.checkpoint}" for n, p in CASES])
+@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n.removesuffix('.py')}-dp{p.dp}-pp{p.pp}-tp{p.tp}-{p.schedule}-{p.checkpoint}-{p.autocast}" for n, p in CASES])
 def test_torchrun_training_matches_untouched_model(name, plan):
     path = EXAMPLES / name if (EXAMPLES / name).exists() else MODELS / name
     lines: list[str] = []

@@ -2,7 +2,8 @@
 
 A pass is a function `(gm, ctx) -> gm`. The passes live in this package:
 `tensor_parallel.py` (shard linears/embeddings, insert tp collectives),
-`../loss.py` (keep vocab-sharded logits into a cross-entropy), then
+`../loss.py` (keep vocab-sharded logits into a cross-entropy),
+`autocast.py` (matmuls in bf16, norms/softmax/loss in fp32), then
 `pipeline_split.py` (assign nodes to pipeline stages), then
 `checkpoint.py` (wrap regions of each stage in activation checkpointing). Later passes
 (tensor_parallel, checkpoint, autocast) plug into `default_passes()`.
@@ -48,6 +49,7 @@ class PassContext:
 
 def default_passes() -> list[tuple[str, Pass]]:
     from ..loss import vocab_parallel_loss_pass
+    from .autocast import autocast_pass
     from .checkpoint import checkpoint_pass
     from .pipeline_split import pipeline_split_pass
     from .tensor_parallel import tensor_parallel_pass
@@ -55,6 +57,7 @@ def default_passes() -> list[tuple[str, Pass]]:
     return [
         ("tensor_parallel", tensor_parallel_pass),
         ("vocab_parallel_loss", vocab_parallel_loss_pass),
+        ("autocast", autocast_pass),
         ("pipeline_split", pipeline_split_pass),
         ("checkpoint", checkpoint_pass),
     ]

@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import GraphsplitError
@@ -43,6 +42,7 @@ from ..meta import TensorSpec, canonical_names, info
 from ..ops import tp as tpops
 from ..optable import tp_family
 from ..sharding import P, R, S, Sharding
+from .functionalize import functionalize_modules
 from .manager import PassContext
 from .tp_layout import (
     container_len,
@@ -180,7 +180,7 @@ class _Rewriter:
 
     # -- the walk ------------------------------------------------------------
     def run(self) -> None:
-        self.functionalize_modules()
+        functionalize_modules(self.gm)
         self.max_heads = max(heads_views(self.graph), default=0)
         self.linear_weights = {
             self.param_name(form[1]) for n in self.graph.nodes if (form := linear_form(n)) is not None
@@ -204,38 +204,6 @@ class _Rewriter:
                 self.rule_unknown(node)
             else:
                 rule(node)
-
-    def functionalize_modules(self) -> None:
-        """nn.Linear / nn.Embedding calls -> F.linear / F.embedding on get_attr weights,
-        so every spelling of a linear is rewritten by the same rule."""
-        for node in list(self.graph.nodes):
-            if node.op != "call_module":
-                continue
-            mod = self.gm.get_submodule(str(node.target))
-            if isinstance(mod, nn.Linear):
-                names = ["weight"] + (["bias"] if mod.bias is not None else [])
-                fn: Callable[..., Any] = F.linear
-                lead = (node.args[0],)
-            elif isinstance(mod, nn.Embedding) and mod.max_norm is None and not mod.sparse and mod.scale_grad_by_freq is False:
-                names = ["weight"]
-                fn = F.embedding
-                lead = (node.args[0],)
-            else:
-                continue
-            with self.graph.inserting_before(node):
-                attrs = []
-                for n in names:
-                    attr = self.graph.get_attr(f"{node.target}.{n}")
-                    t = getattr(mod, n)
-                    ai = info(attr)
-                    ai.value, ai.kind, ai.module = "tensor", "param", str(node.target)
-                    ai.tensor = TensorSpec(tuple(t.shape), t.dtype, t.requires_grad)
-                    attrs.append(attr)
-                kwargs = {"padding_idx": mod.padding_idx} if fn is F.embedding and mod.padding_idx is not None else {}
-                new = self.graph.call_function(fn, lead + tuple(attrs), kwargs)
-            new.meta = dict(node.meta)
-            node.replace_all_uses_with(new)
-            self.graph.erase_node(node)
 
     # -- parameters ------------------------------------------------------------
     def param_name(self, node: Any) -> str | None:

@@ -1,0 +1,113 @@
+"""autocast: run matmul-class ops in bf16, keep parameters, norms, softmax and the loss in fp32.
+
+An explicit, graph-level autocast: every float input of a linear, matmul,
+convolution or attention is cast to the low dtype (`x.to(torch.bfloat16)`,
+visible in stage code); every input of a norm, softmax, reduction or
+cross-entropy is cast to fp32; the model's outputs are cast to fp32 so the
+loss is computed in fp32. Parameters stay fp32 (each use casts a copy), so the
+optimizer state is fp32 too. Elementwise ops follow torch's type promotion
+(bf16 + fp32 -> fp32: the residual stream stays fp32). After the rewrite the
+graph is analyzed again and the dtypes are checked node by node.
+
+fp16 would need a gradient scaler whose overflow checks agree across pipeline
+ranks; it is refused for now.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from ..errors import GraphsplitError
+from ..meta import TensorSpec, info
+from ..optable import tp_family
+from .functionalize import functionalize_modules
+from .manager import PassContext
+
+LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_LOW_FAMILIES = ("linear", "matmul", "attention", "conv")
+_FP32_FAMILIES = ("norm", "softmax", "reduction", "cross_entropy")
+
+
+def _family(node: fx.Node, gm: fx.GraphModule) -> str:
+    return "conv" if info(node).kind == "conv" else tp_family(node, gm)
+
+
+class _Caster:
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.cache: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
+
+    def cast(self, value: fx.Node, dtype: torch.dtype, at: fx.Node) -> fx.Node:
+        spec = info(value).tensor
+        # dtypes recorded before this pass are stale once casts go in upstream: cast every float
+        # input (`.to` returns the tensor itself when it already has the dtype)
+        if spec is None or not spec.dtype.is_floating_point or (value.op == "get_attr" and spec.dtype == dtype):
+            return value
+        found = self.cache.get((value, dtype))
+        if found is None:
+            with self.gm.graph.inserting_before(at):
+                found = self.gm.graph.call_method("to", (value, dtype))
+            found.meta.update({k: v for k, v in at.meta.items() if k in ("nn_module_stack", "stack_trace")})
+            ni = info(found)
+            ni.value, ni.kind, ni.module = "tensor", "cast", info(at).module
+            ni.tensor = TensorSpec(spec.shape, dtype, spec.requires_grad)
+            self.cache[(value, dtype)] = found
+        return found
+
+    def cast_inputs(self, node: fx.Node, dtype: torch.dtype) -> None:
+        for value in list(node.all_input_nodes):
+            new = self.cast(value, dtype, node)
+            if new is not value:
+                node.args = fx.node.map_arg(node.args, lambda n, v=value, w=new: w if n is v else n)
+                node.kwargs = fx.node.map_arg(node.kwargs, lambda n, v=value, w=new: w if n is v else n)
+
+
+def autocast_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    name = ctx.plan.autocast
+    if name is None:
+        return gm
+    if name == "fp16":
+        raise GraphsplitError("autocast fp16 needs a gradient scaler agreed across pipeline ranks, not implemented yet; use bf16")
+    low = LOW[name]
+    functionalize_modules(gm, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+    caster = _Caster(gm)
+    for node in list(gm.graph.nodes):
+        if node.op == "output":
+            leaves = [caster.cast(leaf, torch.float32, node) if isinstance(leaf, fx.Node) else leaf
+                      for leaf in node.args[0]]
+            node.args = (tuple(leaves),)
+            continue
+        if node.op not in ("call_function", "call_method", "call_module") or info(node).value == "scalar":
+            continue
+        family = _family(node, gm)
+        if family in _LOW_FAMILIES:
+            caster.cast_inputs(node, low)
+        elif family in _FP32_FAMILIES:
+            caster.cast_inputs(node, torch.float32)
+    gm.graph.lint()
+    gm.recompile()
+    from ..analysis.shapes import annotate
+
+    annotate(gm, ctx.inputs, param_shardings=ctx.param_shardings, tp=ctx.plan.tp)
+    check_dtypes(gm, low)
+    return gm
+
+
+def check_dtypes(gm: fx.GraphModule, low: torch.dtype) -> dict[str, int]:
+    """Count matmul-class outputs in `low` and norm/softmax outputs in fp32; a norm or softmax
+    computing in the low dtype is an error, not a trust."""
+    counts = {"low": 0, "fp32": 0}
+    for node in gm.graph.nodes:
+        spec = info(node).tensor
+        if spec is None or node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        family = _family(node, gm)
+        if family in _LOW_FAMILIES and spec.dtype == low:
+            counts["low"] += 1
+        elif family in ("norm", "softmax") and spec.dtype.is_floating_point:
+            if spec.dtype != torch.float32:
+                raise GraphsplitError(f"internal: {node.name} ({family}) computes in {spec.dtype}, not float32")
+            counts["fp32"] += 1
+    return counts

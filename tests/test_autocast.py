@@ -1,0 +1,53 @@
+"""The autocast pass: matmuls in bf16 with fp32 parameters; norms, softmax and the
+loss in fp32, checked on the nodes' dtypes; the loss close to fp32's."""
+
+import pytest
+import torch
+
+from graphsplit import GraphsplitError, Plan
+from graphsplit.backends.local import LocalPipeline
+from graphsplit.compile import compile_loaded
+from graphsplit.loader import load_model
+from graphsplit.materialize import materialize_stage, model_tensors
+from graphsplit.meta import info
+from graphsplit.runtime import make_loss
+
+from .conftest import EXAMPLES
+
+
+@pytest.mark.parametrize("example, plan", [("gpt.py", Plan(pp=2, tp=2, autocast="bf16")),
+                                           ("resnet.py", Plan(pp=2, autocast="bf16"))])
+def test_node_dtypes(example, plan):
+    program = compile_loaded(load_model(str(EXAMPLES / example)), plan).program
+    dtypes: dict[str, set] = {}
+    for st in program.stages:
+        for n in st.gm.graph.nodes:
+            if info(n).tensor is not None and n.op != "placeholder":
+                dtypes.setdefault(info(n).kind, set()).add(info(n).tensor.dtype)
+    compute = dtypes.get("linear", set()) | dtypes.get("matmul", set()) | dtypes.get("conv", set())
+    assert compute == {torch.bfloat16}
+    assert dtypes["norm"] == {torch.float32}
+    last = program.stages[-1].gm.graph
+    (out,) = [n for n in last.nodes if n.op == "output"]
+    leaves = out.args[0] if isinstance(out.args[0], tuple) else (out.args[0],)
+    assert all(info(leaf).tensor.dtype == torch.float32 for leaf in leaves)  # the loss sees fp32
+    assert all(p.dtype == torch.float32 for st in program.stages for p in st.gm.parameters())
+
+
+def test_bf16_loss_is_close_to_fp32():
+    loaded = load_model(str(EXAMPLES / "gpt.py"))
+    model = loaded.build("cpu", seed=0)
+    losses = {}
+    for name in (None, "bf16"):
+        program = compile_loaded(loaded, Plan(pp=2, autocast=name)).program
+        stages = [materialize_stage(s, "cpu", model_tensors(model)) for s in program.stages]
+        pipe = LocalPipeline(program, stages, make_loss(program, loaded.loss_fn))
+        losses[name], _ = pipe.step(program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)
+        assert all(p.grad.dtype == torch.float32 for s in stages for p in s.parameters() if p.grad is not None)
+    assert losses["bf16"] != losses[None]  # the matmuls did run in bf16
+    assert abs(float(losses["bf16"] - losses[None])) <= 1e-2 * abs(float(losses[None]))
+
+
+def test_fp16_is_refused_until_a_scaler_exists():
+    with pytest.raises(GraphsplitError, match="fp16 needs a gradient scaler"):
+        compile_loaded(load_model(str(EXAMPLES / "mlp.py")), Plan(autocast="fp16"))
