@@ -85,6 +85,31 @@ def transform(model: str, out_dir: Path | None, as_json: bool, **kwargs: Any) ->
 
 
 @main.command()
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(out_dir: Path, as_json: bool) -> None:
+    """Print the summary of a folder written by transform (stages, balance, collectives, memory per rank)."""
+    from .artifacts import read_plan_record
+    from .summary import render
+
+    try:
+        record = read_plan_record(out_dir)
+    except GraphsplitError as exc:
+        _fail(exc)
+        return
+    summary = record.get("summary")
+    if summary is None:
+        _fail(GraphsplitError(f"{out_dir}/plan.json has no summary; re-run graphsplit transform"))
+        return
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        click.echo(f"{record['model']['path']}:{record['model']['factory']} (graphsplit {record['graphsplit_version']}, "
+                   f"torch {record['torch_version']})")
+        render(summary)
+
+
+@main.command()
 @click.argument("target")
 @_plan_options
 @click.option("--steps", type=int, default=5, show_default=True, help="Training steps.")

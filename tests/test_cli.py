@@ -105,3 +105,15 @@ def test_run_refuses_plan_flags_with_a_transformed_folder(tmp_path):
     assert cli("transform", EXAMPLES / "mlp.py", "--pp", "2", "--out", out).returncode == 0
     r = cli("run", out, "--pp", "4")
     assert r.returncode == 2 and "drop the plan flags" in r.stderr
+
+
+def test_inspect_prints_the_saved_summary(tmp_path):
+    out = tmp_path / "llama"
+    assert cli("transform", EXAMPLES / "llama.py", "--tp", "2", "--pp", "2", "--out", out).returncode == 0
+    r = cli("inspect", out)
+    assert r.returncode == 0, r.stderr
+    assert "llama.py:build_model" in r.stdout and "balance" in r.stdout and "all-reduce" in r.stdout
+    as_json = json.loads(cli("inspect", out, "--json").stdout)
+    assert as_json["collectives"]["per_block"]["layers.0"]["forward"] == {"all_reduce": 2}
+    missing = cli("inspect", tmp_path / "nothing")
+    assert missing.returncode == 2 and "run graphsplit transform" in missing.stderr
