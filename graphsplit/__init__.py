@@ -1,4 +1,4 @@
-"""graphsplit: turn an ordinary nn.Module into a pipeline-parallel training program.
+"""graphsplit: turn an ordinary nn.Module into a pipeline / tensor / data-parallel training program.
 
     from graphsplit import parallelize, Plan
     module = parallelize(model, Plan(pp=2), example_inputs=(idx,))   # inside torchrun

@@ -55,7 +55,7 @@ def _fail(exc: GraphsplitError) -> None:
 @click.group()
 @click.version_option(package_name="graphsplit")
 def main() -> None:
-    """Split an ordinary PyTorch model into a pipeline-parallel training program."""
+    """Turn an ordinary PyTorch model into a pipeline / tensor / data-parallel training program."""
 
 
 @main.command()
