@@ -1,0 +1,114 @@
+"""Training memory per rank: parameters, gradients, AdamW state and saved activations,
+measured, beside the ideal (the whole model's figure divided by the shards).
+
+    python bench/memory.py                  # gpt at GPT-2-small shape, several plans
+    python bench/memory.py --layers 4 --dim 256
+
+Parameters are materialized for real on CPU, rank by rank (the busiest rank is
+shown); gradients are allocated like the parameters and AdamW takes one step so
+its state exists, then every tensor is counted. Activations are the bytes kept
+for backward by one micro-batch of the busiest stage, measured on meta with
+`saved_tensors_hooks` (analysis/memory.py). Ideal: parameters / (tp x pp) for
+parameters, gradients and optimizer state; for `blocks` checkpointing, the
+lower bound is the bytes of the block inputs the regions keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from graphsplit.analysis.memory import saved_bytes  # noqa: E402
+from graphsplit.compile import compile_loaded  # noqa: E402
+from graphsplit.loader import load_model  # noqa: E402
+from graphsplit.materialize import materialize_stage, model_tensors  # noqa: E402
+from graphsplit.meta import info  # noqa: E402
+from graphsplit.plan import Plan  # noqa: E402
+
+PLANS = [
+    Plan(),
+    Plan(tp=2),
+    Plan(pp=2),
+    Plan(tp=2, pp=2),
+    Plan(tp=4, pp=2),
+    Plan(pp=2, checkpoint="blocks"),
+    Plan(tp=2, pp=2, checkpoint="blocks"),
+]
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:8.1f}"
+
+
+def rank_state_bytes(program, model, pp_rank: int, tp_rank: int) -> tuple[int, int, int]:
+    """(parameters, gradients, AdamW state) bytes one rank holds, counted on real tensors."""
+    plan = program.plan
+    source = model_tensors(model)
+    modules = [materialize_stage(program.stages[s], "cpu", source, 0, program.param_shardings, tp_rank, plan.tp)
+               for s in plan.stages_of_rank(pp_rank)]
+    params = {id(p): p for m in modules for p in m.parameters()}
+    for p in params.values():
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.AdamW(list(params.values()))
+    opt.step()
+    n_param = sum(p.numel() * p.element_size() for p in params.values())
+    n_state = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                  if isinstance(t, torch.Tensor) and t.dim() > 0)
+    return n_param, n_param, n_state
+
+
+def stage_inputs(st):
+    return tuple(torch.empty(tuple(info(n).tensor.shape), dtype=info(n).tensor.dtype)
+                 for n in st.gm.graph.nodes if n.op == "placeholder")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--seq", type=int, default=128)
+    args = parser.parse_args()
+    loaded = load_model(str(ROOT / "examples" / "gpt.py"))
+    cfg = dict(n_layer=args.layers, n_embd=args.dim, n_head=args.heads, vocab_size=args.vocab, block_size=args.seq)
+    builder = loaded.builder
+    loaded.builder = lambda: builder(**cfg)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, args.vocab, (8, args.seq), generator=g)
+    loaded.args, loaded.target = (idx,), idx.clone()
+    model = loaded.build("cpu", seed=0)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(f"gpt: {args.layers} layers, dim {args.dim}, vocab {args.vocab}, {total / 4 / 1e6:.1f}M parameters "
+          f"({mib(total).strip()} MiB fp32); MiB per rank (busiest rank), ratio = measured / ideal")
+    print(f"{'plan':28} {'params':>8} {'grads':>8} {'adamw':>8} {'ideal':>8} {'ratio':>6} | "
+          f"{'acts/mb':>8} {'no ckpt':>8} {'bound':>8} {'ratio':>6}")
+    for plan in PLANS:
+        program = compile_loaded(loaded, plan).program
+        worst = max((rank_state_bytes(program, model, p, t) for p in range(plan.pp) for t in range(plan.tp)),
+                    key=lambda x: x[0])
+        ideal = total / (plan.tp * plan.pp)
+        acts, plain, bound = [], [], []
+        for st in program.stages:
+            names = {id(st.gm.get_parameter(k)): c for k, c in st.param_sources.items()}
+            inputs = stage_inputs(st)
+            acts.append(saved_bytes(st.gm, inputs, plan.tp, True, program.param_shardings, names))
+            plain.append(saved_bytes(st.gm, inputs, plan.tp, False, program.param_shardings, names))
+            regions = {a for n in st.gm.graph.nodes if n.op == "call_module" and str(n.target).startswith("ckpt_")
+                       for a in n.all_input_nodes if info(a).tensor is not None}
+            bound.append(sum(info(a).tensor.nbytes for a in regions))
+        name = f"tp={plan.tp} pp={plan.pp} ckpt={plan.checkpoint}"
+        row = f"{name:28} {mib(worst[0])} {mib(worst[1])} {mib(worst[2])} {mib(ideal)} {worst[0] / ideal:6.2f} | "
+        row += f"{mib(max(acts))} {mib(max(plain))}"
+        row += f" {mib(max(bound))} {max(acts) / max(bound):6.2f}" if plan.checkpoint == "blocks" else f" {'-':>8} {'-':>6}"
+        print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
