@@ -116,8 +116,11 @@ def inspect(out_dir: Path, as_json: bool) -> None:
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
 @click.option("--lr", type=float, default=0.01, show_default=True)
 @click.option("--check", is_flag=True, help="Also train the untouched model and compare loss, outputs and gradients.")
+@click.option("--weights", "weights", type=click.Path(), default=None,
+              help="A .safetensors file or torch state dict; each rank reads only its own shards.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
-def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout_s: float, **kwargs: Any) -> None:
+def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout_s: float, weights: str | None,
+        **kwargs: Any) -> None:
     """Train TARGET (a model file, or a folder written by transform) under torchrun on this machine."""
     from .artifacts import model_spec_from_record, read_plan_record
     from .launch import RunOptions, run_training
@@ -135,7 +138,7 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
             model_spec = model_spec_from_record(record, Path(target))
         if steps < 1:
             raise GraphsplitError(f"--steps must be at least 1, got {steps}")
-        opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, check=check, timeout_s=timeout_s)
+        opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, check=check, timeout_s=timeout_s, weights=weights)
         cmp = run_training(model_spec, plan, opts, fixed_cuts, echo=click.echo)
     except GraphsplitError as exc:
         _fail(exc)

@@ -43,6 +43,7 @@ class RunOptions:
     lr: float = 0.01
     check: bool = False
     timeout_s: float = 600.0
+    weights: str | None = None  # the user's weights file; default: the model's own init with the plan's seed
 
 
 def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions):
@@ -59,6 +60,21 @@ def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return first, losses
+
+
+def _reference_with_weights(loaded, weights: str, plan: Plan) -> torch.nn.Module:
+    """The untouched model (one process, for --check) holding the weights file's values."""
+    from .weights import open_weights
+
+    model = loaded.build("cpu", seed=plan.seed)
+    state = open_weights(weights)
+    wanted = dict(model.named_parameters(remove_duplicate=False))
+    missing = [n for n in wanted if n not in state and not any(wanted[n] is wanted[m] and m in state for m in wanted)]
+    if missing:
+        raise GraphsplitError(f"the weights file has no tensor {missing[0]!r} ({len(missing)} missing); "
+                              "save it from this model with torch.save(model.state_dict()) or safetensors")
+    model.load_state_dict({k: state[k] for k in state}, strict=False)
+    return model
 
 
 def _batch(loaded) -> int:
@@ -103,14 +119,21 @@ def run_training(
     program = compile_loaded(loaded, plan, fixed_cuts).program
     with tempfile.TemporaryDirectory(prefix="graphsplit-run-") as tmp_str:
         tmp = Path(tmp_str)
-        model = loaded.build("cpu", seed=plan.seed)
-        torch.save(model_tensors(model), tmp / "weights.pt")
-        reference = reference_train(model, loaded, plan, opts) if opts.check else None
+        reference = None
+        if opts.weights is None:  # the model's own initialization, saved once for the ranks to slice
+            weights = str(tmp / "weights.pt")
+            model = loaded.build("cpu", seed=plan.seed)
+            torch.save(model_tensors(model), weights)
+        else:
+            weights = str(Path(opts.weights).resolve())
+            model = _reference_with_weights(loaded, weights, plan) if opts.check else None
+        if opts.check:
+            reference = reference_train(model, loaded, plan, opts)
         del model
         spec = RunSpec(
             model=model_spec, plan=plan.to_dict(), steps=opts.steps, optimizer=opts.optimizer, lr=opts.lr,
             fixed_cuts=list(fixed_cuts) if fixed_cuts is not None else None,
-            weights=str(tmp / "weights.pt"), dump_dir=str(tmp) if opts.check else None,
+            weights=weights, user_weights=opts.weights is not None, dump_dir=str(tmp) if opts.check else None,
         )
         spec.save(tmp / "spec.json")
         echo(f"launching {plan.world_size} processes: dp={plan.dp} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "

@@ -48,9 +48,33 @@ class LoadedModel:
         """Build the model; on `meta` it costs no weight memory."""
         if seed is not None:
             torch.manual_seed(seed)
+        with torch.device(device):
+            return self._call_builder()
+
+    def build_buffers_only(self) -> nn.Module:
+        """Parameters on `meta`, buffers real on CPU.
+
+        A weights file holds parameters and persistent buffers, but no non-persistent
+        buffer (a causal mask, a RoPE table): those only exist by running the model's
+        constructor. Each parameter is moved to meta as it is registered, so memory
+        peaks at one parameter, and initializers then run on meta for free.
+        """
+        original = nn.Module.register_parameter
+
+        def to_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+            if param is not None and param.device.type != "meta":
+                param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+            original(module, name, param)
+
+        nn.Module.register_parameter = to_meta  # type: ignore[method-assign]
         try:
-            with torch.device(device):
-                model = self.builder()
+            return self._call_builder()
+        finally:
+            nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+    def _call_builder(self) -> nn.Module:
+        try:
+            model = self.builder()
         except GraphsplitError:
             raise
         except Exception as exc:  # the user's code: say where it broke

@@ -65,10 +65,11 @@ def materialize_stage(
     else:
         with torch.no_grad():
             for local, canonical in (*stage.param_sources.items(), *stage.buffer_sources.items()):
-                if canonical not in source:
-                    raise GraphsplitError(f"weights have no tensor {canonical!r} (stage {stage.index} needs it)")
+                key = _find(source, canonical, local)
+                if key is None:
+                    raise GraphsplitError(f"the weights have no tensor {canonical!r} (stage {stage.index} needs it)")
                 target = module.get_parameter(local) if local in stage.param_sources else module.get_buffer(local)
-                value = source[canonical]
+                value = source[key]
                 if canonical in shardings and local in stage.param_sources:
                     value = shard_tensor(value, shardings[canonical], tp_rank, tp)
                 if tuple(value.shape) != tuple(target.shape):
@@ -78,6 +79,15 @@ def materialize_stage(
                 target.copy_(value)
     _retie(module, stage)
     return module
+
+
+def _find(source: Mapping[str, torch.Tensor], canonical: str, local: str) -> str | None:
+    """The key holding a tensor: its canonical name, or the name this stage calls it by
+    (a tied weight saved under its other name)."""
+    for key in (canonical, local):
+        if key in source:
+            return key
+    return None
 
 
 def _retarget_devices(module: torch.fx.GraphModule, device: torch.device) -> None:

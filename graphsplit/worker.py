@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import ChainMap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ class RunSpec:
     lr: float = 0.01
     fixed_cuts: list[str] | None = None
     weights: str | None = None
+    # True: `weights` is the user's file (parameters, persistent buffers); the other
+    # buffers come from running the constructor with parameters on meta
+    user_weights: bool = False
     dump_dir: str | None = None
     timeout_s: float = 120.0
 
@@ -66,6 +70,7 @@ def run(spec: RunSpec) -> None:
     from .loader import load_model
     from .plan import Plan
     from .runtime import gather_outputs, make_loss, split_microbatches
+    from .weights import open_weights
 
     plan = Plan.from_dict(spec.plan)
     device = init_distributed(spec.timeout_s)
@@ -73,7 +78,10 @@ def run(spec: RunSpec) -> None:
     loaded = load_model(spec.model)
     fixed = tuple(spec.fixed_cuts) if spec.fixed_cuts is not None else None
     program = compile_loaded(loaded, plan, fixed).program
-    source = torch.load(spec.weights, mmap=True, weights_only=True) if spec.weights else None
+    source = open_weights(spec.weights) if spec.weights else None
+    if source is not None and spec.user_weights:
+        buffers = dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False))
+        source = ChainMap(source, buffers)  # type: ignore[arg-type]
     modules = materialize_rank(program, mesh, device, source)
     del source
     pipe = DistributedPipeline(program, modules, make_loss(program, loaded.loss_fn), mesh, device)

@@ -1,0 +1,55 @@
+"""Training from a weights file: each rank reads only its shards; buffers no file holds
+(causal masks, RoPE tables) come from the constructor run with parameters on meta."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from graphsplit import GraphsplitError, Plan
+from graphsplit.launch import RunOptions, run_training
+from graphsplit.loader import load_model
+from graphsplit.weights import open_weights
+
+from .conftest import EXAMPLES
+
+
+def test_buffers_only_build_keeps_real_buffers_and_meta_parameters():
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    lean = loaded.build_buffers_only()
+    full = loaded.build("cpu", seed=0)
+    assert {p.device.type for p in lean.parameters()} == {"meta"}
+    lean_buffers = dict(lean.named_buffers())
+    assert lean_buffers and all(b.device.type == "cpu" for b in lean_buffers.values())
+    for name, buf in full.named_buffers():
+        assert torch.equal(lean_buffers[name], buf), name
+
+
+def test_weights_files_are_read_lazily_and_errors_are_clear(tmp_path):
+    model = load_model(str(EXAMPLES / "mlp.py")).build("cpu", seed=0)
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    state = open_weights(path)
+    assert set(state) == set(model.state_dict())
+    assert torch.equal(state["inp.weight"], model.inp.weight)
+    with pytest.raises(GraphsplitError, match="does not exist"):
+        open_weights(tmp_path / "nope.safetensors")
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    with pytest.raises(GraphsplitError, match="cannot read"):
+        open_weights(tmp_path / "junk.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_run_from_a_safetensors_file_matches_the_model_holding_it(tmp_path):
+    loaded = load_model(str(EXAMPLES / "gpt.py"))
+    model = loaded.build("cpu", seed=123)  # not the plan's seed: the file must be what is used
+    path = tmp_path / "gpt.safetensors"
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(path))
+    lines: list[str] = []
+    opts = RunOptions(steps=2, check=True, timeout_s=240, weights=str(path))
+    cmp = run_training(str(EXAMPLES / "gpt.py"), Plan(tp=2, pp=2), opts, echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    with torch.no_grad():
+        expected = loaded.loss_fn(model(*loaded.args), loaded.target)
+    step1 = next(line for line in lines if "loss step 1" in line)
+    assert f"{float(expected):.4f}" in step1  # both sides started from the file's values
