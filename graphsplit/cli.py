@@ -110,6 +110,46 @@ def inspect(out_dir: Path, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("model")
+@click.option("--gpus", type=int, required=True, help="Devices available in all.")
+@click.option("--gpu-memory", "gpu_memory", required=True, help="Memory of one device, e.g. 80GiB.")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes the devices are spread over (tp stays in a node).")
+@click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
+def advise(model: str, gpus: int, gpu_memory: str, nodes: int, as_json: bool) -> None:
+    """How much memory training MODEL takes, and which plan fits GPUS devices of GPU_MEMORY."""
+    from .advise import advise as do_advise
+    from .advise import parse_bytes
+    from .loader import load_model
+    from .summary import _fmt_bytes
+
+    try:
+        if gpus < 1 or nodes < 1 or gpus % nodes:
+            raise GraphsplitError(f"--gpus {gpus} must be a positive multiple of --nodes {nodes}")
+        result = do_advise(load_model(model), gpus, parse_bytes(gpu_memory), gpus // nodes)
+    except GraphsplitError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    parts = ("parameters", "gradients", "optimizer_state", "activations", "outputs_and_loss", "total")
+
+    def line(est: dict) -> str:
+        p = est["plan"]
+        return f"tp={p['tp']} pp={p['pp']} dp={p['dp']}: " + ", ".join(f"{k.replace('_', ' ')} {_fmt_bytes(est[k])}" for k in parts)
+
+    click.echo(f"scenario: {result['scenario']}")
+    click.echo(f"on one device: {line(result['single_device'])}")
+    if result["fits"]:
+        click.echo(f"recommended (per rank): {line(result['recommended'])}")
+        for alt in result["alternatives"]:
+            click.echo(f"  also fits: {line(alt)}")
+    else:
+        click.echo(f"nothing fits {gpus} x {gpu_memory}; closest: {line(result['closest'])}")
+        click.echo(f"it would take about {result['devices_needed']} devices")
+
+
+@main.command()
 @click.argument("target")
 @_plan_options
 @click.option("--steps", type=int, default=5, show_default=True, help="Training steps.")
