@@ -1,4 +1,5 @@
-"""Write a transform's artifacts: plan.json and one readable .py per stage.
+"""Write a transform's artifacts: plan.json, one readable .py per stage, graph.dot (and
+graph.svg when Graphviz's `dot` is installed).
 
 The folder is written whole or not at all: everything goes to a temporary
 sibling folder that is renamed into place at the end (an existing folder is
@@ -117,6 +118,13 @@ def write_artifacts(program: Program, loaded: LoadedModel, out_dir: Path, summar
         (tmp / PLAN_FILE).write_text(json.dumps(record, indent=2, default=str))
         for st in program.stages:
             (tmp / f"stage_{st.index}.py").write_text(stage_source(st, program))
+        from .report.diagram import program_dot, render_svg
+
+        dot = program_dot(program)
+        (tmp / "graph.dot").write_text(dot)
+        svg = render_svg(dot)  # needs Graphviz's `dot`; graph.dot is written either way
+        if svg is not None:
+            (tmp / "graph.svg").write_text(svg)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=parent))
             os.replace(out_dir, old / "x")

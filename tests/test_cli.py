@@ -3,6 +3,7 @@
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -35,6 +36,10 @@ def test_transform_writes_plan_and_stage_code(tmp_path):
         source = (out / f"stage_{s}.py").read_text()
         ast.parse(source)
         assert f"class Stage{s}" in source and "def forward" in source
+    dot = (out / "graph.dot").read_text()
+    assert dot.count("subgraph cluster_stage") == 4
+    assert "KiB / micro-batch" in dot  # the tensors crossing each boundary
+    assert (out / "graph.svg").exists() == (shutil.which("dot") is not None)
 
 
 def test_transform_json_summary_on_stdout(tmp_path):

@@ -1,0 +1,113 @@
+"""The program as a Graphviz graph: one cluster per pipeline stage, one box per block.
+
+`program_dot(program)` returns DOT text (always written as graph.dot); boxes
+are the model's blocks (`h.3`, `layers.7`) or top-level modules, each saying
+how many linears it holds in which parallel style and which collectives it
+runs, coloured by its dominant style; checkpointed and autocast regions are
+marked; edges between stages carry the bytes sent per micro-batch.
+`render_svg(dot_text)` runs Graphviz's `dot` when it is installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections import Counter
+
+import torch.fx as fx
+
+from ..analysis.collectives import COLLECTIVES_OF
+from ..meta import group_of, info
+from ..ops.checkpoint import CheckpointRegion
+from ..passes.tp_spellings import linear_form
+from ..program import Program
+from ..sharding import R
+
+COLORS = {"column": "#cfe2ff", "row": "#ffe5b4", "vocab": "#d1f2d8", "replicated": "#eeeeee"}
+
+
+def _style(node: fx.Node, program: Program, sources: dict[str, str], prefix: str) -> str | None:
+    """column / row / vocab / replicated for a linear or an embedding node, else None."""
+    from ..ops import tp as tpops
+
+    if node.op == "call_function" and node.target is tpops.vocab_parallel_embedding:
+        return "vocab"
+    form = linear_form(node)
+    if form is None or not isinstance(form[1], fx.Node) or form[1].op != "get_attr":
+        return None
+    sharding = program.param_sharding(sources.get(prefix + str(form[1].target), ""))
+    if sharding == R or sharding.kind != "S":
+        return "replicated"
+    return "column" if sharding.dim == form[3] else "row"
+
+
+def _graphs(gm: fx.GraphModule) -> list[tuple[fx.GraphModule, str, bool]]:
+    """The stage graph and its checkpointed regions' graphs: (graph module, attribute prefix, checkpointed)."""
+    found = [(gm, "", False)]
+    found += [(m.inner, f"{name}.inner.", True) for name, m in gm.named_modules() if isinstance(m, CheckpointRegion)]
+    return found
+
+
+def program_dot(program: Program) -> str:
+    plan = program.plan
+    out = [
+        "digraph graphsplit {",
+        '  graph [rankdir=TB, fontname="Helvetica", compound=true];',
+        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
+        '  edge [fontname="Helvetica", fontsize=9];',
+    ]
+    firsts, lasts = [], []
+    for st in program.stages:
+        sources = dict(st.param_sources)
+        groups: dict[str, dict] = {}
+        for graph_module, prefix, checkpointed in _graphs(st.gm):
+            for node in graph_module.graph.nodes:
+                if node.op in ("placeholder", "output", "get_attr") or info(node).value == "scalar":
+                    continue
+                g = group_of(info(node).module) or "<root>"
+                entry = groups.setdefault(g, {"styles": Counter(), "coll": Counter(), "ckpt": False, "low": False})
+                style = _style(node, program, sources, prefix)
+                if style:
+                    entry["styles"][style] += 1
+                for direction, kind in COLLECTIVES_OF.get(node.target, []) if node.op == "call_function" else []:
+                    entry["coll"][f"{kind.replace('_', '-')} {'fwd' if direction == 'forward' else 'bwd'}"] += 1
+                entry["ckpt"] |= checkpointed
+                entry["low"] |= bool(info(node).tensor is not None and info(node).tensor.dtype.itemsize == 2)
+        out.append(f"  subgraph cluster_stage{st.index} {{")
+        out.append(f'    label="stage {st.index} (pp rank {plan.stage_rank(st.index)}, tp={plan.tp})"; style=rounded; color="#888888";')
+        ids = []
+        for g, entry in groups.items():
+            nid = f"s{st.index}_{len(ids)}"
+            ids.append(nid)
+            lines = [g]
+            if entry["styles"]:
+                lines.append(", ".join(f"{n} {s}" for s, n in entry["styles"].most_common()))
+            if entry["coll"]:
+                lines.append(", ".join(f"{n} {c}" for c, n in sorted(entry["coll"].items())))
+            marks = [m for m, on in (("checkpointed", entry["ckpt"]), (str(plan.autocast), entry["low"])) if on]
+            if marks:
+                lines.append("[" + ", ".join(marks) + "]")
+            color = COLORS[entry["styles"].most_common(1)[0][0]] if entry["styles"] else "#f7f7f7"
+            border = ', penwidth=2, color="#7a3db8"' if entry["ckpt"] else ""
+            label = "\\n".join(x.replace('"', "'") for x in lines)
+            out.append(f'    {nid} [label="{label}", fillcolor="{color}"{border}];')
+        for a, b in zip(ids, ids[1:]):
+            out.append(f"    {a} -> {b};")
+        out.append("  }")
+        firsts.append(ids[0] if ids else None)
+        lasts.append(ids[-1] if ids else None)
+    for b in program.boundaries:
+        src, dst = lasts[b.index], firsts[b.index + 1]
+        if src and dst:
+            out.append(f'  {src} -> {dst} [label="{b.nbytes / 1024:.1f} KiB / micro-batch", color="#c0392b"];')
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def render_svg(dot_text: str) -> str | None:
+    """SVG from Graphviz's `dot`, or None when it is not installed."""
+    binary = shutil.which("dot")
+    if binary is None:
+        return None
+    done = subprocess.run([binary, "-Tsvg"], input=dot_text, capture_output=True, text=True, timeout=60, check=False)
+    return done.stdout if done.returncode == 0 else None
