@@ -63,11 +63,6 @@ def rank_state_bytes(program, model, pp_rank: int, tp_rank: int) -> tuple[int, i
     return n_param, n_param, n_state
 
 
-def stage_inputs(st):
-    return tuple(torch.empty(tuple(info(n).tensor.shape), dtype=info(n).tensor.dtype)
-                 for n in st.gm.graph.nodes if n.op == "placeholder")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=12)
@@ -97,7 +92,7 @@ def main() -> None:
         acts, plain, bound = [], [], []
         for st in program.stages:
             names = {id(st.gm.get_parameter(k)): c for k, c in st.param_sources.items()}
-            inputs = stage_inputs(st)
+            inputs = st.input_examples()
             acts.append(saved_bytes(st.gm, inputs, plan.tp, True, program.param_shardings, names))
             plain.append(saved_bytes(st.gm, inputs, plan.tp, False, program.param_shardings, names))
             regions = {a for n in st.gm.graph.nodes if n.op == "call_module" and str(n.target).startswith("ckpt_")

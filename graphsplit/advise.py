@@ -18,8 +18,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from .analysis.memory import saved_bytes
 from .compile import compile_loaded
 from .errors import GraphsplitError
@@ -55,8 +53,7 @@ def estimate(loaded: LoadedModel, plan: Plan) -> Estimate:
     per_rank: dict[int, list[int]] = {}
     for st in program.stages:
         names = {id(st.gm.get_parameter(k)): c for k, c in st.param_sources.items()}
-        inputs = tuple(torch.empty(tuple(info(n).tensor.shape), dtype=info(n).tensor.dtype)
-                       for n in st.gm.graph.nodes if n.op == "placeholder")
+        inputs = st.input_examples()
         acts = saved_bytes(st.gm, inputs, plan.tp, True, program.param_shardings, names) * plan.num_microbatches
         rank = per_rank.setdefault(plan.stage_rank(st.index), [0, 0])
         rank[0] += program.stage_param_bytes(st.index)

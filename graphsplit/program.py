@@ -61,6 +61,13 @@ class StageProgram:
     param_sources: dict[str, str] = field(default_factory=dict)
     buffer_sources: dict[str, str] = field(default_factory=dict)
 
+    def input_examples(self) -> tuple[torch.Tensor, ...]:
+        """Meta tensors shaped like this stage's inputs for one micro-batch (for measurements)."""
+        return tuple(
+            torch.empty(tuple(info(n).tensor.shape), dtype=info(n).tensor.dtype, device="meta")
+            for n in self.gm.graph.nodes if n.op == "placeholder"
+        )
+
     @property
     def num_params(self) -> int:
         return sum(p.numel() for p in self.gm.parameters())

@@ -129,17 +129,12 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
 
 def _activation_bytes(program: Program) -> list[dict[str, Any]]:
     """Per stage, bytes saved for backward per micro-batch with and without checkpointing (measured)."""
-    import torch
 
     from .analysis.memory import saved_bytes
-    from .meta import info
 
     rows = []
     for st in program.stages:
-        inputs = tuple(
-            torch.empty(tuple(info(n).tensor.shape), dtype=info(n).tensor.dtype)
-            for n in st.gm.graph.nodes if n.op == "placeholder"
-        )
+        inputs = st.input_examples()
         tp, shardings = program.plan.tp, program.param_shardings
         names = {id(st.gm.get_parameter(local)): canonical for local, canonical in st.param_sources.items()}
         row: dict[str, Any] = {"stage": st.index, "without": saved_bytes(st.gm, inputs, tp, False, shardings, names)}

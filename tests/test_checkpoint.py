@@ -42,18 +42,13 @@ def test_checkpointing_is_bit_identical(example, policy):
         assert torch.equal(grads[name], grads_ck[name]), name
 
 
-def stage_inputs(st):
-    return tuple(torch.empty(tuple(info(n).tensor.shape), dtype=info(n).tensor.dtype)
-                 for n in st.gm.graph.nodes if n.op == "placeholder")
-
-
 def test_blocks_keep_one_region_per_block_and_save_little():
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     program = compile_loaded(loaded, Plan(pp=2, checkpoint="blocks")).program
     calls = [n for st in program.stages for n in st.gm.graph.nodes if n.op == "call_module" and str(n.target).startswith("ckpt_")]
     assert len(calls) == 4  # h.0 .. h.3
     for st in program.stages:
-        inputs = stage_inputs(st)
+        inputs = st.input_examples()
         without = saved_bytes(st.gm, inputs, checkpointing=False)
         with_blocks = saved_bytes(st.gm, inputs)
         region_inputs = {a for n in st.gm.graph.nodes if n.op == "call_module" and str(n.target).startswith("ckpt_")
@@ -67,5 +62,5 @@ def test_stage_policy_keeps_only_the_stage_inputs(example):
     loaded = load_model(str(EXAMPLES / example))
     program = compile_loaded(loaded, Plan(pp=2, checkpoint="stage")).program
     for st in program.stages:
-        inputs = stage_inputs(st)
+        inputs = st.input_examples()
         assert saved_bytes(st.gm, inputs) == sum(t.numel() * t.element_size() for t in inputs)
