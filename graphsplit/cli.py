@@ -158,9 +158,13 @@ def advise(model: str, gpus: int, gpu_memory: str, nodes: int, as_json: bool) ->
 @click.option("--check", is_flag=True, help="Also train the untouched model and compare loss, outputs and gradients.")
 @click.option("--weights", "weights", type=click.Path(), default=None,
               help="A .safetensors file or torch state dict; each rank reads only its own shards.")
+@click.option("--save", "save", type=click.Path(), default=None,
+              help="Write a checkpoint folder (torch.distributed.checkpoint, original parameter names) after the last step.")
+@click.option("--resume", "resume", type=click.Path(), default=None,
+              help="Start from a checkpoint folder written by --save at any plan; --steps more steps are run.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
 def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout_s: float, weights: str | None,
-        **kwargs: Any) -> None:
+        save: str | None, resume: str | None, **kwargs: Any) -> None:
     """Train TARGET (a model file, or a folder written by transform) under torchrun on this machine."""
     from .artifacts import model_spec_from_record, read_plan_record
     from .launch import RunOptions, run_training
@@ -176,15 +180,29 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
             plan = Plan.from_dict(record["plan"])
             fixed_cuts = tuple(record["split"]["stage_starts"])
             model_spec = model_spec_from_record(record, Path(target))
-        if steps < 1:
-            raise GraphsplitError(f"--steps must be at least 1, got {steps}")
-        opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, check=check, timeout_s=timeout_s, weights=weights)
+        opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, check=check, timeout_s=timeout_s, weights=weights,
+                          save=save, resume=resume)
         cmp = run_training(model_spec, plan, opts, fixed_cuts, echo=click.echo)
     except GraphsplitError as exc:
         _fail(exc)
         return
     if cmp is not None and not cmp.ok:
         sys.exit(1)
+
+
+@main.command("export-weights")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+def export_weights(checkpoint: Path, out: Path) -> None:
+    """Write CHECKPOINT (a folder from run --save, any plan) as one .safetensors file the untouched model loads."""
+    from .dcp import export_weights as do_export
+
+    try:
+        names = do_export(checkpoint, out)
+    except GraphsplitError as exc:
+        _fail(exc)
+        return
+    click.echo(f"wrote {out}: {len(names)} tensors")
 
 
 if __name__ == "__main__":

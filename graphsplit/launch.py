@@ -14,14 +14,16 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .check import ATOL, Comparison, compare, missing_grads, reference_step
 from .compile import compile_loaded
+from .dcp import read_info
 from .errors import GraphsplitError
 from .loader import load_model
 from .materialize import model_tensors
@@ -44,6 +46,8 @@ class RunOptions:
     check: bool = False
     timeout_s: float = 600.0
     weights: str | None = None  # the user's weights file; default: the model's own init with the plan's seed
+    save: str | None = None  # write a DCP checkpoint here after the last step
+    resume: str | None = None  # start from this DCP checkpoint (written at any plan)
 
 
 def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions):
@@ -51,6 +55,8 @@ def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions
     loss_fn = loaded.loss_fn or default_loss
     target = loaded.target if loaded.target is not None else torch.zeros(_batch(loaded))
     optimizer = make_optimizer(opts.optimizer, list(model.parameters()), opts.lr)
+    if opts.resume:
+        _load_reference(model, optimizer, opts.resume)
     first, losses = None, []
     for _ in range(opts.steps):
         # dp replicas x micro-batches, in order: the pieces the program's ranks see
@@ -60,6 +66,30 @@ def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return first, losses
+
+
+def _load_reference(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
+    """Give the untouched model and its optimizer the checkpoint's values (whole tensors, one process)."""
+    import torch.distributed.checkpoint as tdcp
+
+    from . import dcp
+
+    dcp.init_optimizer_state(optimizer)
+    persistent, aliases = dcp.model_names(model)
+    state: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        state[name] = p.data
+        for key, value in optimizer.state.get(p, {}).items():
+            state[f"{dcp.OPTIMIZER_PREFIX}{name}/{key}"] = value
+    state.update({n: b for n, b in model.named_buffers() if n in persistent})
+    stored = dcp.stored_keys(directory)
+    missing = sorted(k for k in state if k not in stored)
+    if missing:
+        raise GraphsplitError(f"checkpoint {directory} has no {missing[0]!r} ({len(missing)} missing); "
+                              "resume with the model and optimizer it was saved with")
+    with warnings.catch_warnings():  # one process, on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        tdcp.load(state, checkpoint_id=directory, no_dist=True)
 
 
 def _reference_with_weights(loaded, weights: str, plan: Plan) -> torch.nn.Module:
@@ -102,8 +132,10 @@ def _launch(spec_path: Path, world: int, timeout_s: float, log: Path) -> None:
         ours = [line for line in text.splitlines() if line.startswith("error: ")]
         if ours:
             raise GraphsplitError(ours[0].removeprefix("error: "))
-        tail = "\n".join(text.splitlines()[-30:])
-        print(tail, file=sys.stderr)
+        lines = text.splitlines()
+        # the first rank's traceback says what went wrong; torchrun's own report follows it
+        start = next((i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line), max(len(lines) - 30, 0))
+        print("\n".join(lines[start:start + 40]), file=sys.stderr)
         raise GraphsplitError(f"torchrun exited with code {proc.returncode} (its log's last lines are above)")
 
 
@@ -115,6 +147,13 @@ def run_training(
     echo: Callable[[str], None] = print,
 ) -> Comparison | None:
     loaded = load_model(model_spec)
+    if opts.resume:
+        read_info(opts.resume)  # a clear error before anything starts
+    # the ranks run in their own working directory: give them absolute paths
+    opts = replace(opts, resume=opts.resume and str(Path(opts.resume).resolve()),
+                   save=opts.save and str(Path(opts.save).resolve()))
+    if opts.steps < (0 if opts.resume else 1) or (opts.check and opts.steps < 1):
+        raise GraphsplitError(f"--steps must be at least 1 (0 only to re-save a checkpoint with --resume), got {opts.steps}")
     # Compile here first: a bad plan or model fails in one process, before torchrun starts.
     program = compile_loaded(loaded, plan, fixed_cuts).program
     with tempfile.TemporaryDirectory(prefix="graphsplit-run-") as tmp_str:
@@ -134,6 +173,7 @@ def run_training(
             model=model_spec, plan=plan.to_dict(), steps=opts.steps, optimizer=opts.optimizer, lr=opts.lr,
             fixed_cuts=list(fixed_cuts) if fixed_cuts is not None else None,
             weights=weights, user_weights=opts.weights is not None, dump_dir=str(tmp) if opts.check else None,
+            save_dir=opts.save, resume_dir=opts.resume,
         )
         spec.save(tmp / "spec.json")
         echo(f"launching {plan.world_size} processes: dp={plan.dp} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
@@ -141,10 +181,11 @@ def run_training(
         _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log")
         if reference is None:
             return None
-        return _check(program, tmp, reference, plan, echo)
+        first_step = read_info(opts.resume)["step"] + 1 if opts.resume else 1
+        return _check(program, tmp, reference, plan, echo, first_step)
 
 
-def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None]) -> Comparison:
+def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None], first_step: int = 1) -> Comparison:
     first, ref_losses = reference
     dumps = {int(p.stem.removeprefix("rank")): torch.load(p, weights_only=False) for p in sorted(tmp.glob("rank*.pt"))}
     loss, output = None, None
@@ -180,7 +221,7 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
         cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {curve_rtol:g}")
     echo(f"check: untouched model in one process vs graphsplit dp={plan.dp} pp={plan.pp} tp={plan.tp}, "
          f"same {plan.dp * plan.num_microbatches} micro-batches")
-    echo(f"  loss step 1   {float(first.loss):.6f} (reference) vs {float(loss):.6f}")
+    echo(f"  loss step {first_step:<4}{float(first.loss):.6f} (reference) vs {float(loss):.6f}")
     out_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("output")]
     grad_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("grad")]
     echo(f"  output        max scaled difference {max(out_diffs, default=0.0):.3g}")

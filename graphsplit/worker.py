@@ -38,6 +38,8 @@ class RunSpec:
     user_weights: bool = False
     dump_dir: str | None = None
     timeout_s: float = 120.0
+    save_dir: str | None = None  # a DCP checkpoint folder to write after the last step
+    resume_dir: str | None = None  # a DCP checkpoint folder to start from (written at any plan)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -60,6 +62,7 @@ def _to(device: torch.device, value: Any) -> Any:
 
 
 def run(spec: RunSpec) -> None:
+    from . import dcp
     from .backends.torch_distributed import (
         DistributedPipeline,
         init_distributed,
@@ -86,6 +89,14 @@ def run(spec: RunSpec) -> None:
     del source
     pipe = DistributedPipeline(program, modules, make_loss(program, loaded.loss_fn), mesh, device)
     optimizer = make_optimizer(spec.optimizer, pipe.parameters(), spec.lr)
+    tp_rank = mesh.get_local_rank("tp")
+    persistent, aliases = dcp.model_names(loaded.build("meta"))
+    done = 0
+    if spec.resume_dir:
+        dcp.init_optimizer_state(optimizer)
+        state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
+        same_world = dcp.read_info(spec.resume_dir).get("plan") == plan.to_dict()
+        done = dcp.load_checkpoint(spec.resume_dir, state, same_world)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
     target = loaded.target if loaded.target is not None else torch.zeros(inputs[0].shape[0])
     dp_rank = mesh.get_local_rank("dp")
@@ -93,11 +104,11 @@ def run(spec: RunSpec) -> None:
         inputs = split_microbatches(inputs, plan.dp)[dp_rank]
         target = split_microbatches(target, plan.dp)[dp_rank]
     inputs, target = _to(device, inputs), _to(device, target)
-    reporter = pipe.is_last and dp_rank == 0 and mesh.get_local_rank("tp") == 0
+    reporter = pipe.is_last and dp_rank == 0 and tp_rank == 0
     losses = []
-    for step in range(1, spec.steps + 1):
+    for step in range(done + 1, done + spec.steps + 1):
         loss, output = pipe.step(inputs, target)
-        if step == 1 and spec.dump_dir:
+        if step == done + 1 and spec.dump_dir:
             whole = gather_outputs(program, output)
             dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), whole),
                     "tp_rank": mesh.get_local_rank("tp"), "dp_rank": dp_rank}
@@ -110,6 +121,12 @@ def run(spec: RunSpec) -> None:
             print(f"step {step:>3}  loss {float(loss):.6f}", flush=True)
     if reporter and spec.dump_dir:
         (Path(spec.dump_dir) / "losses.json").write_text(json.dumps(losses))
+    if spec.save_dir:
+        record = {"plan": plan.to_dict(), "model": spec.model, "optimizer": spec.optimizer, "aliases": aliases}
+        state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
+        dcp.save_checkpoint(spec.save_dir, state, done + spec.steps, record)
+        if dist.get_rank() == 0:
+            print(f"saved step {done + spec.steps} to {spec.save_dir}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
