@@ -3,6 +3,7 @@
     torchrun --standalone --nproc-per-node 2 examples/train_parallelize.py --pp 2 --steps 5
     torchrun --standalone --nproc-per-node 4 examples/train_parallelize.py --pp 2 --tp 2
     torchrun --standalone --nproc-per-node 8 examples/train_parallelize.py --dp 2 --pp 2 --tp 2
+    torchrun --standalone --nproc-per-node 8 examples/train_parallelize.py --dp 2 --pp 2 --tp 2 --fsdp
 
 Every rank builds the model the same way (same seed); `parallelize` keeps only
 this rank's stages. `--dump DIR` saves step 1's gradients per rank (tests use it).
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--dp", type=int, default=1)
+    parser.add_argument("--fsdp", action="store_true", help="shard parameters over the dp replicas (FSDP2)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dump", type=Path, default=None)
     args = parser.parse_args()
@@ -41,7 +43,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = example.build_model()
     inputs, target = example.example_inputs(), example.example_target()
-    plan = Plan(dp=args.dp, pp=args.pp, tp=args.tp)
+    plan = Plan(dp=args.dp, pp=args.pp, tp=args.tp, fsdp=args.fsdp)
     if args.dp > 1:  # like DDP: each replica trains on its own share of the batch
         dp_rank = int(os.environ["RANK"]) // (args.pp * args.tp)  # the mesh is (dp, pp, tp)
         inputs = tuple(t.chunk(args.dp)[dp_rank] for t in inputs)
@@ -54,7 +56,11 @@ def main() -> None:
         loss = module.train_step(*inputs, target=target)
         if step == 1 and args.dump is not None:
             tp_rank = dist.get_rank() % args.tp  # the mesh is (dp, pp, tp), tp fastest
-            torch.save({"grads": module.grads(), "loss": loss, "tp_rank": tp_rank}, args.dump / f"rank{dist.get_rank()}.pt")
+            # elements this rank stores vs its tp shards' whole size (FSDP keeps 1/dp of them)
+            held = sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in module.parameters())
+            whole = sum(p.numel() for p in module.parameters())
+            torch.save({"grads": module.grads(), "loss": loss, "tp_rank": tp_rank, "held": held, "whole": whole},
+                       args.dump / f"rank{dist.get_rank()}.pt")
         losses.append(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -18,20 +18,12 @@ from .program import Program, build_program
 from .runtime import split_microbatches
 from .trace import trace_model
 
-NOT_YET = {
-    "fsdp": "FSDP (--fsdp)",
-}
-
 
 def require_supported(plan: Plan) -> None:
-    """Refuse, clearly, the parts of a Plan this version does not run yet."""
-    active = {
-        "fsdp": plan.fsdp,
-    }
-    for key, on in active.items():
-        if on:
-            raise GraphsplitError(f"{NOT_YET[key]} is not implemented yet in this version of graphsplit; "
-                                  "drop that option (pipeline, tensor and data parallelism work)")
+    """Refuse, clearly, plans that cannot run."""
+    if plan.fsdp and plan.dp < 2:
+        raise GraphsplitError(f"--fsdp shards parameters over the data-parallel replicas but dp={plan.dp}; "
+                              "give --dp 2 or more")
 
 
 @dataclass

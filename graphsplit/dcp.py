@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.tensor import DTensor
 
 from .errors import GraphsplitError
 from .program import Program
@@ -96,24 +97,47 @@ class Pieces:
 
 
 def pieces_of(local: torch.Tensor, sharding: Sharding, tp_rank: int, tp: int) -> Pieces:
-    """The blocks of the whole tensor that this tp rank's `local` tensor holds."""
+    """The blocks of the whole tensor that this rank's `local` tensor holds.
+
+    `local` is this tp rank's shard, or (FSDP) a DTensor sharding that shard over
+    the dp replicas: then only the part of each tp block inside this dp rank's
+    window is held.
+    """
+    window_start, window = [0] * local.dim(), local
+    if isinstance(local, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        _, offsets = compute_local_shape_and_global_offset(local.shape, local.device_mesh, local.placements)
+        window_start, window = list(offsets), local.to_local()
+    tp_local_shape = list(local.shape)  # this tp rank's shard, whole over dp
+    full = list(tp_local_shape)
+    tp_blocks: list[tuple[list[int], list[int], list[int]]] = []  # (start in the tp shard, size, start in the whole)
     if sharding.kind != "S" or tp == 1:
-        return Pieces(local.size(), [(torch.Size([0] * local.dim()), local)])
-    dim = sharding.dim
-    assert dim is not None
-    full = list(local.shape)
-    full[dim] *= tp
-    zeros = [0] * local.dim()
+        tp_blocks.append(([0] * local.dim(), list(tp_local_shape), [0] * local.dim()))
+    else:
+        dim = sharding.dim
+        assert dim is not None
+        full[dim] *= tp
+        start_global, start_local = 0, 0
+        for chunk in sharding.chunks or (full[dim],):  # each rank holds its 1/tp of every chunk of a fused dim
+            width = chunk // tp
+            lo, size, glo = [0] * local.dim(), list(tp_local_shape), [0] * local.dim()
+            lo[dim], size[dim], glo[dim] = start_local, width, start_global + tp_rank * width
+            tp_blocks.append((lo, size, glo))
+            start_global += chunk
+            start_local += width
     blocks = []
-    chunks = sharding.chunks or (full[dim],)
-    start_global, start_local = 0, 0
-    for chunk in chunks:  # each rank holds its 1/tp of every chunk of a fused dim
-        width = chunk // tp
-        offsets = list(zeros)
-        offsets[dim] = start_global + tp_rank * width
-        blocks.append((torch.Size(offsets), local.narrow(dim, start_local, width)))
-        start_global += chunk
-        start_local += width
+    for lo, size, glo in tp_blocks:  # intersect each tp block with the dp window
+        view, offsets = window, []
+        for d in range(local.dim()):
+            a = max(lo[d], window_start[d])
+            b = min(lo[d] + size[d], window_start[d] + window.shape[d])
+            if b <= a:
+                break
+            view = view.narrow(d, a - window_start[d], b - a)
+            offsets.append(glo[d] + a - lo[d])
+        else:
+            blocks.append((torch.Size(offsets), view))
     return Pieces(torch.Size(full), blocks)
 
 
@@ -163,6 +187,8 @@ def rank_state(
                     name = f"{OPTIMIZER_PREFIX}{canonical}/{key}"
                     if isinstance(value, torch.Tensor) and value.shape == p.shape and value.dim():
                         state[name] = pieces_of(value, sharding, tp_rank, tp)
+                    elif isinstance(value, DTensor):  # FSDP keeps even the scalar step as a DTensor
+                        state[name] = value.to_local()
                     elif isinstance(value, torch.Tensor):
                         state[name] = value
         for local, canonical in stage.buffer_sources.items():

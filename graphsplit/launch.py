@@ -176,7 +176,7 @@ def run_training(
             save_dir=opts.save, resume_dir=opts.resume,
         )
         spec.save(tmp / "spec.json")
-        echo(f"launching {plan.world_size} processes: dp={plan.dp} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
+        echo(f"launching {plan.world_size} processes: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
              f"{plan.num_microbatches} micro-batches)")
         _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log")
         if reference is None:
@@ -219,7 +219,7 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
     worst_curve = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve, ref_losses))
     if not worst_curve <= curve_rtol:
         cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {curve_rtol:g}")
-    echo(f"check: untouched model in one process vs graphsplit dp={plan.dp} pp={plan.pp} tp={plan.tp}, "
+    echo(f"check: untouched model in one process vs graphsplit dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} pp={plan.pp} tp={plan.tp}, "
          f"same {plan.dp * plan.num_microbatches} micro-batches")
     echo(f"  loss step {first_step:<4}{float(first.loss):.6f} (reference) vs {float(loss):.6f}")
     out_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("output")]

@@ -20,14 +20,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("dp, pp, tp", [(1, 2, 1), (1, 2, 2), (2, 2, 2)])
-def test_parallelize_in_a_torchrun_script(tmp_path, dp, pp, tp):
+@pytest.mark.parametrize("dp, pp, tp, fsdp", [(1, 2, 1, False), (1, 2, 2, False), (2, 2, 2, False), (2, 2, 2, True)])
+def test_parallelize_in_a_torchrun_script(tmp_path, dp, pp, tp, fsdp):
     world = dp * pp * tp
     steps = 5
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
         str(EXAMPLES / "train_parallelize.py"), "--model", "gpt", "--dp", str(dp), "--pp", str(pp), "--tp", str(tp),
-        "--steps", str(steps), "--dump", str(tmp_path),
+        "--steps", str(steps), "--dump", str(tmp_path), *(["--fsdp"] if fsdp else []),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -35,10 +35,12 @@ def test_parallelize_in_a_torchrun_script(tmp_path, dp, pp, tp):
 
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     model = loaded.build("cpu", seed=0)
-    plan = Plan(dp=dp, pp=pp, tp=tp)
+    plan = Plan(dp=dp, pp=pp, tp=tp, fsdp=fsdp)
     ref = reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, dp * plan.num_microbatches)
     program = compile_loaded(loaded, plan).program
     dumps = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for d in dumps:  # FSDP: each rank stores about 1/dp of its shards (dim 0 split, so not exactly)
+        assert d["held"] <= (0.6 * d["whole"] if fsdp else d["whole"]) and d["held"] > 0.4 * d["whole"]
     losses = [d["loss"] for d in dumps if d["loss"] is not None]
     assert len(losses) == dp * tp  # every tp rank of every replica's last stage has the loss
     got = {}

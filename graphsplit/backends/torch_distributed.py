@@ -4,7 +4,8 @@ The device mesh has three named axes, (dp, pp, tp); pipeline stages talk over
 the pp axis through `torch.distributed.pipelining` (`PipelineStage` built from
 our own stage GraphModules, and its schedules), tp collectives over the tp
 axis, and gradients are averaged over the dp axis after each step (one
-flattened all-reduce; no overlap with backward yet). gloo on CPU, nccl on CUDA.
+flattened all-reduce; no overlap with backward yet) or, with `fsdp`, each stage
+module is FSDP2-sharded over the dp axis (ZeRO-3). gloo on CPU, nccl on CUDA.
 Copies of a tied parameter on several pp ranks get the sum of their
 gradients through one all-reduce per parameter on a group of just those ranks.
 """
@@ -21,6 +22,7 @@ import torch.distributed as dist
 import torch.distributed.pipelining as pipelining
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
 
 from ..ops import tp as tpops
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
@@ -88,10 +90,14 @@ class DistributedPipeline:
         self.pp_rank = mesh.get_local_rank("pp")
         pp_group = mesh.get_group("pp")
         tpops.set_tp_group(mesh.get_group("tp") if plan.tp > 1 else None)
+        if plan.fsdp:
+            self._shard_over_dp()
         self.is_first = 0 in self.modules
         self.is_last = plan.num_stages - 1 in self.modules
         self._tied_groups = self._make_tied_groups()
-        self.dp_group = mesh.get_group("dp") if plan.dp > 1 else None
+        # plain dp averages gradients itself after backward; FSDP reduce-scatters them during it
+        self.dp_group = mesh.get_group("dp") if plan.dp > 1 and not plan.fsdp else None
+        self.loss_group = mesh.get_group("dp") if plan.dp > 1 else None
         if plan.num_stages == 1:
             # No pipeline: run the micro-batches directly. (A one-stage schedule would cost an
             # extra forward on step 1 for its shape inference, collectives included.)
@@ -111,6 +117,20 @@ class DistributedPipeline:
         else:
             (only,) = self.stages
             self.schedule = cls(only, **common)
+
+    def _shard_over_dp(self) -> None:
+        """ZeRO-3: FSDP2 `fully_shard` each stage module over the mesh's dp axis.
+
+        Parameters (already this tp rank's shards) become DTensors sharded on dim 0 over
+        the dp replicas; FSDP gathers them around each forward and backward and
+        reduce-scatters the gradients (averaged over dp). The pipelining stage drives
+        FSDP's last-backward hooks across micro-batches.
+        """
+        from torch.distributed.fsdp import fully_shard
+
+        dp_mesh = self.mesh["dp"]
+        for module in self.modules.values():
+            fully_shard(module, mesh=dp_mesh)
 
     def _make_tied_groups(self) -> dict[str, dist.ProcessGroup | None]:
         """One group per tied parameter over the pp ranks holding it (every rank calls new_group)."""
@@ -144,10 +164,10 @@ class DistributedPipeline:
             loss, output = self._pipeline_step(inputs, target)
         if self.dp_group is not None:
             self._average_over_dp()
-            if loss is not None:  # every rank of this dp group holds the last stage
-                loss = loss.clone()
-                dist.all_reduce(loss, group=self.dp_group)
-                loss /= self.plan.dp
+        if self.loss_group is not None and loss is not None:  # every rank of this dp group holds the last stage
+            loss = loss.clone()
+            dist.all_reduce(loss, group=self.loss_group)
+            loss /= self.plan.dp
         return loss, output
 
     def _average_over_dp(self) -> None:
@@ -171,8 +191,8 @@ class DistributedPipeline:
 
         def reduce(name: str, tensor: torch.Tensor) -> None:
             group = self._tied_groups.get(name)
-            if group is not None:
-                dist.all_reduce(tensor, group=group)
+            if group is not None:  # under FSDP each copy is sharded alike: sum the local shards
+                dist.all_reduce(tensor.to_local() if isinstance(tensor, DTensor) else tensor, group=group)
 
         sync_tied_grads(self.program, self.modules, reduce)
         if not self.is_last:
@@ -185,6 +205,8 @@ class DistributedPipeline:
         for index, module in self.modules.items():
             for local, canonical in self.program.stages[index].param_sources.items():
                 g = module.get_parameter(local).grad
+                if isinstance(g, DTensor):  # FSDP: gather the dp shards (every dp rank calls this)
+                    g = g.full_tensor()
                 if g is not None:
                     found[canonical] = g.detach().cpu()
         return found
