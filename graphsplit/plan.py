@@ -28,6 +28,10 @@ SCHEDULES: dict[str, str] = {
 }
 MULTI_STAGE_SCHEDULES = frozenset({"interleaved-1f1b", "looped-bfs"})
 CHECKPOINT_POLICIES = ("none", "blocks", "stage", "selective")
+# What a per-module override (Plan.checkpoint_overrides) does to the modules its glob matches:
+# none: never checkpointed; full: one region, recomputed whole; selective: one region that
+# keeps its matmul/attention outputs and recomputes the cheap ops around them.
+CHECKPOINT_OVERRIDE_POLICIES = ("none", "full", "selective")
 AUTOCAST_DTYPES = (None, "bf16", "fp16")
 
 
@@ -43,17 +47,24 @@ class Plan:
     (2 or more needs an interleaved schedule). microbatches: how many pieces
     the batch is cut into (default: the number of stages). split_at: module
     names where a new stage starts (overrides the automatic cut).
+    checkpoint: the activation-checkpoint policy for the whole model (none,
+    blocks, every:K, stage, selective; see passes/checkpoint.py).
+    checkpoint_overrides: (glob, policy) pairs, e.g. (("h.0", "none"),
+    ("h.1*", "selective")): modules whose path matches the glob (fnmatch) get
+    the policy (none, full or selective) instead; the last matching pair wins.
     """
 
     pp: int = 1
     tp: int = 1
     dp: int = 1
     fsdp: bool = False
+    sync_bn: bool = False  # BatchNorm statistics over all dp replicas (one all-reduce per layer)
     microbatches: int | None = None
     schedule: str = "1f1b"
     stages_per_rank: int = 1
     split_at: tuple[str, ...] = ()
     checkpoint: str = "none"
+    checkpoint_overrides: tuple[tuple[str, str], ...] = ()
     autocast: str | None = None
     seed: int = 0
 
@@ -95,6 +106,7 @@ class Plan:
             )
         if self.checkpoint not in CHECKPOINT_POLICIES and not re.fullmatch(r"every:[1-9]\d*", str(self.checkpoint)):
             raise _fail("checkpoint", f"unknown policy {self.checkpoint!r}; choose one of {', '.join(CHECKPOINT_POLICIES)} or every:K")
+        object.__setattr__(self, "checkpoint_overrides", _overrides(self.checkpoint_overrides))
         if self.autocast not in AUTOCAST_DTYPES:
             raise _fail("autocast", f"unknown dtype {self.autocast!r}; choose bf16 or fp16")
 
@@ -123,6 +135,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["split_at"] = list(self.split_at)
+        data["checkpoint_overrides"] = [list(pair) for pair in self.checkpoint_overrides]
         return data
 
     @classmethod
@@ -139,4 +152,23 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         return cls.from_dict(json.loads(text))
+
+
+def _overrides(value: Any) -> tuple[tuple[str, str], ...]:
+    """checkpoint_overrides as a tuple of (glob, policy); a mapping or lists (JSON) are accepted."""
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    if isinstance(pairs, str) or not isinstance(pairs, (tuple, list)):
+        raise _fail("checkpoint_overrides", f"must be (glob, policy) pairs, got {value!r}")
+    out = []
+    for pair in pairs:
+        if isinstance(pair, str) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise _fail("checkpoint_overrides", f"each entry must be a (glob, policy) pair, got {pair!r}")
+        glob, policy = pair
+        if not isinstance(glob, str) or not glob.strip() or "=" in glob:
+            raise _fail("checkpoint_overrides", f"the glob must be a module-name pattern such as h.0 or h.*.mlp, got {glob!r}")
+        if policy not in CHECKPOINT_OVERRIDE_POLICIES:
+            raise _fail("checkpoint_overrides",
+                        f"unknown policy {policy!r} for {glob!r}; choose one of {', '.join(CHECKPOINT_OVERRIDE_POLICIES)}")
+        out.append((glob.strip(), policy))
+    return tuple(out)
 

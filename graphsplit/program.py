@@ -246,10 +246,10 @@ def build_program(
         graph.lint()
         stage_gm = fx.GraphModule(gm, graph, class_name=f"Stage{s}")
         modules = []
-        for n in members:
-            mod = info(n).module
-            if mod and mod not in modules:
-                modules.append(mod)
+        for n in members:  # a checkpointed region lists the modules of the nodes it holds
+            for mod in info(n).extra.get("modules", [info(n).module]):
+                if mod and mod not in modules:
+                    modules.append(mod)
         stages.append(
             StageProgram(
                 index=s,

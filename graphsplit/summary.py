@@ -101,7 +101,7 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
         "boundaries": boundaries,
         "tied_parameters": program.shared_params,
     }
-    if plan.checkpoint != "none":
+    if plan.checkpoint != "none" or plan.checkpoint_overrides:
         data["activation_bytes"] = _activation_bytes(program)
     if plan.tp > 1:
         import torch.fx as fx
@@ -137,10 +137,8 @@ def _activation_bytes(program: Program) -> list[dict[str, Any]]:
         inputs = st.input_examples()
         tp, shardings = program.plan.tp, program.param_shardings
         names = {id(st.gm.get_parameter(local)): canonical for local, canonical in st.param_sources.items()}
-        row: dict[str, Any] = {"stage": st.index, "without": saved_bytes(st.gm, inputs, tp, False, shardings, names)}
-        selective = program.plan.checkpoint == "selective"
-        row["with"] = None if selective else saved_bytes(st.gm, inputs, tp, True, shardings, names)
-        rows.append(row)
+        rows.append({"stage": st.index, "without": saved_bytes(st.gm, inputs, tp, False, shardings, names),
+                     "with": saved_bytes(st.gm, inputs, tp, True, shardings, names)})
     return rows
 
 
@@ -182,7 +180,8 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
             f"(without: {_fmt_bytes(r['without'])})"
             for r in summary["activation_bytes"]
         ]
-        console.print(f"saved for backward per micro-batch, checkpoint={plan['checkpoint']}: " + "; ".join(parts))
+        policy = plan["checkpoint"] + "".join(f", {glob}={p}" for glob, p in plan.get("checkpoint_overrides", []))
+        console.print(f"saved for backward per micro-batch, checkpoint={policy}: " + "; ".join(parts))
     if "collectives" in summary:
         _render_collectives(summary, console)
     if "transform_seconds" in summary:

@@ -1,9 +1,15 @@
 """Activation checkpointing: the same numbers, bit for bit, and less kept for backward."""
 
+import json
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from graphsplit import Plan
+from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.memory import saved_bytes
 from graphsplit.backends.local import LocalPipeline
 from graphsplit.compile import compile_loaded
@@ -11,6 +17,7 @@ from graphsplit.loader import load_model
 from graphsplit.materialize import materialize_stage, model_tensors
 from graphsplit.meta import info
 from graphsplit.runtime import make_loss
+from graphsplit.summary import summarize
 
 from .conftest import EXAMPLES
 
@@ -64,3 +71,126 @@ def test_stage_policy_keeps_only_the_stage_inputs(example):
     for st in program.stages:
         inputs = st.input_examples()
         assert saved_bytes(st.gm, inputs) == sum(t.numel() * t.element_size() for t in inputs)
+
+
+def ckpt_calls(program):
+    """(stage, unit, CheckpointRegion) of every checkpointed region, in order."""
+    return [(st.index, info(n).extra["unit"], st.gm.get_submodule(str(n.target)))
+            for st in program.stages for n in st.gm.graph.nodes
+            if n.op == "call_module" and str(n.target).startswith("ckpt_")]
+
+
+def test_blocks_take_the_tail_and_keep_only_region_inputs():
+    loaded = load_model(str(EXAMPLES / "gpt.py"))
+    program = compile_loaded(loaded, Plan(pp=2, split_at=("h.2",), checkpoint="blocks")).program
+    last = program.stages[-1]
+    # ln_f and lm_head joined h.3's region: nothing runs outside a region in the last stage
+    assert not [n for n in last.gm.graph.nodes if n.op == "call_module" and not str(n.target).startswith("ckpt_")]
+    assert {"ln_f", "lm_head"} <= set(last.modules)
+    for st in program.stages:
+        gm = st.gm
+        kept = {a for n in gm.graph.nodes if n.op == "call_module" and str(n.target).startswith("ckpt_")
+                for a in n.all_input_nodes if info(a).tensor is not None}
+        # outside the regions only the embeddings run (stage 0); they keep their index tensors
+        kept |= {n.args[0] for n in gm.graph.nodes
+                 if n.op == "call_module" and isinstance(gm.get_submodule(str(n.target)), torch.nn.Embedding)}
+        assert saved_bytes(gm, st.input_examples()) == sum(info(a).tensor.nbytes for a in kept)
+
+
+def test_batchnorm_statistics_are_updated_once():
+    loaded = load_model(str(EXAMPLES / "resnet.py"))
+
+    def buffers(plan):
+        program = compile_loaded(loaded, plan).program
+        model = loaded.build("cpu", seed=0)
+        stages = [materialize_stage(s, "cpu", model_tensors(model)) for s in program.stages]
+        LocalPipeline(program, stages, make_loss(program, loaded.loss_fn)).step(
+            program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)
+        return {c: m.get_buffer(k) for st, m in zip(program.stages, stages) for k, c in st.buffer_sources.items()}
+
+    plain, recomputed = buffers(Plan(pp=2)), buffers(Plan(pp=2, checkpoint="blocks"))
+    assert any("running_mean" in k for k in plain)
+    assert [k for k in plain if not torch.equal(plain[k], recomputed[k])] == []
+
+
+OVERRIDES = [
+    ("blocks", (("*.0", "none"), ("*.1*", "selective"))),
+    ("none", (("*.att*", "full"), ("*.2", "selective"))),
+    ("every:2", (("*.3", "none"),)),
+]
+
+
+@pytest.mark.parametrize("policy, overrides", OVERRIDES, ids=["blocks-0none-1sel", "attn-full-2sel", "every2-3none"])
+@pytest.mark.parametrize("example", ["gpt.py", "llama.py"])
+def test_overrides_are_bit_identical(example, policy, overrides):
+    loaded = load_model(str(EXAMPLES / example))
+    _, loss, grads = step(loaded, Plan(pp=2))
+    program, loss_ck, grads_ck = step(loaded, Plan(pp=2, checkpoint=policy, checkpoint_overrides=overrides))
+    assert ckpt_calls(program)
+    assert torch.equal(loss, loss_ck)
+    assert grads.keys() == grads_ck.keys()
+    for name in grads:
+        assert torch.equal(grads[name], grads_ck[name]), name
+
+
+def test_overrides_choose_the_regions():
+    loaded = load_model(str(EXAMPLES / "gpt.py"))
+    plan = Plan(pp=2, checkpoint="blocks", checkpoint_overrides=(("h.0", "none"), ("h.1*", "selective")))
+    program = compile_loaded(loaded, plan).program
+    found = {unit: region.selective for _, unit, region in ckpt_calls(program)}
+    assert found == {"h.1": True, "h.2": False, "h.3": False}
+    assert 'getattr(self.h, "0").ln_1(' in program.stages[0].gm.code  # h.0 runs plainly in stage code
+
+    # the last matching override wins; a glob may name modules inside blocks
+    plan = Plan(pp=2, checkpoint_overrides=(("h.*", "selective"), ("h.2", "full"), ("h.3.mlp", "full")))
+    found = [(unit, region.selective) for _, unit, region in ckpt_calls(compile_loaded(loaded, plan).program)]
+    # (h.3's residual add after its mlp is left alone: a region without FLOPs is not worth wrapping)
+    assert found == [("h.0", True), ("h.1", True), ("h.2", False), ("h.3", True), ("h.3.mlp", False)]
+
+    plan = Plan(pp=2, checkpoint_overrides=(("h.*.mlp", "full"),))
+    assert [unit for _, unit, _ in ckpt_calls(compile_loaded(loaded, plan).program)] == [f"h.{i}.mlp" for i in range(4)]
+
+
+def test_override_glob_that_matches_nothing_is_an_error():
+    loaded = load_model(str(EXAMPLES / "gpt.py"))
+    with pytest.raises(GraphsplitError, match=r"Plan\.checkpoint_overrides: 'h\.9' matches no module; modules are e\.g\. .*h\.0"):
+        compile_loaded(loaded, Plan(pp=2, checkpoint="blocks", checkpoint_overrides=(("h.9", "none"),)))
+
+
+def test_summary_reports_saved_bytes_with_overrides():
+    loaded = load_model(str(EXAMPLES / "gpt.py"))
+    plan = Plan(pp=2, checkpoint_overrides=(("h.1", "selective"), ("h.3", "full")))
+    rows = summarize(compile_loaded(loaded, plan).program)["activation_bytes"]
+    assert [r["stage"] for r in rows] == [0, 1]
+    assert all(0 < r["with"] < r["without"] for r in rows)
+
+
+def cli(*args):
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "graphsplit", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_cli_checkpoint_module_option(tmp_path):
+    r = cli("transform", EXAMPLES / "gpt.py", "--pp", "2", "--checkpoint", "blocks", "--checkpoint-module", "h.0=none",
+            "--checkpoint-module", "h.1*=selective", "--json", "--out", tmp_path / "gpt")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["plan"]["checkpoint_overrides"] == [["h.0", "none"], ["h.1*", "selective"]]
+    assert all(row["with"] < row["without"] for row in summary["activation_bytes"])
+    record = json.loads((tmp_path / "gpt" / "plan.json").read_text())
+    assert Plan.from_dict(record["plan"]).checkpoint_overrides == (("h.0", "none"), ("h.1*", "selective"))
+    assert "ckpt_" in (tmp_path / "gpt" / "stage_1.py").read_text()
+
+
+@pytest.mark.parametrize("value, message", [
+    ("h.9=none", r"'h\.9' matches no module; modules are e\.g\. "),
+    ("h.0", r"--checkpoint-module takes GLOB=POLICY"),
+    ("h.0=sometimes", r"Plan\.checkpoint_overrides: unknown policy 'sometimes'"),
+])
+def test_cli_bad_checkpoint_module_is_a_one_line_error(tmp_path, value, message):
+    r = cli("transform", EXAMPLES / "gpt.py", "--pp", "2", "--checkpoint-module", value, "--out", tmp_path / "out")
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0]), r.stderr
+    assert not (tmp_path / "out").exists()

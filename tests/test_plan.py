@@ -12,6 +12,18 @@ def test_defaults_and_json_round_trip():
     assert isinstance(again.split_at, tuple)
 
 
+def test_checkpoint_overrides_round_trip_through_json():
+    plan = Plan(pp=2, checkpoint="blocks", checkpoint_overrides=[["h.0", "none"], ("h.1*", "selective")])
+    assert plan.checkpoint_overrides == (("h.0", "none"), ("h.1*", "selective"))
+    assert plan.to_dict()["checkpoint_overrides"] == [["h.0", "none"], ["h.1*", "selective"]]
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and hash(again) == hash(plan)
+    assert Plan(checkpoint_overrides={"h.*.mlp": "full"}).checkpoint_overrides == (("h.*.mlp", "full"),)
+    # a plan.json written before the field existed still loads
+    old = {k: v for k, v in Plan(pp=2).to_dict().items() if k != "checkpoint_overrides"}
+    assert Plan.from_dict(old).checkpoint_overrides == ()
+
+
 def test_microbatches_default_to_number_of_stages():
     assert Plan(pp=2, schedule="interleaved-1f1b", stages_per_rank=2).num_microbatches == 4
 
@@ -34,6 +46,10 @@ def test_interleaved_placement_loops_over_ranks():
         ({"pp": 2, "split_at": ("a", "b")}, "Plan.split_at"),
         ({"checkpoint": "always"}, "Plan.checkpoint"),
         ({"autocast": "int8"}, "Plan.autocast"),
+        ({"checkpoint_overrides": (("h.0", "sometimes"),)}, "Plan.checkpoint_overrides"),
+        ({"checkpoint_overrides": ("h.0",)}, "Plan.checkpoint_overrides"),
+        ({"checkpoint_overrides": (("", "none"),)}, "Plan.checkpoint_overrides"),
+        ({"checkpoint_overrides": "h.0=none"}, "Plan.checkpoint_overrides"),
     ],
 )
 def test_invalid_plans_name_the_field(kwargs, field):

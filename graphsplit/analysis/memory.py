@@ -6,18 +6,23 @@ backward passes through the pack hook, and we add up the bytes of the distinct
 storages they live in (a view and its base count once). Non-reentrant
 checkpointing keeps its regions' inputs alive for recomputation instead of
 saving tensors through the hooks, so a forward pre-hook on each
-`CheckpointRegion` adds the storages of its inputs. Parameters are not counted
-(they are there anyway); inputs of the stage itself are.
+`CheckpointRegion` adds the storages of its inputs; a selective region also
+keeps the outputs of its matmul-class ops in checkpoint's own cache, which a
+dispatch mode counts while that region runs. Parameters are not counted (they
+are there anyway); inputs of the stage itself are.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
 
 from ..ops import tp as tpops
-from ..ops.checkpoint import CheckpointRegion
+from ..ops.checkpoint import SELECTIVE_KEEPS, CheckpointRegion
 from .shapes import meta_copy
 
 
@@ -30,10 +35,7 @@ def saved_bytes(
     names: dict[int, str] | None = None,
 ) -> int:
     """Bytes kept for backward by one forward of `stage` on inputs shaped like `inputs`;
-    `checkpointing=False` runs its checkpoint regions plainly (the figure without the policy).
-
-    Selective regions keep matmul outputs in checkpoint's own cache, which this does not
-    see: measure `blocks` or `stage` policies only."""
+    `checkpointing=False` runs its checkpoint regions plainly (the figure without the policy)."""
     module = meta_copy(stage, param_shardings or {}, tp, names)
     for m in module.modules():
         if isinstance(m, CheckpointRegion):
@@ -50,18 +52,43 @@ def saved_bytes(
         note(t)
         return t
 
-    hooks = [] if not checkpointing else [
-        m.register_forward_pre_hook(lambda _m, args: [note(a) for a in args if isinstance(a, torch.Tensor)] and None)
-        for m in module.modules()
-        if isinstance(m, CheckpointRegion)
-    ]
+    regions = [m for m in module.modules() if isinstance(m, CheckpointRegion)] if checkpointing else []
+    kept_outputs = _KeptOutputs(note) if any(m.selective for m in regions) else contextlib.nullcontext()
+    hooks = []
+    for m in regions:
+        hooks.append(m.register_forward_pre_hook(
+            lambda _m, args: [note(a) for a in args if isinstance(a, torch.Tensor)] and None))
+        if m.selective:
+            hooks.append(m.register_forward_pre_hook(lambda _m, _a: kept_outputs.enter()))  # type: ignore[union-attr]
+            hooks.append(m.register_forward_hook(lambda _m, _a, _o: kept_outputs.leave()))  # type: ignore[union-attr]
     args = tuple(
         torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=t.is_floating_point()) for t in inputs
     )
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tpops.simulate(tp):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tpops.simulate(tp), kept_outputs:
             module(*args)
     finally:
         for h in hooks:
             h.remove()
     return sum(seen.values())
+
+
+class _KeptOutputs(TorchDispatchMode):
+    """Inside a selective region, notes the outputs of the ops whose outputs it keeps."""
+
+    def __init__(self, note: Any) -> None:
+        super().__init__()
+        self.note = note
+        self.depth = 0
+
+    def enter(self) -> None:
+        self.depth += 1
+
+    def leave(self) -> None:
+        self.depth -= 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.depth and func in SELECTIVE_KEEPS:
+            tree_map_only(torch.Tensor, self.note, out)
+        return out

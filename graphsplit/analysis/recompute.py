@@ -30,14 +30,14 @@ def recomputable(graph: fx.Graph) -> set[fx.Node]:
         if ni.value != "tensor" or node.op == "call_module":
             continue
         name = str(getattr(node.target, "__name__", node.target)).lower()
-        if any(r in name for r in _RANDOM) or _mutates(node, name):
+        if any(r in name for r in _RANDOM) or mutates(node, name):
             continue
         if node.all_input_nodes and all(a in found for a in node.all_input_nodes):
             found.add(node)
     return found
 
 
-def _mutates(node: fx.Node, name: str) -> bool:
+def mutates(node: fx.Node, name: str) -> bool:
     """In-place ops (a BatchNorm's `num_batches_tracked.add_(1)`) must run exactly once."""
     schema = getattr(node.target, "_schema", None)
     if schema is not None and schema.is_mutable:

@@ -1,65 +1,186 @@
 """checkpoint: wrap regions of each stage in non-reentrant activation checkpointing.
 
-Policies (Plan.checkpoint): `blocks` — each repeated block (a child of a
-ModuleList/Sequential: `h.3`, `layers.7`) is a region; `every:K` — K
-consecutive blocks per region; `stage` — a whole stage is one region;
-`selective` — each block keeps its matmul outputs and recomputes the cheap
-ops. Regions never cross a pipeline boundary (the pass runs after
-pipeline_split). A region becomes one `CheckpointRegion` submodule called
-as `ckpt_N` and its outputs are read back with getitem, so stage code shows
+Policies (Plan.checkpoint, `--checkpoint`):
+
+- `none`: nothing is recomputed.
+- `blocks`: each repeated block (a child of a ModuleList/Sequential: `h.3`,
+  `layers.7`) is a region, recomputed whole in backward. The ops that follow a
+  block in the same stage and read nothing the block's region does not already
+  keep (the final norm and LM head after the last block, a downsample between
+  blocks) join that region, so a stage keeps little more than its block
+  inputs; the tail is then recomputed in backward too. Ops before the first
+  block of a stage (embeddings, which keep only their indices) stay outside.
+- `every:K`: K consecutive blocks per region (with the same tail rule).
+- `stage`: a whole stage is one region: it keeps only the stage's inputs.
+- `selective`: each block is a region that keeps the outputs of its
+  matmul/attention ops and recomputes only the cheap ops around them.
+
+Per-module overrides (Plan.checkpoint_overrides, `--checkpoint-module GLOB=POLICY`):
+GLOB is an fnmatch pattern over module paths (`h.0`, `layers.1*`, `h.*.mlp`);
+POLICY is `none` (never checkpointed), `full` (the module is one region,
+recomputed whole) or `selective` (one region keeping its matmul outputs). A
+node takes the last override whose glob matches its module or a module that
+encloses it (the outermost such module is the region); other nodes follow
+Plan.checkpoint. A glob that matches no module is an error.
+
+    Plan(pp=2, checkpoint="blocks", checkpoint_overrides=(("h.0", "none"), ("h.1*", "selective")))
+    # h.0 runs plainly, h.1 keeps its matmul outputs, h.2 and h.3 (+ ln_f, lm_head) recompute
+
+Regions never cross a pipeline boundary (the pass runs after
+pipeline_split). A region becomes one `CheckpointRegion` submodule called as
+`ckpt_N` and its outputs are read back with getitem, so stage code shows
 where recomputation happens. Results are bit-identical in fp32: the same ops
 run on the same values, twice.
 """
 
 from __future__ import annotations
 
+import difflib
 import operator
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 import torch.fx as fx
 
+from ..analysis.recompute import mutates
+from ..errors import GraphsplitError
 from ..meta import NodeInfo, block_of, info
 from ..ops.checkpoint import CheckpointRegion
+from ..plan import Plan
 from .manager import PassContext
 
 _UNPLACED = ("placeholder", "get_attr", "output")
 
 
-def regions(gm: fx.GraphModule, policy: str) -> list[list[fx.Node]]:
+@dataclass
+class Region:
+    """Nodes wrapped as one checkpointed call. `unit`: the block, module or stage it covers."""
+
+    nodes: list[fx.Node]
+    unit: str
+    selective: bool = False
+    # made by Plan.checkpoint (not an override): may take the non-block ops that follow it
+    from_policy: bool = True
+
+
+def module_names(gm: fx.GraphModule) -> list[str]:
+    """Every module path the graph's nodes come from, with the modules enclosing them, in graph order."""
+    names: dict[str, None] = {}
+    for n in gm.graph.nodes:
+        parts = info(n).module.split(".") if info(n).module else []
+        for i in range(1, len(parts) + 1):
+            names.setdefault(".".join(parts[:i]))
+    return list(names)
+
+
+def _override_rules(gm: fx.GraphModule, overrides: tuple[tuple[str, str], ...]) -> dict[str, tuple[str, str]]:
+    """module path -> (the module its override names, policy) for every module an override reaches."""
+    names = module_names(gm)
+    for glob, _ in overrides:
+        if not any(fnmatchcase(m, glob) for m in names):
+            close = difflib.get_close_matches(glob, names, n=4, cutoff=0.5)
+            shown = close or sorted(names, key=lambda m: (m.count("."), names.index(m)))[:8]
+            raise GraphsplitError(f"Plan.checkpoint_overrides: {glob!r} matches no module; "
+                                  f"modules are e.g. {', '.join(shown)} ({len(names)} in all)")
+    rules: dict[str, tuple[str, str]] = {}
+    for module in names:
+        parts = module.split(".")
+        for glob, policy in overrides:  # in order: the last match wins
+            # the outermost matching module is the region: `h.*` makes h.3 one region, not h.3.attn
+            unit = next((".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                         if fnmatchcase(".".join(parts[:i]), glob)), None)
+            if unit is not None:
+                rules[module] = (unit, policy)
+    return rules
+
+
+def regions(gm: fx.GraphModule, plan: Plan | str) -> list[Region]:
     """Contiguous runs of nodes to checkpoint, each inside one stage."""
+    plan = plan if isinstance(plan, Plan) else Plan(checkpoint=plan)
+    policy = plan.checkpoint
+    rules = _override_rules(gm, plan.checkpoint_overrides)
     seq = [n for n in gm.graph.nodes if n.op not in _UNPLACED]
     pos = {n: i for i, n in enumerate(seq)}
-    runs: list[list[fx.Node]] = []
+
+    def key(node: fx.Node) -> tuple | None:
+        """(stage, unit, selective, from_policy) of the region a node belongs to; None: no region."""
+        stage, module = info(node).stage, info(node).module
+        if module in rules:
+            unit, rule = rules[module]
+            return None if rule == "none" else (stage, unit, rule == "selective", False)
+        if policy == "none":
+            return None
+        if policy == "stage":
+            return (stage, f"stage {stage}", False, True)
+        block = block_of(module)
+        return None if block is None else (stage, block, policy == "selective", True)
+
+    runs: list[Region] = []
     prev = None
     for node in seq:
-        block = block_of(info(node).module)
-        key = info(node).stage if policy == "stage" else (info(node).stage, block)
-        if policy != "stage" and block is None:
-            prev = None  # outside every block: ends the region
-            continue
-        if key == prev:
-            runs[-1].append(node)
-        else:
-            runs.append([node])
-        prev = key
+        k = key(node)
+        if k is not None and k == prev:
+            runs[-1].nodes.append(node)
+        elif k is not None:
+            runs.append(Region([node], k[1], k[2], k[3]))
+        prev = k
     if policy.startswith("every:"):
-        size = int(policy.split(":", 1)[1])
-        merged: list[list[fx.Node]] = []
-        for run in runs:
-            last = merged[-1] if merged else None
-            if (last and pos[last[-1]] + 1 == pos[run[0]] and info(last[-1]).stage == info(run[0]).stage
-                    and len({block_of(info(n).module) for n in last}) < size):
-                last.extend(run)
-            else:
-                merged.append(list(run))
-        runs = merged
-    return [r for r in runs if any(info(n).flops for n in r) and _no_containers_leave(r)]
+        runs = _merge_every(runs, int(policy.split(":", 1)[1]), pos)
+    if policy == "blocks" or policy.startswith("every:"):
+        free = [n for n in seq if key(n) is None and info(n).module not in rules]
+        _take_tails(runs, seq, pos, set(free))
+    return [r for r in runs if any(info(n).flops for n in r.nodes) and _no_containers_leave(r.nodes)]
+
+
+def _merge_every(runs: list[Region], size: int, pos: dict[fx.Node, int]) -> list[Region]:
+    merged: list[Region] = []
+    for run in runs:
+        last = merged[-1] if merged else None
+        if (last and last.from_policy and run.from_policy and pos[last.nodes[-1]] + 1 == pos[run.nodes[0]]
+                and info(last.nodes[-1]).stage == info(run.nodes[0]).stage
+                and len({block_of(info(n).module) for n in last.nodes}) < size):
+            last.nodes.extend(run.nodes)
+            last.unit = f"{last.unit.split('..')[0]}..{run.unit}"
+        else:
+            merged.append(Region(list(run.nodes), run.unit, run.selective, run.from_policy))
+    return merged
+
+
+def _take_tails(runs: list[Region], seq: list[fx.Node], pos: dict[fx.Node, int], free: set[fx.Node]) -> None:
+    """Each full region made by the policy takes the non-block ops right after it in its stage
+    (the final norm and LM head, a downsample between blocks) while they read only values the
+    region computes or already keeps: the region then keeps exactly what it kept before, and
+    what those ops would have saved for backward is recomputed instead."""
+    for region in runs:
+        if region.selective or not region.from_policy:
+            continue  # a selective tail would keep the LM head's logits: more, not less
+        members = set(region.nodes)
+        kept = {a for n in region.nodes for a in n.all_input_nodes if a not in members}
+        stage = info(region.nodes[-1]).stage
+        taken: list[fx.Node] = []
+        i = pos[region.nodes[-1]] + 1
+        while i < len(seq) and seq[i] in free and info(seq[i]).stage == stage:
+            node = seq[i]
+            if any(a not in members and a not in kept and a.op != "get_attr" and info(a).value != "scalar"
+                   for a in node.all_input_nodes):
+                break  # would make the region keep a tensor it does not keep now
+            if node.op != "call_module" and mutates(node, str(getattr(node.target, "__name__", node.target)).lower()):
+                break  # in-place updates stay outside a region, where they surely run once
+            members.add(node)
+            taken.append(node)
+            i += 1
+        while taken and not _no_containers_leave(region.nodes + taken):
+            members.discard(taken.pop())
+        region.nodes.extend(taken)
+        free.difference_update(taken)
 
 
 def _no_containers_leave(region: list[fx.Node]) -> bool:
     members = set(region)
     return all(info(n).value != "container" for n in region if any(u not in members for u in n.users))
 
-def _wrap(gm: fx.GraphModule, region: list[fx.Node], index: int, selective: bool) -> None:
+def _wrap(gm: fx.GraphModule, found: Region, index: int) -> None:
+    region = found.nodes
     members = set(region)
     inputs: list[fx.Node] = []
     for n in region:
@@ -89,14 +210,16 @@ def _wrap(gm: fx.GraphModule, region: list[fx.Node], index: int, selective: bool
         env[n] = sub.node_copy(n, get)
     sub.output(tuple(env[o] for o in outputs))
     name = f"ckpt_{index}"
-    gm.add_submodule(name, CheckpointRegion(fx.GraphModule(gm, sub, class_name="Region"), selective))
+    gm.add_submodule(name, CheckpointRegion(fx.GraphModule(gm, sub, class_name="Region"), found.selective))
     stage = info(region[0]).stage
     with gm.graph.inserting_before(region[0]):
         call = gm.graph.call_module(name, tuple(inputs))
     call.meta = {k: v for k, v in region[0].meta.items() if k in ("nn_module_stack",)}
     call.meta["graphsplit"] = NodeInfo(kind="checkpoint", value="container", module=info(region[0]).module,
                                        stage=stage, flops=sum(info(n).flops for n in region))
-    call.meta["graphsplit"].extra["region"] = [n.name for n in region]
+    call.meta["graphsplit"].extra.update(
+        region=[n.name for n in region], unit=found.unit, policy="selective" if found.selective else "full",
+        modules=list(dict.fromkeys(info(n).module for n in region)))
     with gm.graph.inserting_before(call.next):  # in order, right after the call
         reads = []
         for i, o in enumerate(outputs):
@@ -129,12 +252,12 @@ def _scalar_chain(scalars: list[fx.Node], members: set[fx.Node]) -> list[fx.Node
 
 
 def checkpoint_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    policy = ctx.plan.checkpoint
-    if policy == "none":
+    plan = ctx.plan
+    if plan.checkpoint == "none" and not plan.checkpoint_overrides:
         return gm
-    found = regions(gm, "blocks" if policy == "selective" else policy)
+    found = regions(gm, plan)
     for i, region in enumerate(found):
-        _wrap(gm, region, i, selective=policy == "selective")
-    ctx.checkpoint_regions = [[n.name for n in r] for r in found]
+        _wrap(gm, region, i)
+    ctx.checkpoint_regions = [[n.name for n in r.nodes] for r in found]
     gm.recompile()
     return gm
