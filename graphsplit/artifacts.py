@@ -1,5 +1,6 @@
-"""Write a transform's artifacts: plan.json, one readable .py per stage, graph.dot (and
-graph.svg when Graphviz's `dot` is installed).
+"""Write a transform's artifacts: plan.json, one readable .py per stage, report.html (the
+self-contained page: overview, graph, code, plan), graph.dot (and graph.svg when
+Graphviz's `dot` is installed).
 
 The folder is written whole or not at all: everything goes to a temporary
 sibling folder that is renamed into place at the end (an existing folder is
@@ -24,6 +25,7 @@ from .meta import META_KEY
 from .program import Program, StageProgram
 
 PLAN_FILE = "plan.json"
+REPORT_FILE = "report.html"
 
 
 def stage_source(stage: StageProgram, program: Program) -> str:
@@ -116,9 +118,13 @@ def write_artifacts(program: Program, loaded: LoadedModel, out_dir: Path, summar
     try:
         record = plan_record(program, loaded, out_dir, summary)
         (tmp / PLAN_FILE).write_text(json.dumps(record, indent=2, default=str))
-        for st in program.stages:
-            (tmp / f"stage_{st.index}.py").write_text(stage_source(st, program))
+        code = {st.index: stage_source(st, program) for st in program.stages}
+        for index, text in code.items():
+            (tmp / f"stage_{index}.py").write_text(text)
         from .report.diagram import program_dot, render_svg
+        from .report.html import render_report
+
+        (tmp / REPORT_FILE).write_text(render_report(program, record, code), encoding="utf-8")
 
         dot = program_dot(program)
         (tmp / "graph.dot").write_text(dot)

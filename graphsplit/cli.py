@@ -18,14 +18,25 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--pp", type=int, default=None, help="Pipeline-parallel ranks."),
         click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (Megatron-style plan found from the graph)."),
-        click.option("--dp", type=int, default=None, help="Data-parallel replicas (not implemented yet)."),
+        click.option("--dp", type=int, default=None, help="Data-parallel replicas (gradients averaged over them)."),
+        click.option("--fsdp", is_flag=True, default=None,
+                     help="Shard parameters, gradients and optimizer state over the dp replicas (FSDP2, ZeRO-3)."),
+        click.option("--sync-bn", "sync_bn", is_flag=True, default=None,
+                     help="BatchNorm statistics over all dp replicas (one all-reduce per layer), not per replica."),
         click.option("--microbatches", type=int, default=None, help="Micro-batches per step (default: number of stages)."),
         click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None, help="Pipeline schedule (default 1f1b)."),
         click.option("--stages-per-rank", type=int, default=None, help="Virtual stages per pp rank (interleaved schedules)."),
         click.option("--split-at", default=None, help="Comma-separated module names that start a new stage, e.g. h.6,h.12."),
         click.option("--seed", type=int, default=None, help="Seed for the model's initialization (default 0)."),
         click.option("--checkpoint", default=None,
-                     help="Activation checkpointing: none, blocks, every:K, stage or selective (default none)."),
+                     help="Activation checkpointing (default none): blocks recomputes each repeated block "
+                          "(h.3, layers.7) and the ops after it in its stage (final norm, LM head); "
+                          "every:K, K blocks per region; stage, each whole stage; selective, each block "
+                          "keeps its matmul/attention outputs and recomputes the cheap ops."),
+        click.option("--checkpoint-module", "checkpoint_overrides", multiple=True, metavar="GLOB=POLICY",
+                     help="Per-module override, repeatable: modules whose name matches GLOB (h.0, h.1*, "
+                          "h.*.mlp) are none (not checkpointed), full (one recomputed region) or "
+                          "selective; the last matching one wins, e.g. --checkpoint-module 'h.0=none'."),
         click.option("--autocast", type=click.Choice(["bf16", "fp16"]), default=None,
                      help="Mixed precision: matmuls in this dtype, parameters, norms and the loss in fp32."),
     ]
@@ -34,17 +45,27 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-_PLAN_KEYS = ("pp", "tp", "dp", "microbatches", "schedule", "stages_per_rank", "split_at", "seed", "checkpoint", "autocast")
+_PLAN_KEYS = ("pp", "tp", "dp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank", "split_at", "seed", "checkpoint",
+              "checkpoint_overrides", "autocast")
 
 
 def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
     given = {k: kwargs.pop(k) for k in _PLAN_KEYS}
-    given = {k: v for k, v in given.items() if v is not None}
+    given = {k: v for k, v in given.items() if v is not None and v != ()}
+    if "checkpoint_overrides" in given:
+        given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])
     if "split_at" in given:
         given["split_at"] = tuple(s.strip() for s in given["split_at"].split(",") if s.strip())
     if given.get("schedule") in ("interleaved-1f1b", "looped-bfs") and "stages_per_rank" not in given:
         given["stages_per_rank"] = 2
     return Plan(**given), bool(given)
+
+
+def _override(text: str) -> tuple[str, str]:
+    glob, sep, policy = text.rpartition("=")
+    if not sep or not glob.strip():
+        raise GraphsplitError(f"--checkpoint-module takes GLOB=POLICY (e.g. 'h.0=none'), got {text!r}")
+    return glob.strip(), policy.strip()
 
 
 def _fail(exc: GraphsplitError) -> None:
@@ -87,12 +108,16 @@ def transform(model: str, out_dir: Path | None, as_json: bool, **kwargs: Any) ->
 @main.command()
 @click.argument("out_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def inspect(out_dir: Path, as_json: bool) -> None:
-    """Print the summary of a folder written by transform (stages, balance, collectives, memory per rank)."""
+@click.option("--open", "open_report", is_flag=True,
+              help="Also open the folder's report.html (overview, graph, stage code, plan) in a web browser.")
+def inspect(out_dir: Path, as_json: bool, open_report: bool) -> None:
+    """Print the summary of a folder written by transform (stages, balance, collectives, memory per rank);
+    --open also shows its report.html."""
     from .artifacts import read_plan_record
     from .summary import render
 
     try:
+        report = _report_path(out_dir) if open_report else None
         record = read_plan_record(out_dir)
     except GraphsplitError as exc:
         _fail(exc)
@@ -107,6 +132,28 @@ def inspect(out_dir: Path, as_json: bool) -> None:
         click.echo(f"{record['model']['path']}:{record['model']['factory']} (graphsplit {record['graphsplit_version']}, "
                    f"torch {record['torch_version']})")
         render(summary)
+    if report is not None:
+        _open_report(report)
+
+
+def _report_path(out_dir: Path) -> Path:
+    from .artifacts import REPORT_FILE
+
+    path = out_dir / REPORT_FILE
+    if not path.is_file():
+        raise GraphsplitError(f"{out_dir} has no {REPORT_FILE}; run graphsplit transform MODEL --out {out_dir} to write it")
+    return path
+
+
+def _open_report(path: Path) -> None:
+    """Open in the user's browser ($BROWSER or the system's); the page needs no server."""
+    import webbrowser
+
+    uri = path.resolve().as_uri()
+    if webbrowser.open(uri):
+        click.echo(f"opened {uri}", err=True)
+    else:
+        click.echo(f"no web browser found here; open {uri} in one", err=True)
 
 
 @main.command()

@@ -6,6 +6,7 @@ write it through `info(node)`. Nothing is stored as an attribute on `fx.Node`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,18 @@ class TensorSpec:
         return f"{dt}[{', '.join(str(s) for s in self.shape)}]"
 
 
+@dataclass(frozen=True)
+class SourceLine:
+    """Where in the user's model code a node was made: the innermost frame outside torch."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line} in {self.function}"
+
+
 @dataclass
 class NodeInfo:
     """What graphsplit knows and decided about one node.
@@ -58,6 +71,8 @@ class NodeInfo:
     stage: int | None = None
     # tensor parallel: how the output is laid out over the tp ranks (None: not decided / R)
     sharding: Any = None
+    # the user's line that made it (None for nodes graphsplit inserted)
+    source: SourceLine | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -10,14 +10,21 @@ a GraphModule, with ATen ops. Either way the result has:
 
 `Traced.flatten_inputs(args, kwargs)` turns a call's inputs into the flat
 tensor tuple; `Traced.unflatten_output(leaves)` rebuilds the model's output.
+Each node's `NodeInfo.source` is the line of the model's code that made it
+(report.html shows it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 import logging
+import os
+import re
+import sys
+import sysconfig
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +38,7 @@ import torch.utils._pytree as pytree
 from torch.fx.graph import CodeGen
 
 from .errors import GraphsplitError
+from .meta import SourceLine, info
 
 _SPECIALIZED = ("has been specialized",)
 
@@ -158,6 +166,53 @@ class _Tracer(fx.Tracer):
     # Buffers become graph values, so `self.rope_cos[:T]` with a traced T is traceable.
     proxy_buffer_attributes = True
 
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        # fx's own record_stack_traces formats the whole stack per node, and its text lands
+        # in the stage code; the report needs only the user's line, found by a frame walk.
+        info(node).source = _user_source(sys._getframe(1))
+        return node
+
+
+_TRACE_CODE = fx.Tracer.trace.__code__
+_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+_SITE = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib"))
+_GRAPHSPLIT = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_OWN = (os.path.dirname(os.path.realpath(torch.__file__)) + os.sep, _GRAPHSPLIT)
+
+
+@functools.cache
+def _internal(filename: str) -> bool:
+    """True for torch's, graphsplit's and the standard library's files: never the model's line.
+    Other installed packages (transformers) count as the model's code."""
+    path = os.path.realpath(filename)
+    if path.startswith(_OWN) or filename.startswith("<"):
+        return True
+    return path.startswith(_STDLIB) and not path.startswith(_SITE)
+
+
+def _user_source(frame: Any) -> SourceLine | None:
+    """The innermost frame of the model's code between `Tracer.trace` and `frame`."""
+    while frame is not None and frame.f_code is not _TRACE_CODE:
+        code = frame.f_code
+        if not _internal(code.co_filename):
+            return SourceLine(code.co_filename, frame.f_lineno, code.co_name)
+        frame = frame.f_back
+    return None
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _source_from_stack_trace(text: str | None) -> SourceLine | None:
+    """The innermost model frame of a node's `stack_trace` (what torch.export records)."""
+    for file, line, function in reversed(_FRAME.findall(text or "")):
+        if os.path.realpath(file).startswith(_GRAPHSPLIT):
+            return None  # frames further out are whoever called graphsplit
+        if not _internal(file):
+            return SourceLine(file, int(line), function)
+    return None
+
 
 def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:
     """Replace placeholders of concrete (non-tensor) inputs by their values."""
@@ -240,6 +295,8 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
                 user.kwargs = fx.node.map_arg(user.kwargs, lambda n, v=value, p=ph: v if n is p else n)
             graph.erase_node(ph)
     _flat_output(graph)  # already flat: the structure is export's out_spec
+    for node in graph.nodes:
+        info(node).source = _source_from_stack_trace(node.meta.get("stack_trace"))
     spec = out_spec
     for name in ("_guards_fn",):
         if hasattr(gm, name):

@@ -29,18 +29,25 @@ COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
 }
 
 
+def node_collectives(node: fx.Node) -> list[tuple[str, str]]:
+    """(direction, kind) for each collective `node` runs in one step."""
+    found = []
+    for direction, kind in COLLECTIVES_OF.get(node.target, []) if node.op == "call_function" else []:
+        if direction == "backward":
+            src = node.args[0] if node.args else None
+            spec = info(src).tensor if isinstance(src, fx.Node) else None
+            if spec is None or not spec.requires_grad:
+                continue
+        found.append((direction, kind))
+    return found
+
+
 def collectives(graphs: Iterable[fx.Graph], default_block: str = "<root>") -> list[tuple[str, str, str]]:
     """(block, direction, kind) for every collective the graphs run in one step."""
     found = []
     for graph in graphs:
         for node in graph.nodes:
-            hits = COLLECTIVES_OF.get(node.target, []) if node.op == "call_function" else []
-            for direction, kind in hits:
-                if direction == "backward":
-                    src = node.args[0] if node.args else None
-                    spec = info(src).tensor if isinstance(src, fx.Node) else None
-                    if spec is None or not spec.requires_grad:
-                        continue
+            for direction, kind in node_collectives(node):
                 found.append((group_of(info(node).module) or default_block, direction, kind))
     return found
 

@@ -14,38 +14,10 @@ import shutil
 import subprocess
 from collections import Counter
 
-import torch.fx as fx
-
-from ..analysis.collectives import COLLECTIVES_OF
-from ..meta import group_of, info
-from ..ops.checkpoint import CheckpointRegion
-from ..passes.tp_spellings import linear_form
 from ..program import Program
-from ..sharding import R
+from .view import collective_label, stage_view
 
 COLORS = {"column": "#cfe2ff", "row": "#ffe5b4", "vocab": "#d1f2d8", "replicated": "#eeeeee"}
-
-
-def _style(node: fx.Node, program: Program, sources: dict[str, str], prefix: str) -> str | None:
-    """column / row / vocab / replicated for a linear or an embedding node, else None."""
-    from ..ops import tp as tpops
-
-    if node.op == "call_function" and node.target is tpops.vocab_parallel_embedding:
-        return "vocab"
-    form = linear_form(node)
-    if form is None or not isinstance(form[1], fx.Node) or form[1].op != "get_attr":
-        return None
-    sharding = program.param_sharding(sources.get(prefix + str(form[1].target), ""))
-    if sharding == R or sharding.kind != "S":
-        return "replicated"
-    return "column" if sharding.dim == form[3] else "row"
-
-
-def _graphs(gm: fx.GraphModule) -> list[tuple[fx.GraphModule, str, bool]]:
-    """The stage graph and its checkpointed regions' graphs: (graph module, attribute prefix, checkpointed)."""
-    found = [(gm, "", False)]
-    found += [(m.inner, f"{name}.inner.", True) for name, m in gm.named_modules() if isinstance(m, CheckpointRegion)]
-    return found
 
 
 def program_dot(program: Program) -> str:
@@ -58,21 +30,17 @@ def program_dot(program: Program) -> str:
     ]
     firsts, lasts = [], []
     for st in program.stages:
-        sources = dict(st.param_sources)
         groups: dict[str, dict] = {}
-        for graph_module, prefix, checkpointed in _graphs(st.gm):
-            for node in graph_module.graph.nodes:
-                if node.op in ("placeholder", "output", "get_attr") or info(node).value == "scalar":
-                    continue
-                g = group_of(info(node).module) or "<root>"
-                entry = groups.setdefault(g, {"styles": Counter(), "coll": Counter(), "ckpt": False, "low": False})
-                style = _style(node, program, sources, prefix)
-                if style:
-                    entry["styles"][style] += 1
-                for direction, kind in COLLECTIVES_OF.get(node.target, []) if node.op == "call_function" else []:
-                    entry["coll"][f"{kind.replace('_', '-')} {'fwd' if direction == 'forward' else 'bwd'}"] += 1
-                entry["ckpt"] |= checkpointed
-                entry["low"] |= bool(info(node).tensor is not None and info(node).tensor.dtype.itemsize == 2)
+        for view in stage_view(program, st.index):
+            if view.role != "op":
+                continue
+            entry = groups.setdefault(view.group, {"styles": Counter(), "coll": Counter(), "ckpt": False, "low": False})
+            if view.style:
+                entry["styles"][view.style] += 1
+            for direction, kind in view.collectives:
+                entry["coll"][collective_label(direction, kind)] += 1
+            entry["ckpt"] |= view.region is not None
+            entry["low"] |= view.low_precision
         out.append(f"  subgraph cluster_stage{st.index} {{")
         out.append(f'    label="stage {st.index} (pp rank {plan.stage_rank(st.index)}, tp={plan.tp})"; style=rounded; color="#888888";')
         ids = []
