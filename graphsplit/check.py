@@ -55,11 +55,22 @@ def reference_step(
     target: Any,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     microbatches: int,
+    replicas: int = 1,
 ) -> StepResult:
-    """One forward/backward of the untouched model over the pipeline's micro-batches."""
+    """One forward/backward of the untouched model over the pipeline's micro-batches.
+
+    `microbatches` counts all pieces (dp replicas x micro-batches, replica-major). With
+    `replicas` > 1 (sync-bn: BatchNorm statistics span the replicas), the replicas'
+    m-th micro-batches run as one batch, as the synchronized program sees them; the
+    output is put back in replica-major order.
+    """
     model.zero_grad(set_to_none=True)
     chunks = split_microbatches((args, kwargs), microbatches)
     targets = split_microbatches(target, microbatches)
+    per = microbatches // replicas
+    if replicas > 1:
+        chunks = [merge_outputs([chunks[d * per + m] for d in range(replicas)]) for m in range(per)]
+        targets = [merge_outputs([targets[d * per + m] for d in range(replicas)]) for m in range(per)]
     losses, outputs = [], []
     for (a, k), t in zip(chunks, targets):
         out = model(*a, **k)
@@ -67,12 +78,15 @@ def reference_step(
         loss.backward()
         losses.append(loss.detach())
         outputs.append(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out))
+    if replicas > 1:
+        parts = [split_microbatches(out, replicas) for out in outputs]
+        outputs = [parts[m][d] for d in range(replicas) for m in range(per)]
     grads, groups = {}, {}
     for name, p in model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
         if p.grad is not None:
             if len(groups[id(p)]) == 1:  # a tied tensor is scaled once
-                p.grad.div_(microbatches)
+                p.grad.div_(per)
             grads[name] = p.grad.detach().clone()
     aliases = [sorted(names) for names in groups.values()]
     return StepResult(torch.stack(losses).mean(), merge_outputs(outputs), grads, aliases)

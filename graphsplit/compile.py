@@ -24,6 +24,9 @@ def require_supported(plan: Plan) -> None:
     if plan.fsdp and plan.dp < 2:
         raise GraphsplitError(f"--fsdp shards parameters over the data-parallel replicas but dp={plan.dp}; "
                               "give --dp 2 or more")
+    if plan.sync_bn and plan.dp < 2:
+        raise GraphsplitError(f"--sync-bn shares BatchNorm statistics across data-parallel replicas but dp={plan.dp}; "
+                              "give --dp 2 or more")
 
 
 @dataclass

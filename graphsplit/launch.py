@@ -60,7 +60,8 @@ def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions
     first, losses = None, []
     for _ in range(opts.steps):
         # dp replicas x micro-batches, in order: the pieces the program's ranks see
-        result = reference_step(model, loaded.args, loaded.kwargs, target, loss_fn, plan.dp * plan.num_microbatches)
+        result = reference_step(model, loaded.args, loaded.kwargs, target, loss_fn, plan.dp * plan.num_microbatches,
+                                replicas=plan.dp if plan.sync_bn else 1)
         first = first or result
         losses.append(float(result.loss))
         optimizer.step()

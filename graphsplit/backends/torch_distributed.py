@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from ..ops import tp as tpops
+from ..ops.sync_bn import set_dp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
 from ..program import Program
 from ..runtime import LossFn, sync_tied_grads
@@ -71,6 +72,32 @@ def make_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
     return init_device_mesh(device.type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=("dp", "pp", "tp"))
 
 
+def stage_examples(program: Program) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """Meta tensors shaped like each stage's inputs and outputs for one micro-batch, on one tp rank.
+
+    Given to `PipelineStage`, they spare it the shape-inference forward it would
+    otherwise run on step 1's first micro-batch: a forward whose results are thrown
+    away, but which would still update BatchNorm running statistics (with garbage
+    inputs on later stages) and run every collective once more.
+    """
+    from ..analysis.shapes import meta_copy
+
+    plan = program.plan
+    out: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
+    inputs = program.stages[0].input_examples()
+    for st in program.stages:
+        names = {id(st.gm.get_parameter(local)): canonical for local, canonical in st.param_sources.items()}
+        module = meta_copy(st.gm, program.param_shardings, plan.tp, names)
+        if st.index > 0:  # an activation needs a gradient exactly when the sending stage's output had one
+            inputs = tuple(t.detach().requires_grad_(t.requires_grad) for t in inputs)
+        with tpops.simulate(plan.tp):
+            result = module(*inputs)
+        outputs = (result,) if isinstance(result, torch.Tensor) else tuple(result)
+        out.append((inputs, outputs))
+        inputs = outputs
+    return out
+
+
 class DistributedPipeline:
     """This rank's stages and the schedule that drives them."""
 
@@ -90,6 +117,7 @@ class DistributedPipeline:
         self.pp_rank = mesh.get_local_rank("pp")
         pp_group = mesh.get_group("pp")
         tpops.set_tp_group(mesh.get_group("tp") if plan.tp > 1 else None)
+        set_dp_group(mesh.get_group("dp") if plan.sync_bn and plan.dp > 1 else None)
         if plan.fsdp:
             self._shard_over_dp()
         self.is_first = 0 in self.modules
@@ -106,8 +134,10 @@ class DistributedPipeline:
             self.single = LocalPipeline(program, [self.modules[0]], loss_fn)
             return
         self.single = None
+        examples = stage_examples(program)
         self.stages = [
-            pipelining.PipelineStage(module, index, plan.num_stages, device, group=pp_group)
+            pipelining.PipelineStage(module, index, plan.num_stages, device, group=pp_group,
+                                     input_args=examples[index][0], output_args=examples[index][1])
             for index, module in sorted(self.modules.items())
         ]
         cls = getattr(pipelining, SCHEDULES[plan.schedule])

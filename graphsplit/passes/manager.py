@@ -1,6 +1,7 @@
 """Runs the passes in order: lints, times, and names the pass that failed.
 
 A pass is a function `(gm, ctx) -> gm`. The passes live in this package:
+`sync_batch_norm.py` (with --sync-bn, BatchNorm statistics over the dp replicas),
 `tensor_parallel.py` (shard linears/embeddings, insert tp collectives),
 `../loss.py` (keep vocab-sharded logits into a cross-entropy),
 `autocast.py` (matmuls in bf16, norms/softmax/loss in fp32), then
@@ -52,9 +53,11 @@ def default_passes() -> list[tuple[str, Pass]]:
     from .autocast import autocast_pass
     from .checkpoint import checkpoint_pass
     from .pipeline_split import pipeline_split_pass
+    from .sync_batch_norm import sync_batch_norm_pass
     from .tensor_parallel import tensor_parallel_pass
 
     return [
+        ("sync_batch_norm", sync_batch_norm_pass),
         ("tensor_parallel", tensor_parallel_pass),
         ("vocab_parallel_loss", vocab_parallel_loss_pass),
         ("autocast", autocast_pass),
