@@ -62,7 +62,7 @@ def main() -> None:
             torch.save({"grads": module.grads(), "loss": loss, "tp_rank": tp_rank, "held": held, "whole": whole},
                        args.dump / f"rank{dist.get_rank()}.pt")
         losses.append(loss)
-        optimizer.step()
+        module.optimizer_step(optimizer)  # optimizer.step(), through the loss scaler under fp16
         optimizer.zero_grad(set_to_none=True)
         if loss is not None:
             print(f"step {step} loss {loss.item():.6f}", flush=True)

@@ -80,6 +80,13 @@ class PipelinedModule(nn.Module):
         """This rank's gradients under the original model's parameter names."""
         return self.pipeline.grads()
 
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """`optimizer.step()`, through the plan's loss scaler under fp16 autocast (every rank must call it).
+
+        Returns False when an fp16 overflow on any rank made every rank skip the step.
+        """
+        return self.pipeline.optimizer_step(optimizer)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise GraphsplitError("a pipelined model trains through train_step(*inputs, target=...), not forward()")
 

@@ -50,21 +50,24 @@ class RunOptions:
     resume: str | None = None  # start from this DCP checkpoint (written at any plan)
 
 
-def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions):
-    """Step 1's result and the loss of every step for the untouched model."""
+def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions, first_step: int = 1,
+                    skipped: set[int] = frozenset()):  # type: ignore[assignment]
+    """The first step's result and the loss of every step for the untouched model (`skipped`: steps
+    whose optimizer step the program skipped, fp16 overflows)."""
     loss_fn = loaded.loss_fn or default_loss
     target = loaded.target if loaded.target is not None else torch.zeros(_batch(loaded))
     optimizer = make_optimizer(opts.optimizer, list(model.parameters()), opts.lr)
     if opts.resume:
         _load_reference(model, optimizer, opts.resume)
     first, losses = None, []
-    for _ in range(opts.steps):
+    for step in range(first_step, first_step + opts.steps):
         # dp replicas x micro-batches, in order: the pieces the program's ranks see
         result = reference_step(model, loaded.args, loaded.kwargs, target, loss_fn, plan.dp * plan.num_microbatches,
                                 replicas=plan.dp if plan.sync_bn else 1)
         first = first or result
         losses.append(float(result.loss))
-        optimizer.step()
+        if step not in skipped:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return first, losses
 
@@ -159,7 +162,6 @@ def run_training(
     program = compile_loaded(loaded, plan, fixed_cuts).program
     with tempfile.TemporaryDirectory(prefix="graphsplit-run-") as tmp_str:
         tmp = Path(tmp_str)
-        reference = None
         if opts.weights is None:  # the model's own initialization, saved once for the ranks to slice
             weights = str(tmp / "weights.pt")
             model = loaded.build("cpu", seed=plan.seed)
@@ -167,9 +169,8 @@ def run_training(
         else:
             weights = str(Path(opts.weights).resolve())
             model = _reference_with_weights(loaded, weights, plan) if opts.check else None
-        if opts.check:
-            reference = reference_train(model, loaded, plan, opts)
-        del model
+        if not opts.check:
+            del model
         spec = RunSpec(
             model=model_spec, plan=plan.to_dict(), steps=opts.steps, optimizer=opts.optimizer, lr=opts.lr,
             fixed_cuts=list(fixed_cuts) if fixed_cuts is not None else None,
@@ -180,13 +181,21 @@ def run_training(
         echo(f"launching {plan.world_size} processes: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
              f"{plan.num_microbatches} micro-batches)")
         _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log")
-        if reference is None:
+        if not opts.check:
             return None
         first_step = read_info(opts.resume)["step"] + 1 if opts.resume else 1
-        return _check(program, tmp, reference, plan, echo, first_step)
+        # after the run: the reference skips the fp16 steps an overflow made the program skip
+        skipped = set(json.loads((tmp / "skipped.json").read_text()))
+        if skipped:
+            echo(f"fp16: step(s) {', '.join(map(str, sorted(skipped)))} skipped on overflow (the reference skips them too)")
+        reference = reference_train(model, loaded, plan, opts, first_step, skipped)
+        return _check(program, tmp, reference, plan, echo, first_step, grads=first_step not in skipped)
 
 
-def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None], first_step: int = 1) -> Comparison:
+def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None], first_step: int = 1,
+           grads: bool = True) -> Comparison:
+    """Compare the ranks' dumps with the reference. `grads=False`: the first step overflowed in fp16, its
+    gradients are infinite by definition and are not compared (the loss curve still is)."""
     first, ref_losses = reference
     dumps = {int(p.stem.removeprefix("rank")): torch.load(p, weights_only=False) for p in sorted(tmp.glob("rank*.pt"))}
     loss, output = None, None
@@ -203,7 +212,7 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
     curve_rtol = LOW_PRECISION_ATOL if low else LOSS_CURVE_RTOL
     cmp = compare(loss, output, {}, first, atol=atol)
     n_grads = 0
-    for rank, dump in sorted(dumps.items()):
+    for rank, dump in sorted(dumps.items()) if grads else ():
         tp_rank = dump.get("tp_rank", 0)
 
         def shard(name: str, full: torch.Tensor, tp_rank: int = tp_rank) -> torch.Tensor:
@@ -214,7 +223,7 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
         cmp.max_diff.update({f"{k} (rank {rank})": v for k, v in sub.max_diff.items()})
         cmp.failures.extend(f"rank {rank}: {f}" for f in sub.failures)
     missing = missing_grads(first, {k for d in dumps.values() for k in d["grads"]})
-    if missing:
+    if missing and grads:
         cmp.failures.append(f"no rank produced a gradient for {', '.join(sorted(missing)[:5])}")
     curve = json.loads((tmp / "losses.json").read_text())
     worst_curve = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve, ref_losses))
@@ -226,7 +235,10 @@ def _check(program, tmp: Path, reference, plan: Plan, echo: Callable[[str], None
     out_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("output")]
     grad_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("grad")]
     echo(f"  output        max scaled difference {max(out_diffs, default=0.0):.3g}")
-    echo(f"  gradients     {n_grads} tensors on {len(dumps)} ranks, max scaled difference {max(grad_diffs, default=0.0):.3g}")
+    if grads:
+        echo(f"  gradients     {n_grads} tensors on {len(dumps)} ranks, max scaled difference {max(grad_diffs, default=0.0):.3g}")
+    else:
+        echo(f"  gradients     not compared: step {first_step} overflowed in fp16 (its gradients are infinite)")
     echo(f"  loss curve    {len(curve)} steps, max relative difference {worst_curve:.3g}")
     worst = cmp.worst
     if cmp.ok:

@@ -57,6 +57,14 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> to
     raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
 
 
+def _scaler_state(pipe: Any) -> dict[str, torch.Tensor]:
+    """fp16: the loss scale and its growth counter (the same on every rank), so a resume goes on exactly."""
+    scaler = pipe.scaler
+    if scaler is None:
+        return {}
+    return {"train/loss_scale": scaler._scale, "train/loss_scale_growth": scaler._growth_tracker}
+
+
 def _to(device: torch.device, value: Any) -> Any:
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)
 
@@ -95,6 +103,7 @@ def run(spec: RunSpec) -> None:
     if spec.resume_dir:
         dcp.init_optimizer_state(optimizer)
         state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
+        state.update(_scaler_state(pipe))
         same_world = dcp.read_info(spec.resume_dir).get("plan") == plan.to_dict()
         done = dcp.load_checkpoint(spec.resume_dir, state, same_world)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
@@ -105,7 +114,8 @@ def run(spec: RunSpec) -> None:
         target = split_microbatches(target, plan.dp)[dp_rank]
     inputs, target = _to(device, inputs), _to(device, target)
     reporter = pipe.is_last and dp_rank == 0 and tp_rank == 0
-    losses = []
+    losses: list[float] = []
+    skipped: list[int] = []  # fp16 steps an overflow skipped (every rank agrees)
     for step in range(done + 1, done + spec.steps + 1):
         loss, output = pipe.step(inputs, target)
         if step == done + 1 and spec.dump_dir:
@@ -113,17 +123,22 @@ def run(spec: RunSpec) -> None:
             dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), whole),
                     "tp_rank": mesh.get_local_rank("tp"), "dp_rank": dp_rank}
             torch.save(dump, Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
-        optimizer.step()
+        stepped = pipe.optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
+        if not stepped:
+            skipped.append(step)
         if reporter:
             assert loss is not None
             losses.append(float(loss))
-            print(f"step {step:>3}  loss {float(loss):.6f}", flush=True)
+            note = "  (fp16 overflow: step skipped, loss scale halved)" if not stepped else ""
+            print(f"step {step:>3}  loss {float(loss):.6f}{note}", flush=True)
     if reporter and spec.dump_dir:
         (Path(spec.dump_dir) / "losses.json").write_text(json.dumps(losses))
+        (Path(spec.dump_dir) / "skipped.json").write_text(json.dumps(skipped))
     if spec.save_dir:
         record = {"plan": plan.to_dict(), "model": spec.model, "optimizer": spec.optimizer, "aliases": aliases}
         state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
+        state.update(_scaler_state(pipe))
         dcp.save_checkpoint(spec.save_dir, state, done + spec.steps, record)
         if dist.get_rank() == 0:
             print(f"saved step {done + spec.steps} to {spec.save_dir}", flush=True)

@@ -126,6 +126,13 @@ class DistributedPipeline:
         # plain dp averages gradients itself after backward; FSDP reduce-scatters them during it
         self.dp_group = mesh.get_group("dp") if plan.dp > 1 and not plan.fsdp else None
         self.loss_group = mesh.get_group("dp") if plan.dp > 1 else None
+        self.scaler = self._grad_scaler() if plan.autocast == "fp16" else None
+        self._scale_used = 1.0
+        if self.scaler is not None:
+            unscaled = loss_fn
+
+            def loss_fn(output: Any, target: Any) -> torch.Tensor:  # noqa: F811 - the scaled objective
+                return self.scaler.scale(unscaled(output, target))
         if plan.num_stages == 1:
             # No pipeline: run the micro-batches directly. (A one-stage schedule would cost an
             # extra forward on step 1 for its shape inference, collectives included.)
@@ -147,6 +154,29 @@ class DistributedPipeline:
         else:
             (only,) = self.stages
             self.schedule = cls(only, **common)
+
+    def _grad_scaler(self) -> Any:
+        """fp16: one loss scale for the whole world; an overflow on any rank skips the step everywhere.
+
+        `ShardedGradScaler` all-reduces its found-inf flags over the process group it is
+        given: here every rank (all pp stages, tp shards and dp replicas), so all ranks
+        agree to step or to skip, and all keep the same scale.
+        """
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        scaler = ShardedGradScaler(device=self.device.type, process_group=dist.group.WORLD)
+        scaler.scale(torch.ones((), device=self.device))  # creates the scale on ranks that never see a loss
+        return scaler
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step `optimizer` (through the loss scaler with fp16); False when an fp16 overflow skipped it."""
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return self.scaler.get_scale() >= before  # the scale backs off exactly when the step was skipped
 
     def _shard_over_dp(self) -> None:
         """ZeRO-3: FSDP2 `fully_shard` each stage module over the mesh's dp axis.
@@ -188,10 +218,14 @@ class DistributedPipeline:
 
     def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
         """One training step's forward and backward; (mean loss, merged output) on the last stage."""
+        if self.scaler is not None:
+            self._scale_used = self.scaler.get_scale()
         if self.single is not None:
             loss, output = self.single.step(inputs, target)
         else:
             loss, output = self._pipeline_step(inputs, target)
+        if loss is not None and self.scaler is not None:
+            loss = loss / self._scale_used
         if self.dp_group is not None:
             self._average_over_dp()
         if self.loss_group is not None and loss is not None:  # every rank of this dp group holds the last stage
@@ -237,6 +271,6 @@ class DistributedPipeline:
                 g = module.get_parameter(local).grad
                 if isinstance(g, DTensor):  # FSDP: gather the dp shards (every dp rank calls this)
                     g = g.full_tensor()
-                if g is not None:
-                    found[canonical] = g.detach().cpu()
+                if g is not None:  # fp16: before the optimizer step they are still scaled
+                    found[canonical] = (g.detach() / self._scale_used if self.scaler is not None else g.detach()).cpu()
         return found

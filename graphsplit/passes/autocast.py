@@ -1,4 +1,4 @@
-"""autocast: run matmul-class ops in bf16, keep parameters, norms, softmax and the loss in fp32.
+"""autocast: run matmul-class ops in bf16 (or fp16), keep parameters, norms, softmax and the loss in fp32.
 
 An explicit, graph-level autocast: every float input of a linear, matmul,
 convolution or attention is cast to the low dtype (`x.to(torch.bfloat16)`,
@@ -9,8 +9,9 @@ optimizer state is fp32 too. Elementwise ops follow torch's type promotion
 (bf16 + fp32 -> fp32: the residual stream stays fp32). After the rewrite the
 graph is analyzed again and the dtypes are checked node by node.
 
-fp16 would need a gradient scaler whose overflow checks agree across pipeline
-ranks; it is refused for now.
+fp16 works the same way; its training needs a loss scaler, which the
+distributed backend keeps (one scale for all ranks, see
+`DistributedPipeline._grad_scaler`).
 """
 
 from __future__ import annotations
@@ -68,8 +69,6 @@ def autocast_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     name = ctx.plan.autocast
     if name is None:
         return gm
-    if name == "fp16":
-        raise GraphsplitError("autocast fp16 needs a gradient scaler agreed across pipeline ranks, not implemented yet; use bf16")
     low = LOW[name]
     functionalize_modules(gm, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
     caster = _Caster(gm)
