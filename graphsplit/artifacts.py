@@ -13,12 +13,12 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .atomic import swap_into_place, temporary_sibling
 from .errors import GraphsplitError
 from .loader import LoadedModel
 from .meta import META_KEY
@@ -110,11 +110,9 @@ def _version() -> str:
 
 def write_artifacts(program: Program, loaded: LoadedModel, out_dir: Path, summary: dict[str, Any]) -> None:
     out_dir = Path(out_dir)
-    parent = out_dir.resolve().parent
     if out_dir.exists() and not out_dir.is_dir():
         raise GraphsplitError(f"--out {out_dir} exists and is not a folder; choose another path")
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
+    tmp = temporary_sibling(out_dir.resolve())
     try:
         record = plan_record(program, loaded, out_dir, summary)
         (tmp / PLAN_FILE).write_text(json.dumps(record, indent=2, default=str))
@@ -131,13 +129,7 @@ def write_artifacts(program: Program, loaded: LoadedModel, out_dir: Path, summar
         svg = render_svg(dot)  # needs Graphviz's `dot`; graph.dot is written either way
         if svg is not None:
             (tmp / "graph.svg").write_text(svg)
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=parent))
-            os.replace(out_dir, old / "x")
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
+        swap_into_place(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

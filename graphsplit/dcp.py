@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.tensor import DTensor
 
+from .atomic import swap_into_place, temporary_sibling
 from .errors import GraphsplitError
 from .program import Program
 from .sharding import Sharding
@@ -224,8 +225,7 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any], step: int, rec
         if final.exists() and not (final / INFO_FILE).is_file():
             tmp_holder[0] = "!"  # refuse to replace a folder that is not a graphsplit checkpoint
         else:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp_holder[0] = tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent)
+            tmp_holder[0] = str(temporary_sibling(final))
     dist.broadcast_object_list(tmp_holder, src=0)
     if tmp_holder[0] == "!":
         raise GraphsplitError(f"--save {final} exists and is not a graphsplit checkpoint; choose another folder")
@@ -240,14 +240,7 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any], step: int, rec
         if rank == 0:
             # the record is what makes a folder a checkpoint: written last, then the folder is renamed
             (tmp / INFO_FILE).write_text(json.dumps({**record, "step": step, "world_size": dist.get_world_size()}, indent=2))
-            tmp.chmod(0o755)
-            if final.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
-                os.replace(final, old / "x")
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
+            swap_into_place(tmp, final)
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)

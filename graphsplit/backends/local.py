@@ -10,6 +10,7 @@ reference for tests and for `transform --check`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,10 +45,15 @@ class LocalPipeline:
         chunks = split_microbatches(inputs, n)
         targets = split_microbatches(target, n)
         losses, outputs = [], []
-        for mb_in, mb_target in zip(chunks, targets):
-            out = self.forward_stages(mb_in)
-            loss = self.loss_fn(out, mb_target)
-            loss.backward()
+        for i, (mb_in, mb_target) in enumerate(zip(chunks, targets)):
+            with contextlib.ExitStack() as quiet:
+                if i < n - 1:  # DDP-wrapped stages: accumulate, and all-reduce once, on the last micro-batch
+                    for stage in self.stages:
+                        if hasattr(stage, "no_sync"):
+                            quiet.enter_context(stage.no_sync())
+                out = self.forward_stages(mb_in)
+                loss = self.loss_fn(out, mb_target)
+                loss.backward()
             losses.append(loss.detach())
             outputs.append(out)
         for stage in self.stages:

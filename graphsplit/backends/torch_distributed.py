@@ -3,9 +3,9 @@
 The device mesh has three named axes, (dp, pp, tp); pipeline stages talk over
 the pp axis through `torch.distributed.pipelining` (`PipelineStage` built from
 our own stage GraphModules, and its schedules), tp collectives over the tp
-axis, and gradients are averaged over the dp axis after each step (one
-flattened all-reduce; no overlap with backward yet) or, with `fsdp`, each stage
-module is FSDP2-sharded over the dp axis (ZeRO-3). gloo on CPU, nccl on CUDA.
+axis, and with dp > 1 each stage module is wrapped in DistributedDataParallel
+over the dp axis (gradients averaged by bucketed all-reduces during the last
+micro-batch's backward) or, with `fsdp`, FSDP2-sharded over it (ZeRO-3). gloo on CPU, nccl on CUDA.
 Copies of a tied parameter on several pp ranks get the sum of their
 gradients through one all-reduce per parameter on a group of just those ranks.
 """
@@ -123,8 +123,11 @@ class DistributedPipeline:
         self.is_first = 0 in self.modules
         self.is_last = plan.num_stages - 1 in self.modules
         self._tied_groups = self._make_tied_groups()
-        # plain dp averages gradients itself after backward; FSDP reduce-scatters them during it
-        self.dp_group = mesh.get_group("dp") if plan.dp > 1 and not plan.fsdp else None
+        # what the schedule runs: plain dp wraps each stage in DDP over the dp axis (bucketed all-reduces
+        # overlapped with the last micro-batch's backward); FSDP reduce-scatters during backward itself
+        self.runners: dict[int, nn.Module] = dict(self.modules)
+        if plan.dp > 1 and not plan.fsdp:
+            self.runners = {s: self._replicate(m) for s, m in self.modules.items()}
         self.loss_group = mesh.get_group("dp") if plan.dp > 1 else None
         self.scaler = self._grad_scaler() if plan.autocast == "fp16" else None
         self._scale_used = 1.0
@@ -138,14 +141,14 @@ class DistributedPipeline:
             # extra forward on step 1 for its shape inference, collectives included.)
             from .local import LocalPipeline
 
-            self.single = LocalPipeline(program, [self.modules[0]], loss_fn)
+            self.single = LocalPipeline(program, [self.runners[0]], loss_fn)
             return
         self.single = None
         examples = stage_examples(program)
         self.stages = [
             pipelining.PipelineStage(module, index, plan.num_stages, device, group=pp_group,
                                      input_args=examples[index][0], output_args=examples[index][1])
-            for index, module in sorted(self.modules.items())
+            for index, module in sorted(self.runners.items())
         ]
         cls = getattr(pipelining, SCHEDULES[plan.schedule])
         common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
@@ -177,6 +180,17 @@ class DistributedPipeline:
         self.scaler.step(optimizer)
         self.scaler.update()
         return self.scaler.get_scale() >= before  # the scale backs off exactly when the step was skipped
+
+    def _replicate(self, module: nn.Module) -> nn.Module:
+        """DDP over the dp axis. Buffers are not broadcast from replica 0 at each forward: each
+        replica keeps its own BatchNorm statistics, or all share global ones with --sync-bn."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not any(p.requires_grad for p in module.parameters()):
+            return module  # nothing to average
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, process_group=self.mesh.get_group("dp"),
+                                       broadcast_buffers=False)
 
     def _shard_over_dp(self) -> None:
         """ZeRO-3: FSDP2 `fully_shard` each stage module over the mesh's dp axis.
@@ -226,24 +240,11 @@ class DistributedPipeline:
             loss, output = self._pipeline_step(inputs, target)
         if loss is not None and self.scaler is not None:
             loss = loss / self._scale_used
-        if self.dp_group is not None:
-            self._average_over_dp()
         if self.loss_group is not None and loss is not None:  # every rank of this dp group holds the last stage
             loss = loss.clone()
             dist.all_reduce(loss, group=self.loss_group)
             loss /= self.plan.dp
         return loss, output
-
-    def _average_over_dp(self) -> None:
-        """Data parallel: average every gradient over the dp replicas, in one all-reduce."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = torch._utils._flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.plan.dp
-        for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            g.copy_(avg)
 
     def _pipeline_step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
         losses: list[torch.Tensor] = []
