@@ -3,7 +3,8 @@
     torchrun --standalone --nproc-per-node 2 examples/train_parallelize.py --pp 2 --steps 5
     torchrun --standalone --nproc-per-node 4 examples/train_parallelize.py --pp 2 --tp 2
     torchrun --standalone --nproc-per-node 8 examples/train_parallelize.py --dp 2 --pp 2 --tp 2
-    torchrun --standalone --nproc-per-node 8 examples/train_parallelize.py --dp 2 --pp 2 --tp 2 --fsdp
+    torchrun --standalone --nproc-per-node 8 examples/train_parallelize.py --dp 2 --pp 2 --tp 2 --fsdp --save ckpt
+    torchrun --standalone --nproc-per-node 4 examples/train_parallelize.py --pp 2 --tp 2 --resume ckpt
 
 Every rank builds the model the same way (same seed); `parallelize` keeps only
 this rank's stages. `--dump DIR` saves step 1's gradients per rank (tests use it).
@@ -37,6 +38,8 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="shard parameters over the dp replicas (FSDP2)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dump", type=Path, default=None)
+    parser.add_argument("--save", type=Path, default=None, help="checkpoint folder to write after the last step")
+    parser.add_argument("--resume", type=Path, default=None, help="checkpoint folder (any plan) to start from")
     args = parser.parse_args()
 
     example = load_example(args.model)
@@ -51,10 +54,11 @@ def main() -> None:
 
     module = parallelize(model, plan, example_inputs=inputs, loss_fn=example.loss_fn, example_target=target)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    done = module.load_checkpoint(args.resume, optimizer) if args.resume else 0
     losses = []
-    for step in range(1, args.steps + 1):
+    for step in range(done + 1, done + args.steps + 1):
         loss = module.train_step(*inputs, target=target)
-        if step == 1 and args.dump is not None:
+        if step == done + 1 and args.dump is not None:
             tp_rank = dist.get_rank() % args.tp  # the mesh is (dp, pp, tp), tp fastest
             # elements this rank stores vs its tp shards' whole size (FSDP keeps 1/dp of them)
             held = sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in module.parameters())
@@ -66,6 +70,8 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         if loss is not None:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
+    if args.save is not None:  # every rank writes its blocks, under the original parameter names
+        module.save_checkpoint(args.save, optimizer, step=done + args.steps)
     if args.dump is not None and losses[-1] is not None:
         torch.save([float(x) for x in losses], args.dump / f"losses{dist.get_rank()}.pt")
     dist.destroy_process_group()

@@ -60,9 +60,12 @@ class PipelinedModule(nn.Module):
     `.parameters()`: step any optimizer over them.
     """
 
-    def __init__(self, pipeline: Any) -> None:
+    def __init__(self, pipeline: Any, persistent: set[str] | None = None, aliases: dict[str, str] | None = None) -> None:
         super().__init__()
         self.pipeline = pipeline
+        # the original model's state_dict names (checkpoints skip non-persistent buffers) and tied aliases
+        self._persistent = persistent or set()
+        self._aliases = aliases or {}
         self.program: Program = pipeline.program
         self.stages = nn.ModuleDict({str(k): v for k, v in sorted(pipeline.modules.items())})
 
@@ -86,6 +89,34 @@ class PipelinedModule(nn.Module):
         Returns False when an fp16 overflow on any rank made every rank skip the step.
         """
         return self.pipeline.optimizer_step(optimizer)
+
+    def save_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None, step: int = 0) -> None:
+        """Every rank calls this: a torch.distributed.checkpoint folder under the original model's names,
+        loadable at any other plan (and by `graphsplit export-weights`); written whole or not at all."""
+        from . import dcp
+
+        state = self._checkpoint_state(optimizer)
+        record = {"plan": self.program.plan.to_dict(), "model": "parallelize()", "aliases": self._aliases,
+                  "optimizer": type(optimizer).__name__.lower() if optimizer is not None else None}
+        dcp.save_checkpoint(directory, state, step, record)
+
+    def load_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> int:
+        """Every rank calls this: fill this rank's tensors (and `optimizer`'s state) from a checkpoint
+        written at any plan; returns the step it was saved at."""
+        from . import dcp
+
+        if optimizer is not None:
+            dcp.init_optimizer_state(optimizer)
+        same_world = dcp.read_info(directory).get("plan") == self.program.plan.to_dict()
+        return dcp.load_checkpoint(directory, self._checkpoint_state(optimizer), same_world)
+
+    def _checkpoint_state(self, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+        from . import dcp
+
+        tp_rank = self.pipeline.mesh.get_local_rank("tp")
+        state = dcp.rank_state(self.program, self.pipeline.modules, optimizer, tp_rank, self._persistent)
+        state.update(dcp.scaler_state(self.pipeline.scaler))
+        return state
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise GraphsplitError("a pipelined model trains through train_step(*inputs, target=...), not forward()")
@@ -115,6 +146,7 @@ def parallelize(
         make_mesh,
         materialize_rank,
     )
+    from .dcp import model_names
     from .materialize import model_tensors
     from .runtime import make_loss
 
@@ -125,4 +157,6 @@ def parallelize(
     on_meta = any(t.device.type == "meta" for t in model.parameters())
     source = None if on_meta else model_tensors(model)
     modules = materialize_rank(program, mesh, device, source)
-    return PipelinedModule(DistributedPipeline(program, modules, make_loss(program, loss_fn), mesh, device))
+    persistent, aliases = model_names(model)
+    pipeline = DistributedPipeline(program, modules, make_loss(program, loss_fn), mesh, device)
+    return PipelinedModule(pipeline, persistent, aliases)

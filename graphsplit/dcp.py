@@ -198,6 +198,13 @@ def rank_state(
     return state
 
 
+def scaler_state(scaler: Any) -> dict[str, torch.Tensor]:
+    """fp16: the loss scale and its growth counter (the same on every rank), so a resume goes on exactly."""
+    if scaler is None:
+        return {}
+    return {"train/loss_scale": scaler._scale, "train/loss_scale_growth": scaler._growth_tracker}
+
+
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Create the per-parameter state a step would create, so a load has tensors to fill."""
     if isinstance(optimizer, torch.optim.AdamW | torch.optim.Adam):

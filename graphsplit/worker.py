@@ -57,12 +57,6 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> to
     raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
 
 
-def _scaler_state(pipe: Any) -> dict[str, torch.Tensor]:
-    """fp16: the loss scale and its growth counter (the same on every rank), so a resume goes on exactly."""
-    scaler = pipe.scaler
-    if scaler is None:
-        return {}
-    return {"train/loss_scale": scaler._scale, "train/loss_scale_growth": scaler._growth_tracker}
 
 
 def _to(device: torch.device, value: Any) -> Any:
@@ -103,7 +97,7 @@ def run(spec: RunSpec) -> None:
     if spec.resume_dir:
         dcp.init_optimizer_state(optimizer)
         state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
-        state.update(_scaler_state(pipe))
+        state.update(dcp.scaler_state(pipe.scaler))
         same_world = dcp.read_info(spec.resume_dir).get("plan") == plan.to_dict()
         done = dcp.load_checkpoint(spec.resume_dir, state, same_world)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
@@ -138,7 +132,7 @@ def run(spec: RunSpec) -> None:
     if spec.save_dir:
         record = {"plan": plan.to_dict(), "model": spec.model, "optimizer": spec.optimizer, "aliases": aliases}
         state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
-        state.update(_scaler_state(pipe))
+        state.update(dcp.scaler_state(pipe.scaler))
         dcp.save_checkpoint(spec.save_dir, state, done + spec.steps, record)
         if dist.get_rank() == 0:
             print(f"saved step {done + spec.steps} to {spec.save_dir}", flush=True)

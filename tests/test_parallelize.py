@@ -1,13 +1,14 @@
 """`parallelize()` from a user script under torchrun equals the untouched model."""
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from graphsplit import Plan
+from graphsplit import Plan, dcp
 from graphsplit.check import compare, missing_grads, reference_step
 from graphsplit.compile import compile_loaded
 from graphsplit.launch import RunOptions, reference_train
@@ -59,3 +60,28 @@ def test_parallelize_in_a_torchrun_script(tmp_path, dp, pp, tp, fsdp):
     fresh = loaded.build("cpu", seed=0)
     _, ref_curve = reference_train(fresh, loaded, plan, RunOptions(steps=steps, optimizer="adamw", lr=1e-3))
     assert curve == pytest.approx(ref_curve, rel=1e-4)
+
+
+def _torchrun(world: int, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+           str(EXAMPLES / "train_parallelize.py"), "--model", "gpt", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.timeout(400)
+def test_parallelize_checkpoint_written_at_one_plan_resumes_at_another(tmp_path):
+    """FSDP dp2 x pp2 x tp2 saves after 2 steps; pp2 x tp2 on 4 processes goes on for 2 more: the loss curve
+    is the untouched model's, and the checkpoint exports to a file the untouched model loads."""
+    _torchrun(8, "--dp", "2", "--pp", "2", "--tp", "2", "--fsdp", "--steps", "2", "--save", str(tmp_path / "c"))
+    r = _torchrun(4, "--pp", "2", "--tp", "2", "--steps", "2", "--resume", str(tmp_path / "c"))
+    got = {int(a): float(b) for a, b in re.findall(r"step (\d+) loss (\S+)", r.stdout)}
+    assert sorted(got) == [3, 4]
+
+    loaded = load_model(str(EXAMPLES / "gpt.py"))
+    plan = Plan(dp=2, pp=2, tp=2)
+    _, ref_curve = reference_train(loaded.build("cpu", seed=0), loaded, plan, RunOptions(steps=4, optimizer="adamw", lr=1e-3))
+    assert [got[3], got[4]] == pytest.approx(ref_curve[2:], rel=1e-4)
+    names = dcp.export_weights(tmp_path / "c", tmp_path / "w.safetensors")
+    assert set(names) == set(loaded.build("meta").state_dict())
