@@ -1,8 +1,10 @@
 """`graphsplit run`: launch torchrun on this machine, train, and (with --check) prove parity.
 
-The parent process builds the model once on CPU with the plan's seed and
-saves its tensors; each rank memory-maps that file and copies only its own
-stages' tensors. With `check`, the parent also trains the untouched model on
+Each rank runs the model's constructor with the plan's seed keeping only its
+own stages' parameters (lean_init.py: the values are those of the whole
+model's init); when the init code reads tensors a rank drops, the parent
+builds the model once on CPU and saves it, and each rank memory-maps that file
+and copies only its own tensors. With `check`, the parent also trains the untouched model on
 the same micro-batches with the same optimizer, and compares step 1's loss,
 output and every gradient (each rank's copy), plus the loss of every step.
 """
@@ -25,6 +27,7 @@ from .check import ATOL, Comparison, compare, missing_grads, reference_step
 from .compile import compile_loaded
 from .dcp import read_info
 from .errors import GraphsplitError
+from .lean_init import lean_init_works
 from .loader import load_model
 from .materialize import model_tensors
 from .plan import Plan
@@ -162,10 +165,18 @@ def run_training(
     program = compile_loaded(loaded, plan, fixed_cuts).program
     with tempfile.TemporaryDirectory(prefix="graphsplit-run-") as tmp_str:
         tmp = Path(tmp_str)
-        if opts.weights is None:  # the model's own initialization, saved once for the ranks to slice
-            weights = str(tmp / "weights.pt")
-            model = loaded.build("cpu", seed=plan.seed)
-            torch.save(model_tensors(model), weights)
+        lean = False
+        if opts.weights is None:
+            # the model's own initialization: each rank runs the constructor keeping only its tensors
+            # (lean_init.py), or, when the init code reads other tensors, the model is built here once
+            # and saved for the ranks to slice
+            lean = lean_init_works(loaded)
+            weights = None if lean else str(tmp / "weights.pt")
+            model = loaded.build("cpu", seed=plan.seed) if opts.check or not lean else None
+            if not lean:
+                torch.save(model_tensors(model), weights)
+            echo("initialization: each rank runs the constructor keeping only its own parameters" if lean else
+                 "initialization: the init code reads tensors across the model, so it is built once here and the ranks slice it")
         else:
             weights = str(Path(opts.weights).resolve())
             model = _reference_with_weights(loaded, weights, plan) if opts.check else None
@@ -175,7 +186,7 @@ def run_training(
             model=model_spec, plan=plan.to_dict(), steps=opts.steps, optimizer=opts.optimizer, lr=opts.lr,
             fixed_cuts=list(fixed_cuts) if fixed_cuts is not None else None,
             weights=weights, user_weights=opts.weights is not None, dump_dir=str(tmp) if opts.check else None,
-            save_dir=opts.save, resume_dir=opts.resume,
+            save_dir=opts.save, resume_dir=opts.resume, lean_init=lean,
         )
         spec.save(tmp / "spec.json")
         echo(f"launching {plan.world_size} processes: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "

@@ -40,6 +40,7 @@ class RunSpec:
     timeout_s: float = 120.0
     save_dir: str | None = None  # a DCP checkpoint folder to write after the last step
     resume_dir: str | None = None  # a DCP checkpoint folder to start from (written at any plan)
+    lean_init: bool = False  # no weights file: run the constructor keeping only this rank's parameters
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -87,6 +88,11 @@ def run(spec: RunSpec) -> None:
     if source is not None and spec.user_weights:
         buffers = dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False))
         source = ChainMap(source, buffers)  # type: ignore[arg-type]
+    if spec.lean_init:
+        from .lean_init import lean_build
+
+        keep = {c for s in plan.stages_of_rank(mesh.get_local_rank("pp")) for c in program.stages[s].param_sources.values()}
+        source = lean_build(loaded, plan.seed, keep)
     modules = materialize_rank(program, mesh, device, source)
     del source
     pipe = DistributedPipeline(program, modules, make_loss(program, loaded.loss_fn), mesh, device)

@@ -1,0 +1,157 @@
+"""Initialize only the parameters this rank holds, with exactly the values the whole model would get.
+
+`lean_build(loaded, seed, keep)` runs the model's own constructor (its own init
+code, HF `post_init` included) with the plan's seed, but every parameter not in
+`keep` is a `_Sink`: a tensor with a shape and no storage. Writes into a sink
+are dropped; a random fill of a sink still draws its numbers (into a scratch
+tensor of the same size and strides, thrown away), so the random stream the
+kept parameters see is the one the whole model's build sees, and their values
+are identical. Memory: the kept parameters, the buffers, and one scratch tensor.
+
+Which parameter a `register_parameter` call creates is found by a first build
+on `meta`: the n-th call there names the n-th call here (constructors are
+deterministic). If init code reads a sink (a value that would depend on a
+dropped tensor), `LeanInitUnsupported` is raised and the caller builds the
+whole model instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_map_only
+
+from .errors import GraphsplitError
+from .loader import LoadedModel
+
+aten = torch.ops.aten
+
+# in-place random fills: they advance the generator by an amount that depends on size and strides only
+_RANDOM_FILLS = {
+    aten.normal_.default, aten.uniform_.default, aten.bernoulli_.float, aten.bernoulli_.Tensor,
+    aten.exponential_.default, aten.geometric_.default, aten.log_normal_.default, aten.cauchy_.default,
+    aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
+}
+
+
+_DRAW = [True]  # False: a dry run that only finds out whether lean init works for a model
+
+
+class LeanInitUnsupported(Exception):
+    """The model's init code reads a parameter this rank does not keep."""
+
+
+class _Sink(torch.Tensor):
+    """A parameter this rank does not keep: shape, dtype and strides, no data."""
+
+    @staticmethod
+    def __new__(cls, like: torch.Tensor) -> _Sink:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls, like.shape, strides=like.stride(), dtype=like.dtype, device="cpu", requires_grad=like.requires_grad)
+
+    def __init__(self, like: torch.Tensor) -> None:
+        self.meta = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device="meta")
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        target = args[0] if args else None
+        if func in _RANDOM_FILLS and isinstance(target, _Sink):
+            if _DRAW[0]:
+                scratch = torch.empty_strided(target.shape, target.stride(), dtype=target.dtype)
+                func(scratch, *args[1:], **kwargs)  # draw the numbers the real fill would draw
+            return target
+        mutates_first = bool(func._schema.arguments) and func._schema.arguments[0].is_write
+        if mutates_first and isinstance(target, _Sink):
+            others = [a for a in (*args[1:], *kwargs.values()) if isinstance(a, torch.Tensor)]
+            # a write into a dropped tensor; one parameter's value flowing into another is refused
+            # even between two dropped ones, so a dry run with every parameter dropped sees it
+            if not any(isinstance(a, _Sink) for a in others):
+                return target
+        if torch.Tag.view_copy in func.tags or func._schema.is_mutable is False and _is_view(func):
+            metas = tree_map_only(_Sink, lambda s: s.meta, args)
+            out = func(*metas, **kwargs)
+            return _Sink(out) if isinstance(out, torch.Tensor) else out
+        raise LeanInitUnsupported(f"init code calls {func} on a parameter this rank does not hold")
+
+
+def _is_view(func: Any) -> bool:
+    return any(a.alias_info is not None and not a.alias_info.is_write for a in func._schema.returns) or func in (
+        aten.detach.default, aten.alias.default)
+
+
+@contextmanager
+def _registrations(decide: Any) -> Iterator[None]:
+    """Route every `register_parameter` call through `decide(index, module, name, param) -> param`."""
+    original = nn.Module.register_parameter
+    count = [0]
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None:
+            param = decide(count[0], module, name, param)
+        count[0] += 1
+        original(module, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def _names_by_call(loaded: LoadedModel) -> tuple[dict[int, str], dict[str, tuple[int, ...]]]:
+    """Build on meta: the n-th register_parameter call -> the name its tensor ends up with."""
+    calls: dict[int, nn.Parameter] = {}
+
+    def note(index: int, module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter:
+        calls[index] = param
+        return param
+
+    with _registrations(note), torch.device("meta"):
+        model = loaded._call_builder()
+    first = {id(p): n for n, p in model.named_parameters()}
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    return {i: first[id(p)] for i, p in calls.items() if id(p) in first}, shapes
+
+
+def lean_init_works(loaded: LoadedModel) -> bool:
+    """Whether `lean_build` can run this model's constructor: a dry run with every parameter a sink
+    (no parameter memory, no random draws)."""
+    _DRAW[0] = False
+    try:
+        lean_build(loaded, 0, set())
+    except LeanInitUnsupported:
+        return False
+    finally:
+        _DRAW[0] = True
+    return True
+
+
+def lean_build(loaded: LoadedModel, seed: int, keep: set[str]) -> dict[str, torch.Tensor]:
+    """The kept parameters and every buffer, valued as in `loaded.build("cpu", seed)`, under every name."""
+    names, shapes = _names_by_call(loaded)
+
+    def decide(index: int, module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter:
+        if names.get(index) in keep or isinstance(param, _Sink):
+            return param  # kept, or a sink registered again under a tied name
+        return nn.Parameter(_Sink(param.detach()), requires_grad=param.requires_grad)
+
+    torch.manual_seed(seed)
+    with _registrations(decide):
+        try:
+            model = loaded._call_builder()
+        except GraphsplitError as exc:  # the loader names the builder; keep our reason visible
+            if isinstance(exc.__cause__, LeanInitUnsupported):
+                raise exc.__cause__ from None
+            raise
+    got = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    if got != shapes:
+        raise LeanInitUnsupported("the constructor built different parameters on meta and on CPU")
+    found: dict[str, torch.Tensor] = {n: p.detach() for n, p in model.named_parameters(remove_duplicate=False)
+                                      if not isinstance(p, _Sink)}
+    found.update({n: b for n, b in model.named_buffers(remove_duplicate=False)})
+    return found

@@ -1,0 +1,49 @@
+"""Each rank runs the constructor keeping only its parameters; the values equal the whole model's init."""
+
+import pytest
+import torch
+
+from graphsplit import Plan
+from graphsplit.launch import RunOptions, run_training
+from graphsplit.lean_init import lean_build, lean_init_works
+from graphsplit.loader import load_model
+
+from .conftest import EXAMPLES, MODELS
+
+MODELS_WITH_OWN_INIT = [EXAMPLES / f for f in ("gpt.py", "llama.py", "bert.py", "resnet.py", "unet.py", "mlp.py")] + [
+    MODELS / f for f in ("last_input.py", "hf_gpt2.py", "hf_llama.py")]
+
+
+@pytest.mark.parametrize("path", MODELS_WITH_OWN_INIT, ids=lambda p: p.name)
+def test_kept_parameters_equal_the_whole_models_init(path):
+    loaded = load_model(str(path))
+    full = loaded.build("cpu", seed=7)
+    params = dict(full.named_parameters())
+    names = sorted(params)
+    keep = set(names[1::3])  # every third tensor: a rank's share, scattered across the model
+    got = lean_build(loaded, 7, keep)
+    for name in keep:
+        assert torch.equal(got[name], params[name]), name
+    dropped = [n for n in names if n not in keep]
+    assert not any(n in got for n in dropped), "a dropped parameter was kept"
+    for name, buf in full.named_buffers():
+        assert torch.equal(got[name], buf), name
+    assert lean_init_works(loaded)
+
+
+def test_init_code_that_reads_a_dropped_tensor_is_detected():
+    loaded = load_model(str(MODELS / "init_reads.py"))
+    assert not lean_init_works(loaded)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_run_uses_lean_init_and_falls_back_when_it_cannot():
+    lines: list[str] = []
+    cmp = run_training(str(EXAMPLES / "gpt.py"), Plan(tp=2, pp=2), RunOptions(steps=2, check=True), echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    assert any("keeping only its own parameters" in line for line in lines)
+    lines.clear()
+    cmp = run_training(str(MODELS / "init_reads.py"), Plan(pp=2), RunOptions(steps=2, check=True), echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    assert any("built once here" in line for line in lines)
