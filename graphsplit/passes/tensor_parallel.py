@@ -76,6 +76,11 @@ from .tp_spellings import (
 aten = torch.ops.aten
 
 
+# families that never create a shard: with every tensor input whole, the output is whole
+_NEVER_SHARD = frozenset({"view", "expand", "repeat_interleave", "transpose", "softmax", "reduction", "split",
+                          "slice", "norm", "cat", "stack", "pointwise"})
+
+
 class _Rewriter:
     def __init__(self, gm: fx.GraphModule, ctx: PassContext) -> None:
         self.gm = gm
@@ -199,6 +204,10 @@ class _Rewriter:
                 self.rule_output(node)
                 continue
             fam = tp_family(node, self.gm)
+            if fam in _NEVER_SHARD and all(self.sh(a) == R for a in node.all_input_nodes if info(a).value == "tensor"):
+                # whole in, whole out: written once here, not at the top of every rule
+                self.set(node, [R] * container_len(node) if info(node).value == "container" else R)
+                continue
             rule = getattr(self, f"rule_{fam}", None)
             if rule is None:
                 self.rule_unknown(node)
@@ -299,9 +308,6 @@ class _Rewriter:
     def rule_view(self, node: fx.Node) -> None:
         src = node.args[0]
         s = self.sh(src)
-        if s.kind == "R":
-            self.set(node, R)
-            return
         if s.kind == "P":
             self._replace_input(node, src, self.gathered(src, node))
             self.set(node, R)
@@ -377,8 +383,6 @@ class _Rewriter:
         s = self.sh(src)
         if s.kind == "S" and isinstance(arg_of(node, 1, "repeats"), int) and arg_of(node, 2, "dim") is not None:
             self.set(node, S(s.dim))
-        elif s.kind == "R":
-            self.set(node, R)
         else:
             self.make_replicated(node, f"{describe(node)} without a dim")
 
@@ -407,9 +411,7 @@ class _Rewriter:
         src = node.args[0]
         s = self.sh(src)
         dim = arg_of(node, 1, "dim")
-        if s.kind == "R":
-            self.set(node, R)
-        elif s.kind == "S" and dim is not None and norm_dim(dim, len(shape_of(src))) != s.dim:
+        if s.kind == "S" and dim is not None and norm_dim(dim, len(shape_of(src))) != s.dim:
             self.set(node, s)
         else:
             self.make_replicated(node, f"{describe(node)} over the sharded dim")
@@ -417,9 +419,6 @@ class _Rewriter:
     def rule_reduction(self, node: fx.Node) -> None:
         src = node.args[0]
         s = self.sh(src)
-        if s.kind == "R":
-            self.set(node, R)
-            return
         nd = len(shape_of(src))
         dim = arg_of(node, 1, "dim")
         keepdim = bool(arg_of(node, 2, "keepdim", False))
@@ -437,9 +436,6 @@ class _Rewriter:
         src = node.args[0]
         s = self.sh(src)
         n_out = container_len(node)
-        if s.kind == "R":
-            self.set(node, [R] * n_out)
-            return
         nd = len(shape_of(src))
         name = op_name_of(node)
         dim = norm_dim(arg_of(node, 2, "dim", 0) if name != "chunk" else arg_of(node, 2, "dim", 0), nd)
@@ -482,9 +478,6 @@ class _Rewriter:
         """aten.slice(x, dim, start, end, step) / aten.select(x, dim, index): keep a shard on another dim."""
         src = node.args[0]
         s = self.sh(src)
-        if s.kind == "R":
-            self.set(node, R)
-            return
         nd = len(shape_of(src))
         dim = norm_dim(arg_of(node, 1, "dim", 0), nd)
         if s.kind != "S" or dim == s.dim:
@@ -500,9 +493,6 @@ class _Rewriter:
         shards = {self.sh(a) for a in tensors}
         nd = len(shape_of(node))
         dim = norm_dim(arg_of(node, 1, "dim", 0), nd)
-        if shards == {R}:
-            self.set(node, R)
-            return
         if len(shards) == 1 and (only := next(iter(shards))).kind == "S" and only.dim != dim and not only.chunks:
             self.set(node, only)
             return
@@ -513,19 +503,12 @@ class _Rewriter:
         shards = {self.sh(a) for a in tensors}
         nd = len(shape_of(node))
         dim = norm_dim(arg_of(node, 1, "dim", 0), nd)
-        if shards == {R}:
-            self.set(node, R)
-        elif len(shards) == 1 and (only := next(iter(shards))).kind == "S" and not only.chunks:
+        if len(shards) == 1 and (only := next(iter(shards))).kind == "S" and not only.chunks:
             self.set(node, S(only.dim + (1 if only.dim >= dim else 0)))
         else:
             self.make_replicated(node, f"{describe(node)} mixes layouts")
 
     def rule_norm(self, node: fx.Node) -> None:
-        x = node.args[0]
-        s = self.sh(x)
-        if s.kind == "R":
-            self.set(node, R)
-            return
         self.make_replicated(node, f"{describe(node)} normalizes over the sharded dim")
 
     def rule_size(self, node: fx.Node) -> None:
