@@ -121,10 +121,12 @@ def write_artifacts(program: Program, loaded: LoadedModel, out_dir: Path, summar
             (tmp / f"stage_{index}.py").write_text(text)
         from .report.diagram import program_dot, render_svg
         from .report.html import render_report
+        from .report.view import stage_views
 
-        (tmp / REPORT_FILE).write_text(render_report(program, record, code), encoding="utf-8")
+        views = stage_views(program)  # walked once, drawn twice
+        (tmp / REPORT_FILE).write_text(render_report(program, record, code, views), encoding="utf-8")
 
-        dot = program_dot(program)
+        dot = program_dot(program, views)
         (tmp / "graph.dot").write_text(dot)
         svg = render_svg(dot)  # needs Graphviz's `dot`; graph.dot is written either way
         if svg is not None:

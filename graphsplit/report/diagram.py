@@ -15,13 +15,15 @@ import subprocess
 from collections import Counter
 
 from ..program import Program
-from .view import collective_label, stage_view
+from .view import NodeView, collective_label, stage_views
 
 COLORS = {"column": "#cfe2ff", "row": "#ffe5b4", "vocab": "#d1f2d8", "replicated": "#eeeeee"}
 
 
-def program_dot(program: Program) -> str:
+def program_dot(program: Program, views: list[list[NodeView]] | None = None) -> str:
+    """`views`: the stages' `stage_view`s when the caller has them already (the report uses them too)."""
     plan = program.plan
+    views = views if views is not None else stage_views(program)
     out = [
         "digraph graphsplit {",
         '  graph [rankdir=TB, fontname="Helvetica", compound=true];',
@@ -31,7 +33,7 @@ def program_dot(program: Program) -> str:
     firsts, lasts = [], []
     for st in program.stages:
         groups: dict[str, dict] = {}
-        for view in stage_view(program, st.index):
+        for view in views[st.index]:
             if view.role != "op":
                 continue
             entry = groups.setdefault(view.group, {"styles": Counter(), "coll": Counter(), "ckpt": False, "low": False})

@@ -28,13 +28,14 @@ from typing import Any
 from ..meta import SourceLine, info
 from ..program import Program
 from .diagram import COLORS
-from .view import ROOT, NodeView, collective_label, stage_view
+from .view import ROOT, NodeView, collective_label, stage_views
 
 TEMPLATE = "report_template.html"
 _DATA_MARK = "__GRAPHSPLIT_DATA__"
 
 
-def report_data(program: Program, record: dict[str, Any], stage_code: dict[int, str]) -> dict[str, Any]:
+def report_data(program: Program, record: dict[str, Any], stage_code: dict[int, str],
+                views: list[list[NodeView]] | None = None) -> dict[str, Any]:
     """What the page shows, as JSON-ready data.
 
     `record` is plan.json's content (plan, parameters and the transform summary);
@@ -42,8 +43,9 @@ def report_data(program: Program, record: dict[str, Any], stage_code: dict[int, 
     """
     sources: dict[SourceLine, int] = {}
     stages = []
+    all_views = views if views is not None else stage_views(program)
     for st in program.stages:
-        views = stage_view(program, st.index)
+        views = all_views[st.index]
         index = {id(v): i for i, v in enumerate(views)}
         stages.append({
             "index": st.index,
@@ -108,10 +110,11 @@ def _source(src: SourceLine) -> list[Any]:
     return [os.path.basename(src.file), src.file, src.line, src.function, linecache.getline(src.file, src.line).strip()]
 
 
-def render_report(program: Program, record: dict[str, Any], stage_code: dict[int, str]) -> str:
+def render_report(program: Program, record: dict[str, Any], stage_code: dict[int, str],
+                  views: list[list[NodeView]] | None = None) -> str:
     """The self-contained report.html text."""
     template = resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8")
-    data = json.dumps(report_data(program, record, stage_code), default=str, separators=(",", ":"))
+    data = json.dumps(report_data(program, record, stage_code, views), default=str, separators=(",", ":"))
     # `<` only occurs inside JSON strings, where \u003c reads the same: the data can never
     # close its <script> element or open a comment.
     data = data.replace("<", "\\u003c")

@@ -155,7 +155,15 @@ def stage_view(program: Program, index: int) -> list[NodeView]:
 
     def producers(args: object) -> list[NodeView]:
         found: list[NodeView] = []
-        fx.node.map_arg(args, lambda a: found.extend(v for v in made.get(a, []) if v not in found))
+        seen: set[int] = set()  # by identity: comparing NodeViews field by field is slow on big graphs
+
+        def add(a: fx.Node) -> None:
+            for v in made.get(a, ()):
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    found.append(v)
+
+        fx.node.map_arg(args, add)
         return found
 
     def walk(gm: fx.GraphModule, prefix: str, region: str | None, arg_views: list[list[NodeView]]) -> list[list[NodeView]]:
@@ -211,3 +219,8 @@ def _plumbing(node: fx.Node, last_stage: bool) -> bool:
     # every stage but the last sends `x.contiguous()` of each boundary tensor
     return (not last_stage and node.op == "call_method" and node.target == "contiguous"
             and all(u.op == "output" for u in node.users))
+
+
+def stage_views(program: Program) -> list[list[NodeView]]:
+    """`stage_view` of every stage, in stage order."""
+    return [stage_view(program, st.index) for st in program.stages]
