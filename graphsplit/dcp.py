@@ -268,12 +268,8 @@ def stored_keys(directory: str | Path) -> dict[str, Any]:
     return dict(dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata)
 
 
-def load_checkpoint(directory: str | Path, state: dict[str, Any], same_world: bool) -> int:
-    """Fill this rank's tensors from a checkpoint written at any plan; returns the steps it had done.
-
-    Every rank calls this. The RNG state is restored only when the world is laid
-    out as it was (same plan): otherwise ranks do not correspond.
-    """
+def _require(directory: str | Path, state: dict[str, Any]) -> None:
+    """One clear error, before DCP runs, for a checkpoint that lacks a tensor of `state` or holds it in another shape."""
     read_info(directory)
     stored = stored_keys(directory)
     missing = sorted(k for k in state if k not in stored)
@@ -287,6 +283,32 @@ def load_checkpoint(directory: str | Path, state: dict[str, Any], same_world: bo
         if isinstance(md, TensorStorageMetadata) and have is not None and tuple(md.size) != tuple(have):
             raise GraphsplitError(f"checkpoint {directory} holds {key!r} with shape {tuple(md.size)}, "
                                   f"the model has {tuple(have)}; resume with the model it was saved with")
+
+
+def load_whole_model(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The untouched model and its optimizer take a checkpoint's values, whole tensors, in one process
+    (the reference of `run --resume --check`)."""
+    init_optimizer_state(optimizer)
+    persistent, _ = model_names(model)
+    state: dict[str, Any] = {}
+    for name, p in model.named_parameters():
+        state[name] = p.data
+        for key, value in optimizer.state.get(p, {}).items():
+            state[f"{OPTIMIZER_PREFIX}{name}/{key}"] = value
+    state.update({n: b for n, b in model.named_buffers() if n in persistent})
+    _require(directory, state)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(directory), no_dist=True)
+
+
+def load_checkpoint(directory: str | Path, state: dict[str, Any], same_world: bool) -> int:
+    """Fill this rank's tensors from a checkpoint written at any plan; returns the steps it had done.
+
+    Every rank calls this. The RNG state is restored only when the world is laid
+    out as it was (same plan): otherwise ranks do not correspond.
+    """
+    _require(directory, state)
     step = torch.tensor(0, dtype=torch.int64)
     dcp.load({**state, STEP_KEY: step}, checkpoint_id=str(directory), planner=_LoadPlanner())
     rng = Path(directory) / "rng" / f"rank{dist.get_rank()}.pt"

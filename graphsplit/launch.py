@@ -16,8 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 
 from .check import ATOL, Comparison, compare, missing_grads, reference_step
 from .compile import compile_loaded
-from .dcp import read_info
+from .dcp import load_whole_model, read_info
 from .errors import GraphsplitError
 from .lean_init import lean_init_works
 from .loader import load_model
@@ -54,14 +53,14 @@ class RunOptions:
 
 
 def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions, first_step: int = 1,
-                    skipped: set[int] = frozenset()):  # type: ignore[assignment]
+                    skipped: Collection[int] = ()):
     """The first step's result and the loss of every step for the untouched model (`skipped`: steps
     whose optimizer step the program skipped, fp16 overflows)."""
     loss_fn = loaded.loss_fn or default_loss
     target = loaded.target if loaded.target is not None else torch.zeros(_batch(loaded))
     optimizer = make_optimizer(opts.optimizer, list(model.parameters()), opts.lr)
     if opts.resume:
-        _load_reference(model, optimizer, opts.resume)
+        load_whole_model(opts.resume, model, optimizer)
     first, losses = None, []
     for step in range(first_step, first_step + opts.steps):
         # dp replicas x micro-batches, in order: the pieces the program's ranks see
@@ -73,30 +72,6 @@ def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return first, losses
-
-
-def _load_reference(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
-    """Give the untouched model and its optimizer the checkpoint's values (whole tensors, one process)."""
-    import torch.distributed.checkpoint as tdcp
-
-    from . import dcp
-
-    dcp.init_optimizer_state(optimizer)
-    persistent, aliases = dcp.model_names(model)
-    state: dict[str, torch.Tensor] = {}
-    for name, p in model.named_parameters():
-        state[name] = p.data
-        for key, value in optimizer.state.get(p, {}).items():
-            state[f"{dcp.OPTIMIZER_PREFIX}{name}/{key}"] = value
-    state.update({n: b for n, b in model.named_buffers() if n in persistent})
-    stored = dcp.stored_keys(directory)
-    missing = sorted(k for k in state if k not in stored)
-    if missing:
-        raise GraphsplitError(f"checkpoint {directory} has no {missing[0]!r} ({len(missing)} missing); "
-                              "resume with the model and optimizer it was saved with")
-    with warnings.catch_warnings():  # one process, on purpose
-        warnings.simplefilter("ignore", UserWarning)
-        tdcp.load(state, checkpoint_id=directory, no_dist=True)
 
 
 def _reference_with_weights(loaded, weights: str, plan: Plan) -> torch.nn.Module:

@@ -72,7 +72,7 @@ class _Sink(torch.Tensor):
             # even between two dropped ones, so a dry run with every parameter dropped sees it
             if not any(isinstance(a, _Sink) for a in others):
                 return target
-        if torch.Tag.view_copy in func.tags or func._schema.is_mutable is False and _is_view(func):
+        if _is_view(func):  # a view of a dropped tensor is dropped too
             metas = tree_map_only(_Sink, lambda s: s.meta, args)
             out = func(*metas, **kwargs)
             return _Sink(out) if isinstance(out, torch.Tensor) else out
