@@ -37,6 +37,10 @@ def transform(
     `summary["transform_seconds"]` is the time from the loaded model to the
     written artifacts (model file import excluded).
     """
+    if out_dir is not None:  # refuse a user's own folder before any work, not after it
+        from .artifacts import require_out_dir
+
+        require_out_dir(Path(out_dir))
     loaded = load_model(model) if isinstance(model, str) else model
     module = loaded.build("meta")
     start = time.perf_counter()
@@ -102,9 +106,10 @@ class PipelinedModule(nn.Module):
 
     def load_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> int:
         """Every rank calls this: fill this rank's tensors (and `optimizer`'s state) from a checkpoint
-        written at any plan; returns the step it was saved at."""
+        written at any plan (or the newest in a `run --save` folder); returns the step it was saved at."""
         from . import dcp
 
+        directory = dcp.resolve_checkpoint(directory)
         if optimizer is not None:
             dcp.init_optimizer_state(optimizer)
         same_world = dcp.read_info(directory).get("plan") == self.program.plan.to_dict()

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .atomic import swap_into_place, temporary_sibling
+from .atomic import require_replaceable, swap_into_place, temporary_sibling
 from .errors import GraphsplitError
 from .loader import LoadedModel
 from .meta import META_KEY
@@ -26,6 +26,8 @@ from .program import Program, StageProgram
 
 PLAN_FILE = "plan.json"
 REPORT_FILE = "report.html"
+# What makes a plan.json graphsplit's: `plan_record` always writes these keys.
+RECORD_KEYS = ("graphsplit_version", "model", "plan", "split", "stages")
 
 
 def stage_source(stage: StageProgram, program: Program) -> str:
@@ -108,11 +110,24 @@ def _version() -> str:
         return "unknown"
 
 
+def is_transform_output(folder: Path) -> bool:
+    """Whether `folder` was written by graphsplit transform: its plan.json holds graphsplit's keys."""
+    try:
+        _check_record(json.loads((Path(folder) / PLAN_FILE).read_text()), Path(folder) / PLAN_FILE)
+    except (OSError, ValueError, GraphsplitError):
+        return False
+    return True
+
+
+def require_out_dir(out_dir: Path) -> None:
+    """`--out` must be new, empty, or an earlier transform's output: never a user's own folder."""
+    require_replaceable(Path(out_dir), is_transform_output, "--out", "transform output (a folder with its plan.json)")
+
+
 def write_artifacts(program: Program, loaded: LoadedModel, out_dir: Path, summary: dict[str, Any]) -> None:
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise GraphsplitError(f"--out {out_dir} exists and is not a folder; choose another path")
-    tmp = temporary_sibling(out_dir.resolve())
+    require_out_dir(out_dir)
+    tmp = temporary_sibling(out_dir.resolve(), "--out")
     try:
         record = plan_record(program, loaded, out_dir, summary)
         (tmp / PLAN_FILE).write_text(json.dumps(record, indent=2, default=str))
@@ -131,20 +146,57 @@ def write_artifacts(program: Program, loaded: LoadedModel, out_dir: Path, summar
         svg = render_svg(dot)  # needs Graphviz's `dot`; graph.dot is written either way
         if svg is not None:
             (tmp / "graph.svg").write_text(svg)
-        swap_into_place(tmp, out_dir)
+        swap_into_place(tmp, out_dir.resolve(), "--out")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 def read_plan_record(out_dir: Path) -> dict[str, Any]:
-    path = Path(out_dir) / PLAN_FILE
+    """The plan.json of a folder written by transform, checked to be graphsplit's before anything reads it."""
+    out_dir = Path(out_dir)
+    rerun = f"run graphsplit transform MODEL --out {out_dir}"
+    if out_dir.is_file():
+        raise GraphsplitError(f"{out_dir} is a file, not a folder written by graphsplit transform; give the folder ({rerun})")
+    path = out_dir / PLAN_FILE
+    if not out_dir.is_dir():
+        raise GraphsplitError(f"{out_dir} does not exist; {rerun} first")
     if not path.is_file():
-        raise GraphsplitError(f"{out_dir} has no {PLAN_FILE}; run graphsplit transform MODEL --out {out_dir} first")
+        raise GraphsplitError(f"{out_dir} has no {PLAN_FILE}; {rerun} first")
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise GraphsplitError(f"{path} is not text (byte {exc.start} is not UTF-8); {rerun} again") from exc
     except json.JSONDecodeError as exc:
-        raise GraphsplitError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); re-run graphsplit transform") from exc
+        raise GraphsplitError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); {rerun} again") from exc
+    except OSError as exc:
+        raise GraphsplitError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    _check_record(record, path)
+    return record
+
+
+def _check_record(record: Any, path: Path) -> None:
+    """Refuse a plan.json that is not the record `plan_record` writes (another tool's file, an edited one)."""
+    def bad(what: str) -> GraphsplitError:
+        return GraphsplitError(f"{path} is not a plan.json written by graphsplit transform ({what}); "
+                               f"run graphsplit transform MODEL --out {path.parent} again")
+
+    if not isinstance(record, dict):
+        raise bad(f"it holds a JSON {type(record).__name__}, not an object")
+    missing = [k for k in RECORD_KEYS if k not in record]
+    if missing:
+        raise bad(f"no {', '.join(repr(k) for k in missing)}")
+    model, split = record["model"], record["split"]
+    if not (isinstance(model, dict) and all(isinstance(model.get(k), str) for k in ("path", "path_from_out", "factory"))):
+        raise bad("'model' must hold path, path_from_out and factory")
+    if not isinstance(record["plan"], dict):
+        raise bad("'plan' is not an object")
+    if not (isinstance(split, dict) and isinstance(split.get("stage_starts"), list)
+            and all(isinstance(x, str) for x in split["stage_starts"])):
+        raise bad("'split' must hold stage_starts, a list of node names")
+    summary = record.get("summary")
+    if summary is not None and not (isinstance(summary, dict) and isinstance(summary.get("stages"), list)):
+        raise bad("'summary' is not a transform summary")
 
 
 def model_spec_from_record(record: dict[str, Any], out_dir: Path) -> str:
