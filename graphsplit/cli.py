@@ -1,9 +1,22 @@
-"""The `graphsplit` command line (click)."""
+"""The `graphsplit` command line (click).
+
+Every failure ends as one line on stderr, `error: <what is wrong and what to do>`:
+
+- exit 2: bad input. A `GraphsplitError` raised where the problem is found (the
+  loader, the Plan, a pass, the weights reader...), a bad flag or value (click's
+  usage errors, folded into one line), or a file-system error naming its path.
+- exit 3: an internal error, graphsplit's own bug: the line says so and how to
+  report it. `graphsplit --debug ...` (or GRAPHSPLIT_DEBUG=1) prints the
+  traceback after the line, for every error.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +25,7 @@ import click
 
 from .errors import GraphsplitError
 from .plan import SCHEDULES, Plan
+from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,10 +69,27 @@ def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
     if "checkpoint_overrides" in given:
         given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])
     if "split_at" in given:
-        given["split_at"] = tuple(s.strip() for s in given["split_at"].split(",") if s.strip())
+        given["split_at"] = _split_points(given["split_at"])
     if given.get("schedule") in ("interleaved-1f1b", "looped-bfs") and "stages_per_rank" not in given:
         given["stages_per_rank"] = 2
     return Plan(**given), bool(given)
+
+
+def _split_points(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(","))
+    if not all(names):
+        raise GraphsplitError(f"--split-at {text!r} has an empty name; give comma-separated module names "
+                              "that start a new stage, e.g. --split-at h.6,h.12")
+    return names
+
+
+def _positive(name: str, allow_zero: bool = False) -> Callable[[click.Context, click.Parameter, float], float]:
+    """A click callback refusing a non-positive (or negative) or non-finite number."""
+    def check(ctx: click.Context, param: click.Parameter, value: float) -> float:
+        if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero)):
+            raise GraphsplitError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value:g}")
+        return value
+    return check
 
 
 def _override(text: str) -> tuple[str, str]:
@@ -68,13 +99,83 @@ def _override(text: str) -> tuple[str, str]:
     return glob.strip(), policy.strip()
 
 
+DEBUG_ENV = "GRAPHSPLIT_DEBUG"
+INTERNAL_ERROR_EXIT = 3
+
+
+_debug_flag = [False]  # `graphsplit --debug`, for this invocation
+
+
+def _debug() -> bool:
+    return _debug_flag[0] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
 def _fail(exc: GraphsplitError) -> None:
     click.echo(f"error: {exc}", err=True)
+    if getattr(exc, "detail", None):
+        click.echo(exc.detail.rstrip(), err=True)
+    if _debug():
+        traceback.print_exception(exc, file=sys.stderr)
     sys.exit(exc.exit_code)
 
 
-@click.group()
+def _internal(exc: BaseException) -> None:
+    """Not the user's input: graphsplit's own bug. Say so, in one line, and how to see and report it."""
+    from .artifacts import _version
+
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    click.echo(f"error: internal error in graphsplit {_version()} ({type(exc).__name__}: {first}); this is a bug, "
+               f"not your input: please report it with the command line and the traceback "
+               f"(graphsplit --debug ... or {DEBUG_ENV}=1 prints it)", err=True)
+    if _debug():
+        traceback.print_exception(exc, file=sys.stderr)
+    sys.exit(INTERNAL_ERROR_EXIT)
+
+
+class _Main(click.Group):
+    """The `graphsplit` group: click's usage errors and anything a command let through, as one line."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        _debug_flag[0] = False
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:  # bare `graphsplit`: the help
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:  # click's usage, hint and error lines, as one line
+            where = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+            click.echo(f"error: {' '.join(exc.format_message().split())}{where}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        except GraphsplitError as exc:  # raised outside a command's own handler (a click callback)
+            _fail(exc)
+        except OSError as exc:  # the file system said no: the path tells the user what to look at
+            click.echo(f"error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}; check that path "
+                       "(graphsplit --debug ... prints where it happened)", err=True)
+            if _debug():
+                traceback.print_exception(exc, file=sys.stderr)
+            sys.exit(2)
+        except Exception as exc:
+            _internal(exc)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    _debug_flag[0] = _debug_flag[0] or value  # read by _fail/_internal, after the command's context is gone
+
+
+@click.group(cls=_Main)
 @click.version_option(package_name="graphsplit")
+@click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+              help=f"Print the traceback after an error's one line (also {DEBUG_ENV}=1).")
 def main() -> None:
     """Turn an ordinary PyTorch model into a pipeline / tensor / data-parallel training program."""
 
@@ -129,9 +230,19 @@ def inspect(out_dir: Path, as_json: bool, open_report: bool) -> None:
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
     else:
+        from rich.console import Console
+
+        console = Console()
+        try:  # drawn whole before anything is printed: a summary from another version fails cleanly
+            with console.capture() as drawn:
+                render(summary, console)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            _fail(GraphsplitError(f"{out_dir}/plan.json holds a summary this graphsplit cannot read "
+                                  f"({type(exc).__name__}: {exc}); re-run graphsplit transform MODEL --out {out_dir}"))
+            return
         click.echo(f"{record['model']['path']}:{record['model']['factory']} (graphsplit {record['graphsplit_version']}, "
-                   f"torch {record['torch_version']})")
-        render(summary)
+                   f"torch {record.get('torch_version', 'unknown')})")
+        click.echo(drawn.get(), nl=False)
     if report is not None:
         _open_report(report)
 
@@ -170,9 +281,16 @@ def advise(model: str, gpus: int, gpu_memory: str, nodes: int, as_json: bool) ->
     from .summary import _fmt_bytes
 
     try:
-        if gpus < 1 or nodes < 1 or gpus % nodes:
-            raise GraphsplitError(f"--gpus {gpus} must be a positive multiple of --nodes {nodes}")
-        result = do_advise(load_model(model), gpus, parse_bytes(gpu_memory), gpus // nodes)
+        if gpus < 1:
+            raise GraphsplitError(f"--gpus must be at least 1, got {gpus}")
+        if nodes < 1:
+            raise GraphsplitError(f"--nodes must be at least 1, got {nodes}")
+        if gpus % nodes:
+            fits = [n for n in range(1, gpus + 1) if gpus % n == 0]
+            raise GraphsplitError(f"--gpus {gpus} cannot be spread evenly over --nodes {nodes}; "
+                                  f"use --nodes {', '.join(map(str, fits))} (or a multiple of {nodes} GPUs)")
+        memory = parse_bytes(gpu_memory)  # before the model loads: a typo fails at once
+        result = do_advise(load_model(model), gpus, memory, gpus // nodes)
     except GraphsplitError as exc:
         _fail(exc)
         return
@@ -201,17 +319,29 @@ def advise(model: str, gpus: int, gpu_memory: str, nodes: int, as_json: bool) ->
 @_plan_options
 @click.option("--steps", type=int, default=5, show_default=True, help="Training steps.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
-@click.option("--lr", type=float, default=0.01, show_default=True)
+@click.option("--lr", type=float, default=0.01, show_default=True, callback=_positive("--lr", allow_zero=True))
 @click.option("--check", is_flag=True, help="Also train the untouched model and compare loss, outputs and gradients.")
 @click.option("--weights", "weights", type=click.Path(), default=None,
               help="A .safetensors file or torch state dict; each rank reads only its own shards.")
 @click.option("--save", "save", type=click.Path(), default=None,
-              help="Write a checkpoint folder (torch.distributed.checkpoint, original parameter names) after the last step.")
+              help="Write checkpoints (torch.distributed.checkpoint, original parameter names) into this folder, "
+                   "one step-<N> folder each: after the last step, and every --save-every steps.")
+@click.option("--save-every", "save_every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also checkpoint every K steps (0: only after the last), so a crash loses at most K steps.")
+@click.option("--keep-last", "keep_last", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Keep the newest N checkpoints in the --save folder (0: keep all).")
 @click.option("--resume", "resume", type=click.Path(), default=None,
-              help="Start from a checkpoint folder written by --save at any plan; --steps more steps are run.")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
+              help="Start from a checkpoint written at any plan: a step-<N> folder, or a --save folder "
+                   "(its newest complete checkpoint); --steps more steps are run.")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, callback=_positive("--timeout"),
+              help="Seconds before the run is stopped (every rank, whatever it is doing).")
+@click.option("--collective-timeout", "collective_timeout_s", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S, show_default=True,
+              callback=_positive("--collective-timeout"),
+              help="Seconds a rank may wait for another in one collective once set-up is over; a rank that "
+                   "stops answering is then named and every rank stopped.")
 def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout_s: float, weights: str | None,
-        save: str | None, resume: str | None, **kwargs: Any) -> None:
+        save: str | None, resume: str | None, collective_timeout_s: float, save_every: int, keep_last: int,
+        **kwargs: Any) -> None:
     """Train TARGET (a model file, or a folder written by transform) under torchrun on this machine."""
     from .artifacts import model_spec_from_record, read_plan_record
     from .launch import RunOptions, run_training
@@ -228,7 +358,8 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
             fixed_cuts = tuple(record["split"]["stage_starts"])
             model_spec = model_spec_from_record(record, Path(target))
         opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, check=check, timeout_s=timeout_s, weights=weights,
-                          save=save, resume=resume)
+                          save=save, resume=resume, collective_timeout_s=collective_timeout_s, save_every=save_every,
+                          keep_last=keep_last)
         cmp = run_training(model_spec, plan, opts, fixed_cuts, echo=click.echo)
     except GraphsplitError as exc:
         _fail(exc)
@@ -241,15 +372,18 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 def export_weights(checkpoint: Path, out: Path) -> None:
-    """Write CHECKPOINT (a folder from run --save, any plan) as one .safetensors file the untouched model loads."""
+    """Write CHECKPOINT (a checkpoint from run --save at any plan, or a --save folder: its newest) as one
+    .safetensors file the untouched model loads."""
     from .dcp import export_weights as do_export
+    from .dcp import resolve_checkpoint
 
     try:
-        names = do_export(checkpoint, out)
+        source = resolve_checkpoint(checkpoint)
+        names = do_export(source, out)
     except GraphsplitError as exc:
         _fail(exc)
         return
-    click.echo(f"wrote {out}: {len(names)} tensors")
+    click.echo(f"wrote {out}: {len(names)} tensors from {source}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,15 @@ class GraphsplitError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str) -> None:
-        # One line on purpose: the CLI prints it as `error: <message>`.
+    def __init__(self, message: str, *, detail: str | None = None, exit_code: int | None = None) -> None:
+        # One line on purpose: the CLI prints it as `error: <message>`; `detail` (a rank's
+        # traceback, say) is printed after that line, never before it.
         super().__init__(" ".join(str(message).split()))
+        self.detail = detail
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        # Still one line when a framework appends to `args` on the way up (torch.fx's
+        # Interpreter adds "While executing ..." lines to the exception it re-raises).
+        return " ".join(super().__str__().split())
