@@ -116,10 +116,14 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 
 def parse_bytes(text: str) -> int:
-    """'80GiB', '512 MiB', '1e9' -> bytes."""
+    """'80GiB', '512 MiB', '1e9' -> bytes; at least one byte."""
     import re
 
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    how = "write it like 80GiB, 40GB or 1e9 (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+    m = re.fullmatch(r"\s*((?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*", text)
     if not m or (m.group(2) and m.group(2).lower() not in _UNITS):
-        raise GraphsplitError(f"cannot read the memory size {text!r}; write it like 80GiB, 40GB or 1e9")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower() or "b"])
+        raise GraphsplitError(f"cannot read the memory size {text!r}; {how}")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower() or "b"]
+    if not 1 <= value < 2**63:
+        raise GraphsplitError(f"memory size {text!r} is {'under one byte' if value < 1 else 'too large'}; {how}")
+    return int(value)
