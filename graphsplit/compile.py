@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,74 @@ from .passes.manager import PassContext, run_passes
 from .plan import Plan
 from .program import Program, build_program
 from .runtime import split_microbatches
-from .trace import trace_model
+from .trace import Traced, trace_model
+
+
+def check_call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], source: Path | None = None) -> None:
+    """The example inputs must be a call `forward` accepts: a wrong keyword name is said here,
+    in the model's terms, not later as a tracing failure."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # a builtin or C forward: nothing to compare against
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        names = list(signature.parameters)
+        takes = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        given = ", ".join([*(f"<positional {i}>" for i in range(len(args))), *kwargs])
+        where = f" in {source}" if source is not None else ""
+        raise GraphsplitError(
+            f"example_inputs(){where} does not fit {type(model).__name__}.forward({takes}): {exc} "
+            f"(given: {given or 'nothing'}); return the inputs forward takes: a tuple in order, or a dict by name"
+        ) from exc
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas: int) -> tuple[Any, ...]:
+    """One micro-batch of the inputs (each of `replicas` data-parallel replicas takes its share of
+    the batch, then cuts it into the plan's micro-batches); the refusal names which factor does not fit."""
+    n = plan.num_microbatches
+    for name, t in zip(traced.input_names, flat):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            continue  # split_microbatches names a 0-d input
+        batch = t.shape[0]
+        shape = tuple(t.shape)
+        if batch == 0:
+            raise GraphsplitError(f"input {name!r} of shape {shape} is an empty batch; example_inputs() must give "
+                                  f"at least {replicas * n} example(s) along dim 0 (the batch dim)")
+        if batch % replicas:
+            raise GraphsplitError(
+                f"the batch of {batch} (input {name!r} of shape {shape}) cannot be shared equally by {replicas} "
+                f"data-parallel replicas; use a --dp that divides {batch} ({_divisors(batch)}) or a batch divisible by {replicas}"
+            )
+        share = batch // replicas
+        if share % n:
+            whose = f"each replica's share ({share} of {batch})" if replicas > 1 else f"the batch of {batch}"
+            if plan.microbatches is None:
+                if plan.num_stages > 1:
+                    _require_cut_places(traced, flat, plan)  # too many stages is the problem to report first
+                why = f"by default one per pipeline stage, {n}"
+            else:
+                why = f"--microbatches {n}"
+            raise GraphsplitError(
+                f"{whose} (input {name!r} of shape {shape}) cannot be cut into equal micro-batches ({why}); "
+                f"give --microbatches dividing {share} ({_divisors(share)}) or a batch divisible by {n * replicas}"
+            )
+    return split_microbatches(flat, replicas * n)[0]
+
+
+def _require_cut_places(traced: Traced, flat: tuple[Any, ...], plan: Plan) -> None:
+    """Analyze at the whole batch, only to count where the model can be cut (an error path)."""
+    from .passes.pipeline_split import cut_places, too_few_cuts
+
+    annotate(traced.gm, tuple(torch.as_tensor(t) for t in flat))
+    places, operations = cut_places(traced.gm)
+    if places < plan.num_stages - 1:
+        raise too_few_cuts(plan.num_stages, plan.stages_per_rank, places, operations)
 
 
 def require_supported(plan: Plan) -> None:
@@ -52,6 +120,7 @@ def compile_program(
     `global_batch=False` one replica's batch (parallelize() inside a rank).
     """
     require_supported(plan)
+    check_call(model, args, kwargs, source)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     traced = trace_model(model, args, kwargs, source)
@@ -59,7 +128,7 @@ def compile_program(
     flat = traced.flatten_inputs(args, kwargs)
     # Stages see micro-batches: analyze (shapes, bytes, FLOPs) at that size.
     pieces = plan.num_microbatches * (plan.dp if global_batch else 1)
-    micro = split_microbatches(flat, pieces)[0]
+    micro = first_microbatch(traced, flat, plan, plan.dp if global_batch else 1)
     start = time.perf_counter()
     annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
     timings["analyze"] = time.perf_counter() - start

@@ -88,6 +88,8 @@ class LoadedModel:
 
 def _where(exc: BaseException) -> str:
     """`Type: message (file:line)` for the innermost frame of an exception."""
+    if isinstance(exc, SyntaxError):  # where the parser stopped, not importlib's frame
+        return f"{type(exc).__name__}: {exc.msg} ({Path(exc.filename or '?').name}:{exc.lineno})"
     frames = traceback.extract_tb(exc.__traceback__)
     loc = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{loc}"
@@ -125,8 +127,15 @@ def load_model(spec: str) -> LoadedModel:
     path_str, _, factory = spec.partition(":")
     factory = factory or "build_model"
     path = Path(path_str)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.py"))[:3]
+        hint = f" (it holds {', '.join(found)})" if found else ""
+        raise GraphsplitError(f"{path} is a folder, not a model file{hint}; give the .py file that defines the model; "
+                              f"{CONVENTION}")
     if not path.is_file():
         raise GraphsplitError(f"model file {path} does not exist; {CONVENTION}")
+    if path.suffix != ".py":
+        raise GraphsplitError(f"{path} is not a Python file (.py); give the model's .py file; {CONVENTION}")
     module = _import_file(path)
     builder = getattr(module, factory, None)
     if not callable(builder):

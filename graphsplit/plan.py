@@ -96,14 +96,29 @@ class Plan:
                 "microbatches",
                 f"schedule {self.schedule!r} needs microbatches divisible by pp={self.pp}, got {self.microbatches}",
             )
+        if isinstance(self.split_at, str) or not isinstance(self.split_at, (tuple, list)):
+            raise _fail("split_at", f"must be a list of module names, got {self.split_at!r}")
         if not isinstance(self.split_at, tuple):
             object.__setattr__(self, "split_at", tuple(self.split_at))
+        for name in self.split_at:
+            if not isinstance(name, str) or not name.strip():
+                raise _fail("split_at", f"{name!r} is not a module name; give names such as h.6 or layers.12")
+        twice = sorted({name for name in self.split_at if self.split_at.count(name) > 1})
+        if twice:
+            raise _fail("split_at", f"{twice[0]!r} is given twice; each split point starts one new stage")
         if self.split_at and len(self.split_at) != self.num_stages - 1:
+            given = len(self.split_at)
+            fix = f"give {self.num_stages - 1} names" if self.num_stages > 1 else "give no split points"
+            if (given + 1) % self.stages_per_rank == 0:
+                fix += f", or pp={(given + 1) // self.stages_per_rank} for these {given}"
             raise _fail(
                 "split_at",
-                f"{len(self.split_at)} split points make {len(self.split_at) + 1} stages, "
-                f"but pp={self.pp} x stages_per_rank={self.stages_per_rank} needs {self.num_stages - 1} split points",
+                f"{given} split points make {given + 1} stages, but pp={self.pp} x "
+                f"stages_per_rank={self.stages_per_rank} needs {self.num_stages - 1} split points; {fix}",
             )
+        if str(self.checkpoint).startswith("every:") and not re.fullmatch(r"every:[1-9]\d*", self.checkpoint):
+            raise _fail("checkpoint", f"{self.checkpoint!r}: every:K takes K, the number of blocks per recomputed "
+                                      "region, a whole number of at least 1 (e.g. every:2)")
         if self.checkpoint not in CHECKPOINT_POLICIES and not re.fullmatch(r"every:[1-9]\d*", str(self.checkpoint)):
             raise _fail("checkpoint", f"unknown policy {self.checkpoint!r}; choose one of {', '.join(CHECKPOINT_POLICIES)} or every:K")
         object.__setattr__(self, "checkpoint_overrides", _overrides(self.checkpoint_overrides))

@@ -42,6 +42,8 @@ def _tensor_bytes(value: Any) -> int:
 class _MetaAnnotator(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode) -> None:
         super().__init__(gm, garbage_collect_values=True)
+        # our error names the node and the shapes; fx's "While executing ..." lines would only repeat it
+        self.extra_traceback = False
         self.counter = counter
         self.modules = dict(gm.named_modules())
 
@@ -50,17 +52,20 @@ class _MetaAnnotator(fx.Interpreter):
         # FlopCounterMode intercepts every op it sees; only ops that can do matmul-class
         # work are run under it (elementwise ops count 0 FLOPs there anyway).
         counting = kind in COMPUTE_KINDS or n.op == "call_module" or bool(_MAYBE_FLOPS.search(_name(n)))
+        # each op in the grad mode the model ran it in: a no_grad op's output needs no gradient
+        # (passes/grad_mode.py makes the program compute just that)
+        mode = torch.enable_grad() if info(n).grad_enabled else torch.no_grad()
         try:
             if counting:
-                with self.counter:
+                with self.counter, mode:
                     value = super().run_node(n)
             else:
-                value = super().run_node(n)
+                with mode:
+                    value = super().run_node(n)
+        except GraphsplitError:
+            raise
         except Exception as exc:
-            raise GraphsplitError(
-                f"shape analysis failed at node {n.name} ({n.format_node()}) from module "
-                f"'{module_path(n) or '<root>'}': {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            ) from exc
+            raise self._failed(n, exc) from exc
         ni = info(n)
         ni.kind = kind.value
         ni.module = module_path(n)
@@ -80,6 +85,21 @@ class _MetaAnnotator(fx.Interpreter):
             ins = [self.env[a] for a in n.all_input_nodes if a in self.env]
             ni.bytes_moved = _tensor_bytes(ins) + _tensor_bytes(value) + ni.param_bytes
         return value
+
+
+    def _failed(self, n: fx.Node, exc: Exception) -> GraphsplitError:
+        """What failed, on which shapes, where in the model's code, and what to change."""
+        what = _name(n) if n.op != "call_module" else type(self.modules[str(n.target)]).__name__
+        module = module_path(n)
+        shapes = [tuple(v.shape) for a in n.all_input_nodes if isinstance(v := self.env.get(a), torch.Tensor)]
+        src = info(n).source
+        at = f" at {src}" if src is not None else ""
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return GraphsplitError(
+            f"{what} in module '{module or '<root>'}'{at} fails on input shape(s) "
+            f"{', '.join(map(str, shapes)) or '(none)'}: {type(exc).__name__}: {message}; "
+            "make example_inputs() give the shapes and dtypes this model expects (or fix the model there)"
+        )
 
 
 def annotate(

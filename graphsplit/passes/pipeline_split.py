@@ -72,6 +72,25 @@ def liveness(gm: fx.GraphModule) -> tuple[list[fx.Node], np.ndarray, np.ndarray]
     return seq, np.cumsum(live)[: n + 1], np.cumsum(blocked)[: n + 1] > 0
 
 
+def cut_places(gm: fx.GraphModule) -> tuple[int, int]:
+    """(places where a stage may start, operations): the most stages a graph takes is places + 1.
+
+    Needs the shape analysis (value kinds) on `gm`."""
+    seq, _, blocked = liveness(gm)
+    n = len(seq)
+    return int((~blocked[1:n]).sum()), n
+
+
+def too_few_cuts(stages: int, stages_per_rank: int, places: int, operations: int) -> GraphsplitError:
+    most = places + 1
+    per_rank = f" with {stages_per_rank} stages per rank" if stages_per_rank > 1 else ""
+    return GraphsplitError(
+        f"{stages} pipeline stages need {stages - 1} cuts, but the model has too few places to cut: {places} "
+        f"among its {operations} operations, so it takes at most {most} stage(s); "
+        f"use --pp {max(1, most // stages_per_rank)} or fewer{per_rank}"
+    )
+
+
 def _module_cut(seq: list[fx.Node], name: str) -> int:
     prefix = name + "."
     for i, node in enumerate(seq):
@@ -175,10 +194,7 @@ def pipeline_split_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     elif stages > 1:
         possible = int(valid.sum())
         if possible < stages - 1:
-            raise GraphsplitError(
-                f"{stages} pipeline stages need {stages - 1} cuts, but the model has only "
-                f"{possible} place(s) to cut among its {n} operations; use --pp {max(1, possible + 1)} or fewer"
-            )
+            raise too_few_cuts(stages, ctx.plan.stages_per_rank, possible, n)
         comm = np.array([boundary_cost(int(b)) for b in live])
         cuts = balanced_cuts(np.array([node_cost(x) for x in seq]), comm, valid, stages)
     else:
