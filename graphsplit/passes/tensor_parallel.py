@@ -559,13 +559,17 @@ class _Rewriter:
         if s.kind == "R":
             chunks = chunk_layout(node, out_features)
             ok = out_features % self.tp == 0 and (chunks is None or all(c % self.tp == 0 for c in chunks))
-            blocker = view_blocking_shard(node, self.tp) if ok else None
+            # asked even when the features do not divide: a fused QKV whose chunks do not divide is
+            # attention whose heads do not, and that is refused, not quietly left whole
+            blocker = view_blocking_shard(node, self.tp)
             if blocker is not None:
                 heads, why = blocker
                 if heads >= self.max_heads:  # the query heads must split; fewer kv heads may stay whole
+                    valid = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
                     raise GraphsplitError(
                         f"attention in '{info(node).module or '<root>'}': {heads} heads cannot be split over "
-                        f"tp={self.tp}; use tp={nearest_divisor(heads, self.tp)} (tp must divide the number of heads)"
+                        f"tp={self.tp}; use tp={nearest_divisor(heads, self.tp)} (tp must divide the number of "
+                        f"heads: {valid})"
                     )
                 self.note(node, f"linear left replicated: {why}")
                 self.set(node, R)
@@ -589,8 +593,12 @@ class _Rewriter:
                 set_linear_input(node, self.copy_to_tp(x, node))
                 self.set(node, S(len(shape_of(node)) - 1, chunks))
                 return
-            why = (f"out features {out_features} not divisible by tp={self.tp}" if not ok
-                   else f"its weight is already sharded as {have}")
+            if out_features % self.tp:
+                why = f"out features {out_features} not divisible by tp={self.tp}"
+            elif not ok:
+                why = f"its fused chunks of {', '.join(map(str, chunks or ()))} features are not divisible by tp={self.tp}"
+            else:
+                why = f"its weight is already sharded as {have}"
             self.note(node, f"linear left replicated: {why}")
             if have is not None and have.kind == "S":
                 set_linear_weight(node, self.gathered(w, node))
