@@ -108,6 +108,11 @@ def _explicit_cuts(gm: fx.GraphModule, seq: list[fx.Node], blocked: np.ndarray, 
             k = index.get(name, -1)
         else:
             k = _module_cut(seq, name)
+        if k < 0 and by_node:  # a folder's saved split, from a model that has changed since
+            raise GraphsplitError(
+                f"the saved split starts a stage at node {name!r}, which the model no longer has (it changed since "
+                "graphsplit transform wrote this folder); run graphsplit transform again for the model as it is now"
+            )
         if k < 0:
             modules = sorted({info(n).module.split(".")[0] for n in seq if info(n).module})
             raise GraphsplitError(
