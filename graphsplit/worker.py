@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from .errors import GraphsplitError
+from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, RankReporter, set_collective_timeout
 
 
 @dataclass
@@ -37,8 +38,13 @@ class RunSpec:
     # buffers come from running the constructor with parameters on meta
     user_weights: bool = False
     dump_dir: str | None = None
-    timeout_s: float = 120.0
-    save_dir: str | None = None  # a DCP checkpoint folder to write after the last step
+    timeout_s: float = 600.0  # collectives during set-up (imports, materializing a large stage)
+    # collectives once set-up is over: a rank that stops answering is noticed within this
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    run_dir: str | None = None  # the launcher's folder: pids and failure records (supervise.py)
+    save_dir: str | None = None  # the --save folder: a checkpoint step-<N> in it after the last step
+    save_every: int = 0  # and every this many steps (0: only after the last)
+    keep_last: int = 3  # the newest checkpoints kept in save_dir (0: all)
     resume_dir: str | None = None  # a DCP checkpoint folder to start from (written at any plan)
     lean_init: bool = False  # no weights file: run the constructor keeping only this rank's parameters
 
@@ -64,7 +70,7 @@ def _to(device: torch.device, value: Any) -> Any:
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)
 
 
-def run(spec: RunSpec) -> None:
+def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     from . import dcp
     from .backends.torch_distributed import (
         DistributedPipeline,
@@ -79,8 +85,10 @@ def run(spec: RunSpec) -> None:
     from .weights import open_weights
 
     plan = Plan.from_dict(spec.plan)
+    reporter = reporter or RankReporter(None)
     device = init_distributed(spec.timeout_s)
-    mesh = make_mesh(plan, device)
+    reporter.join_diagnosis_group()
+    mesh = make_mesh(plan, device, spec.collective_timeout_s)
     loaded = load_model(spec.model)
     fixed = tuple(spec.fixed_cuts) if spec.fixed_cuts is not None else None
     program = compile_loaded(loaded, plan, fixed).program
@@ -95,6 +103,7 @@ def run(spec: RunSpec) -> None:
         source = lean_build(loaded, plan.seed, keep)
     modules = materialize_rank(program, mesh, device, source)
     del source
+    reporter.setup_done(spec.timeout_s)
     pipe = DistributedPipeline(program, modules, make_loss(program, loaded.loss_fn), mesh, device)
     optimizer = make_optimizer(spec.optimizer, pipe.parameters(), spec.lr)
     tp_rank = mesh.get_local_rank("tp")
@@ -113,10 +122,27 @@ def run(spec: RunSpec) -> None:
         inputs = split_microbatches(inputs, plan.dp)[dp_rank]
         target = split_microbatches(target, plan.dp)[dp_rank]
     inputs, target = _to(device, inputs), _to(device, target)
-    reporter = pipe.is_last and dp_rank == 0 and tp_rank == 0
+    prints_loss = pipe.is_last and dp_rank == 0 and tp_rank == 0
     losses: list[float] = []
     skipped: list[int] = []  # fp16 steps an overflow skipped (every rank agrees)
-    for step in range(done + 1, done + spec.steps + 1):
+    set_collective_timeout(pipe.process_groups(), spec.collective_timeout_s)
+    last = done + spec.steps
+
+    def save(step: int) -> None:
+        """Checkpoint `step-<step>` in the --save folder; every rank takes part."""
+        reporter.where = f"while saving step {step}"
+        # every rank writes its blocks: the slowest writer may take long, so set-up's timeout again
+        set_collective_timeout(pipe.process_groups(), spec.timeout_s)
+        record = {"plan": plan.to_dict(), "model": spec.model, "optimizer": spec.optimizer, "aliases": aliases}
+        state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
+        state.update(dcp.scaler_state(pipe.scaler))
+        folder = dcp.save_series(spec.save_dir, state, step, record, spec.keep_last, keep=spec.resume_dir)
+        set_collective_timeout(pipe.process_groups(), spec.collective_timeout_s)
+        if dist.get_rank() == 0:
+            print(f"saved step {step} to {folder}", flush=True)
+
+    for step in range(done + 1, last + 1):
+        reporter.where = f"during step {step}"
         loss, output = pipe.step(inputs, target)
         if step == done + 1 and spec.dump_dir:
             whole = gather_outputs(program, output)
@@ -127,32 +153,35 @@ def run(spec: RunSpec) -> None:
         optimizer.zero_grad(set_to_none=True)
         if not stepped:
             skipped.append(step)
-        if reporter:
+        if prints_loss:
             assert loss is not None
             losses.append(float(loss))
             note = "  (fp16 overflow: step skipped, loss scale halved)" if not stepped else ""
             print(f"step {step:>3}  loss {float(loss):.6f}{note}", flush=True)
-    if reporter and spec.dump_dir:
+        if spec.save_dir and spec.save_every and step % spec.save_every == 0 and step != last:
+            save(step)  # so a crash loses at most save_every steps
+    if prints_loss and spec.dump_dir:
         (Path(spec.dump_dir) / "losses.json").write_text(json.dumps(losses))
         (Path(spec.dump_dir) / "skipped.json").write_text(json.dumps(skipped))
     if spec.save_dir:
-        record = {"plan": plan.to_dict(), "model": spec.model, "optimizer": spec.optimizer, "aliases": aliases}
-        state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
-        state.update(dcp.scaler_state(pipe.scaler))
-        dcp.save_checkpoint(spec.save_dir, state, done + spec.steps, record)
-        if dist.get_rank() == 0:
-            print(f"saved step {done + spec.steps} to {spec.save_dir}", flush=True)
+        save(last)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    spec = RunSpec.load(Path(argv[0]))
+    reporter = RankReporter(spec.run_dir)
     try:
-        run(RunSpec.load(Path(argv[0])))
+        run(spec, reporter)
     except GraphsplitError as exc:
+        reporter.failed(exc)
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except BaseException as exc:
+        reporter.failed(exc)  # the launcher's one line comes from this record; the traceback goes to the log
+        raise
     return 0
 
 

@@ -1,8 +1,10 @@
 """Checkpoints: DCP with the original names, resharded on load, exported for the untouched model,
 resumed with exactly the losses of an uninterrupted run, and never half-written."""
 
+import contextlib
 import os
 import re
+import shutil
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from graphsplit.loader import load_model
 from graphsplit.sharding import R, S, shard_tensor
 from graphsplit.worker import make_optimizer
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, MODELS
 
 GPT = str(EXAMPLES / "gpt.py")
 
@@ -124,7 +126,7 @@ def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tmp_path, capfd
     assert a == b
     x, y = load_file(tmp_path / "whole.safetensors"), load_file(tmp_path / "resumed.safetensors")
     assert all(torch.equal(x[k], y[k]) for k in x), "parameters after 4 steps differ from stop-and-resume"
-    assert dcp.read_info(tmp_path / "resumed")["step"] == 4
+    assert dcp.read_info(tmp_path / "resumed" / "step-4")["step"] == 4  # --save writes DIR/step-<N>
 
 
 @pytest.mark.slow
@@ -179,3 +181,284 @@ def test_export_refuses_other_suffixes(tmp_path, one_process_group):
     with pytest.raises(GraphsplitError, match="should end in .safetensors"):
         dcp.export_weights(tmp_path / "c", tmp_path / "w.bin")
     assert Path(tmp_path / "w.bin").exists() is False
+
+
+# --- checkpoints are read without running code from them (issue 9, item 5) ---
+
+
+class _RunsCode:
+    """Pickles as a call: unpickling it runs `func(arg)` (what a crafted `.metadata` does)."""
+
+    def __init__(self, func, arg):
+        self.func, self.arg = func, arg
+
+    def __reduce__(self):
+        return self.func, (self.arg,)
+
+
+def _crafted(kind: str, marker: Path) -> bytes:
+    import builtins
+    import pickle
+
+    if kind == "os.system":
+        return pickle.dumps(_RunsCode(os.system, f"touch {marker}"))
+    assert kind == "builtins.exec"
+    return pickle.dumps(_RunsCode(builtins.exec, f"open({str(marker)!r}, 'w').close()"))
+
+
+def _small_checkpoint(folder: Path) -> Path:
+    """A real checkpoint of a few tensors, written in this process (needs a process group)."""
+    state = {"lin.weight": torch.randn(4, 3), "lin.bias": torch.randn(4)}
+    dcp.save_checkpoint(folder, state, step=2, record={"plan": {}, "aliases": {}})
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["os.system", "builtins.exec", "inside-metadata"])
+def test_a_crafted_metadata_runs_nothing_and_is_one_line(tmp_path, one_process_group, kind):
+    import pickle
+
+    ckpt = _small_checkpoint(tmp_path / "runs" / "step-2")
+    marker = tmp_path / "pwned"
+    if kind == "inside-metadata":  # DCP's own metadata, one tensor's dtype replaced by the call
+        metadata = dcp.read_metadata(ckpt)
+        metadata.state_dict_metadata["lin.bias"].properties.dtype = _RunsCode(os.system, f"touch {marker}")
+        payload = pickle.dumps(metadata)
+    else:
+        payload = _crafted(kind, marker)
+    (ckpt / ".metadata").write_bytes(payload)
+    runner = CliRunner()
+    out = tmp_path / "w.safetensors"
+    for args in (["export-weights", str(ckpt), str(out)],
+                 ["export-weights", str(ckpt.parent), str(out)],  # the --save folder: its newest checkpoint
+                 ["run", str(EXAMPLES / "mlp.py"), "--pp", "2", "--resume", str(ckpt)],
+                 ["run", str(EXAMPLES / "mlp.py"), "--pp", "2", "--resume", str(ckpt.parent)]):
+        done = runner.invoke(main, args)
+        assert not marker.exists(), f"{args[0]} ran code from the checkpoint"
+        assert done.exit_code == 2, done.output
+        assert done.output.count("\n") == 1 and done.output.startswith("error: "), done.output
+        assert "refused, nothing from it was run" in done.output and str(ckpt / ".metadata") in done.output
+        assert not out.exists()
+    with pytest.raises(GraphsplitError, match="refused"):
+        dcp.load_checkpoint(ckpt, {"lin.weight": torch.zeros(4, 3)}, same_world=True)  # the ranks' path
+    assert not marker.exists()
+
+
+def test_real_checkpoints_need_only_the_allowed_types(tmp_path, one_process_group):
+    # every dtype and a channels-last tensor: the allow-list covers what DCP pickles for them
+    state = {f"t.{dtype}".replace("torch.", ""): torch.ones(2, 3, dtype=dtype)
+             for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool)}
+    state["conv"] = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    ckpt = tmp_path / "c"
+    dcp.save_checkpoint(ckpt, state, step=1, record={})
+    metadata = dcp.read_metadata(ckpt)
+    assert {k: md.properties.dtype for k, md in metadata.state_dict_metadata.items() if k in state} == \
+        {k: v.dtype for k, v in state.items()}
+    loaded = {k: torch.zeros_like(v) for k, v in state.items()}
+    assert dcp.load_checkpoint(ckpt, loaded, same_world=True) == 1
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+def test_byte_items_are_never_unpickled(tmp_path, one_process_group):
+    import io
+
+    # DCP stores a non-tensor as torch.save bytes, which its default planner loads with weights_only=False
+    ckpt = tmp_path / "c"
+    dcp.save_checkpoint(ckpt, {"a": torch.ones(2), "blob": io.BytesIO(b"not a tensor")}, step=1, record={})
+    assert isinstance(dcp.stored_keys(ckpt)["blob"], dcp.BytesStorageMetadata)
+    with pytest.raises(GraphsplitError, match="'blob' as pickled bytes"):
+        dcp.load_checkpoint(ckpt, {"a": torch.zeros(2), "blob": torch.zeros(1)}, same_world=True)
+    item = type("Item", (), {"dest_index": dcp.MetadataIndex("blob")})()
+    with pytest.raises(GraphsplitError, match="not a tensor"):
+        dcp._LoadPlanner().load_bytes(item, io.BytesIO(b""))
+    names = dcp.export_weights(ckpt, tmp_path / "w.safetensors")  # tensors only: the blob is never read
+    assert names == ["a"]
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "deleted shard": (lambda c: next(c.glob("*.distcp")).unlink(), "lacks its tensor file"),
+    "truncated shard": (lambda c: _truncate(next(c.glob("*.distcp"))), "is truncated"),
+    "truncated metadata": (lambda c: _truncate(c / ".metadata"), r"\.metadata is damaged"),
+    "garbage metadata": (lambda c: (c / ".metadata").write_bytes(os.urandom(300)), r"\.metadata"),
+    "empty metadata": (lambda c: (c / ".metadata").write_bytes(b""), r"\.metadata is damaged"),
+    "metadata of another kind": (lambda c: (c / ".metadata").write_bytes(__import__("pickle").dumps([1, 2])),
+                                 "it holds a list"),
+    "corrupt graphsplit.json": (lambda c: (c / "graphsplit.json").write_text('{"step": 2,'), "graphsplit.json is unreadable"),
+    "graphsplit.json a list": (lambda c: (c / "graphsplit.json").write_text("[1]"), "not graphsplit's record"),
+    "graphsplit.json binary": (lambda c: (c / "graphsplit.json").write_bytes(b"\xff\xfe\x00"), "graphsplit.json is unreadable"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_export_of_a_damaged_checkpoint_is_one_line(tmp_path, one_process_group, damage):
+    ckpt = _small_checkpoint(tmp_path / "runs" / "step-2")
+    spoil, message = DAMAGE[damage]
+    spoil(ckpt)
+    out = tmp_path / "w.safetensors"
+    done = CliRunner().invoke(main, ["export-weights", str(tmp_path / "runs"), str(out)])
+    assert done.exit_code == 2 and done.output.count("\n") == 1 and done.output.startswith("error: "), done.output
+    assert re.search(message, done.output), done.output
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["runs"], "no output, nor a temporary file"
+
+
+# --- a series of checkpoints: --save DIR writes DIR/step-<N> (issue 9, item 7) ---
+
+
+def _fake_checkpoint(folder: Path, with_info: bool = True, with_metadata: bool = True) -> None:
+    folder.mkdir(parents=True)
+    if with_info:
+        (folder / "graphsplit.json").write_text('{"step": 0}')
+    if with_metadata:
+        (folder / ".metadata").write_bytes(b"")
+
+
+def test_the_newest_complete_checkpoint_is_chosen(tmp_path):
+    root = tmp_path / "run"
+    _fake_checkpoint(root / "step-2")
+    _fake_checkpoint(root / "step-10")  # newer than step-2 by number, older by name
+    _fake_checkpoint(root / "step-12", with_info=False)  # a save that never finished
+    _fake_checkpoint(root / "step-11", with_metadata=False)
+    _fake_checkpoint(root / "step-x")  # not a step folder
+    _fake_checkpoint(root / "latest")
+    _fake_checkpoint(root / ".step-14.tmp-abc123")  # a killed save's temporary folder
+    (root / "step-13").write_text("a file, not a folder")
+    assert [step for step, _ in dcp.checkpoints_in(root)] == [2, 10]
+    assert dcp.resolve_checkpoint(root) == root / "step-10"
+    assert dcp.resolve_checkpoint(root / "step-2") == root / "step-2"  # a checkpoint folder is taken as it is
+    with pytest.raises(GraphsplitError, match="is not a graphsplit checkpoint and holds none"):
+        dcp.resolve_checkpoint(root / "step-12")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(GraphsplitError, match="is not a graphsplit checkpoint"):
+        dcp.resolve_checkpoint(tmp_path / "empty")
+
+
+def test_save_series_keeps_the_newest_and_removes_stale_temporaries(tmp_path, one_process_group):
+    root = tmp_path / "run"
+    stale = [root / ".step-6.tmp-k2j4x9", root / ".step-2.old-0a1b2c3d"]  # a save killed mid-way, a swap killed
+    for folder in stale:
+        (folder / "x").mkdir(parents=True)
+    (tmp_path / ".run.tmp-zz").mkdir()  # not ours to clean: a sibling of the --save folder
+    weight = torch.randn(3)
+    resumed_from = None
+    for step in (2, 4, 6, 8):
+        folder = dcp.save_series(root, {"w": weight + step}, step, {}, keep_last=2, keep=resumed_from)
+        assert folder == root / f"step-{step}"
+        if step == 2:
+            assert not any(p.exists() for p in stale), "the next save removes what a killed one left"
+            resumed_from = folder  # the checkpoint a run started from is never removed by that run
+    assert sorted(p.name for p in root.iterdir()) == ["step-2", "step-6", "step-8"]
+    assert (tmp_path / ".run.tmp-zz").exists()
+    loaded = torch.zeros(3)
+    assert dcp.load_checkpoint(dcp.resolve_checkpoint(root), {"w": loaded}, same_world=True) == 8  # the newest
+    assert torch.equal(loaded, weight + 8)
+    assert dcp.export_weights(root, tmp_path / "w.safetensors") == ["w"]
+    assert torch.equal(load_file(tmp_path / "w.safetensors")["w"], weight + 8)
+
+
+def test_save_refuses_a_folder_it_did_not_write(tmp_path, one_process_group):
+    dcp.require_save_folder(tmp_path / "new")
+    (tmp_path / "empty").mkdir()
+    dcp.require_save_folder(tmp_path / "empty")
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    with pytest.raises(GraphsplitError, match="graphsplit did not write .*notes.txt"):
+        dcp.require_save_folder(user)
+    with pytest.raises(GraphsplitError, match="graphsplit did not write"):
+        dcp.save_series(user, {"w": torch.ones(1)}, 1, {}, keep_last=3)
+    assert [p.name for p in user.iterdir()] == ["notes.txt"]
+    single = _small_checkpoint(tmp_path / "single")
+    with pytest.raises(GraphsplitError, match="is a single checkpoint"):
+        dcp.require_save_folder(single)
+    done = CliRunner().invoke(main, ["run", str(EXAMPLES / "mlp.py"), "--pp", "2", "--save", str(user)])
+    assert done.exit_code == 2 and "graphsplit did not write" in done.output and done.output.count("\n") == 1
+    done = CliRunner().invoke(main, ["run", str(EXAMPLES / "mlp.py"), "--pp", "2", "--save-every", "2"])
+    assert done.exit_code == 2 and "--save-every needs --save" in done.output
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rpartition(")")[2].split()[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _crash(proc) -> None:
+    """Kill the launcher, torchrun and every rank at once, as a machine failure would (torchrun starts
+    each rank in a session of its own, so one process group does not hold them all)."""
+    import signal
+
+    tree = [proc.pid, *_descendants(proc.pid)]
+    for pid in tree:  # freeze first, so nothing is written between the first kill and the last
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    tree += _descendants(proc.pid)
+    run_dirs = set()  # the launcher's temporary folder, which a killed launcher cannot remove
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            run_dirs.update(Path(a).parent for a in args if a.endswith("spec.json"))
+    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    for folder in run_dirs:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the run's processes in /proc")
+def test_a_killed_run_resumes_from_its_last_checkpoint_and_loses_at_most_k_steps(tmp_path):
+    import subprocess
+    import sys
+
+    model = str(MODELS / "slow_loss.py")
+    common = ["--pp", "2", "--optimizer", "adamw", "--lr", "0.01", "--timeout", "240"]
+
+    def graphsplit(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "graphsplit", "run", model, *common, *args], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    whole = graphsplit("--steps", "8")
+    out, err = whole.communicate(timeout=300)
+    assert whole.returncode == 0, err
+    uninterrupted = _losses(out)
+    assert sorted(uninterrupted) == list(range(1, 9))
+
+    ckpt = tmp_path / "ckpt"
+    killed = graphsplit("--steps", "8", "--save", str(ckpt), "--save-every", "2")
+    seen: list[str] = []
+    try:
+        for line in killed.stdout:
+            seen.append(line)
+            if line.startswith("saved step 4 "):
+                break
+    finally:
+        _crash(killed)
+    assert seen and seen[-1].startswith("saved step 4 "), "".join(seen) + killed.stderr.read()
+    assert [step for step, _ in dcp.checkpoints_in(ckpt)] == [2, 4], "the kill came after step 4's checkpoint only"
+    before = _losses("".join(seen))
+    assert before == {k: uninterrupted[k] for k in range(1, 5)}
+
+    resumed = graphsplit("--steps", "4", "--resume", str(ckpt), "--save", str(ckpt), "--save-every", "2")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert f"resuming from {ckpt / 'step-4'} (step 4)" in out
+    after = _losses(out)
+    assert after == {k: uninterrupted[k] for k in range(5, 9)}, "the resumed steps differ from an uninterrupted run"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-4", "step-6", "step-8"]  # keep-last 3
