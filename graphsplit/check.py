@@ -9,7 +9,7 @@ loss and gradients with fp32 tolerances scaled by magnitude:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,8 +112,13 @@ def compare(
     ref: StepResult,
     atol: float = ATOL,
     expected: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+    held: Collection[str] = (),
 ) -> Comparison:
-    """`expected(name, full_reference_grad)` gives what this rank should hold (its tp shard)."""
+    """`expected(name, full_reference_grad)` gives what this rank should hold (its tp shard).
+
+    Which parameters have a gradient must agree too: one the original model leaves None (it
+    ran under no_grad, or is frozen) fails, and so does each parameter in `held` (the ones
+    this part holds) that has a reference gradient but none here."""
     cmp = Comparison()
 
     def check(what: str, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -137,6 +142,9 @@ def compare(
             continue
         want = ref.grads[name] if expected is None else expected(name, ref.grads[name])
         check(f"grad {name}", g, want)
+    for name in sorted(held):
+        if name in ref.grads and name not in got_grads:
+            cmp.failures.append(f"grad {name}: the original model has a gradient for it, this part has none")
     return cmp
 
 
