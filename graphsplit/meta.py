@@ -73,6 +73,10 @@ class NodeInfo:
     sharding: Any = None
     # the user's line that made it (None for nodes graphsplit inserted)
     source: SourceLine | None = None
+    # False: the model ran this op under no_grad / inference_mode (or set_grad_enabled(False)).
+    # The program runs every op with grad enabled; passes/grad_mode.py detaches such an op's
+    # inputs so it records no autograd history, exactly as in the untouched model.
+    grad_enabled: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
