@@ -31,6 +31,7 @@ from ..program import Program
 from ..runtime import LossFn, sync_tied_grads
 
 DEFAULT_TIMEOUT_S = 120.0
+MESH_AXES = ("dp", "pp", "tp")
 
 
 def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
@@ -60,7 +61,10 @@ def materialize_rank(program: Program, mesh: DeviceMesh, device: torch.device, s
     }
 
 
-def make_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
+def make_mesh(plan: Plan, device: torch.device, collective_timeout_s: float | None = None) -> DeviceMesh:
+    """The (dp, pp, tp) mesh. `collective_timeout_s`: how long any of its groups' operations may wait,
+    point-to-point ones included (the pipeline's sends and receives take the timeout their group was
+    made with; a later `_set_pg_timeout` reaches only collectives)."""
     world = dist.get_world_size()
     if world != plan.world_size:
         from ..errors import GraphsplitError
@@ -69,7 +73,14 @@ def make_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
             f"the plan needs dp x pp x tp = {plan.dp} x {plan.pp} x {plan.tp} = {plan.world_size} "
             f"processes but {world} were started; launch with --nproc-per-node {plan.world_size}"
         )
-    return init_device_mesh(device.type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=("dp", "pp", "tp"))
+    override: dict[int | str, Any] | None = None
+    if collective_timeout_s is not None:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+        options._timeout = timedelta(seconds=collective_timeout_s)
+        override = {axis: (backend, options) for axis in MESH_AXES}
+    return init_device_mesh(device.type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=MESH_AXES,
+                            backend_override=override)
 
 
 def stage_examples(program: Program) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
@@ -222,6 +233,11 @@ class DistributedPipeline:
                     if me in ranks:
                         groups[name] = group
         return groups
+
+    def process_groups(self) -> list[dist.ProcessGroup]:
+        """Every group this rank's collectives run on, the default group aside (timeouts are set per group)."""
+        groups = [self.mesh.get_group(axis) for axis in MESH_AXES]
+        return groups + [g for g in self._tied_groups.values() if g is not None]
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
