@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from .errors import GraphsplitError
+from .passes.grad_mode import params_without_grad
 from .program import StageProgram
 from .sharding import Sharding, local_shape, shard_tensor
 
@@ -78,6 +79,9 @@ def materialize_stage(
                     )
                 target.copy_(value)
     _retie(module, stage)
+    # read here only under no_grad: no gradient ever comes, and DDP would wait for one
+    for local in params_without_grad(module):
+        module.get_parameter(local).requires_grad_(False)
     return module
 
 

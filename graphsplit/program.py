@@ -17,6 +17,7 @@ cuts the graph into one GraphModule per stage:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from .analysis.recompute import recomputable
 from .errors import GraphsplitError
 from .meta import TensorSpec, canonical_names, info
 from .ops.pipeline import dense_grad
+from .passes.grad_mode import is_detach, params_without_grad
 from .plan import Plan
 from .sharding import R, Sharding, local_shape
 from .trace import Traced
@@ -110,6 +112,16 @@ class Program:
                 n *= x
             seen[canonical] = n * p.element_size()
         return sum(seen.values())
+
+    @functools.cached_property
+    def params_without_grad(self) -> frozenset[str]:
+        """Canonical names no stage gives a gradient: frozen, or read only under no_grad."""
+        free: dict[str, bool] = {}
+        for st in self.stages:
+            local_free = set(params_without_grad(st.gm))
+            for local, canonical in st.param_sources.items():
+                free[canonical] = free.get(canonical, True) and local in local_free
+        return frozenset(c for c, f in free.items() if f)
 
     @property
     def shared_params(self) -> dict[str, list[int]]:
@@ -280,10 +292,15 @@ def _send_cost(boundary: Boundary) -> float:
 
 
 def _drop_unused_scalars(graph: fx.Graph) -> None:
-    """Remove shape queries whose value no node of this stage reads (pure by construction)."""
+    """Remove shape queries and detaches whose value no node of this stage reads (pure by
+    construction: a parameter's detach that the stage using it recomputes for itself), then
+    the parameters nothing reads any more, so the stage does not hold them."""
     for node in reversed(list(graph.nodes)):
         if node.op in ("placeholder", "output", "get_attr") or node.users:
             continue
         ni = node.meta.get("graphsplit")
-        if ni is not None and ni.value == "scalar" and ni.kind in ("shape", "getitem"):
+        if (ni is not None and ni.value == "scalar" and ni.kind in ("shape", "getitem")) or is_detach(node):
+            graph.erase_node(node)
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and not node.users:
             graph.erase_node(node)

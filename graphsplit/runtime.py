@@ -85,7 +85,9 @@ def sync_tied_grads(
     copies: dict[str, list[nn.Parameter]] = {}
     for index, module in stages.items():
         for local, canonical in program.stages[index].param_sources.items():
-            if canonical in program.shared_params:
+            # no copy gets a gradient (frozen, or read only under no_grad): the untouched model
+            # leaves it None, and a zero sum would still be a gradient (weight decay would act)
+            if canonical in program.shared_params and canonical not in program.params_without_grad:
                 p = module.get_parameter(local)
                 if all(p is not q for q in copies.setdefault(canonical, [])):
                     copies[canonical].append(p)

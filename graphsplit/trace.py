@@ -21,6 +21,7 @@ import functools
 import inspect
 import io
 import logging
+import operator
 import os
 import re
 import sys
@@ -38,7 +39,7 @@ import torch.utils._pytree as pytree
 from torch.fx.graph import CodeGen
 
 from .errors import GraphsplitError
-from .meta import SourceLine, info
+from .meta import META_KEY, NodeInfo, SourceLine, info
 
 _SPECIALIZED = ("has been specialized",)
 
@@ -70,15 +71,24 @@ def trace_model(
 ) -> Traced:
     """Trace `model` called as `model(*args, **kwargs)`."""
     try:
-        return _trace_fx(model, args, kwargs)
+        with _training_grad_mode():
+            return _trace_fx(model, args, kwargs)
     except GraphsplitError:
         raise
     except Exception as fx_exc:  # any tracer failure: try the other tracer
         fx_error = fx_exc
     try:
-        with _quiet_torch_logs():
+        with _quiet_torch_logs(), _training_grad_mode():
             return _trace_export(model, args, kwargs)
+    except GraphsplitError:
+        raise
     except Exception as export_exc:
+        own = _raised_by_model(export_exc)
+        if own is not None:  # the model's own raise or assert, on these inputs: not a tracing limit
+            raise GraphsplitError(
+                f"{type(model).__name__}.forward raised {type(export_exc).__name__} at {own} on the example inputs: "
+                f"'{_first_line(export_exc)}'; make example_inputs() give what the model expects (or fix the model there)"
+            ) from export_exc
         where = _user_frame(export_exc, source) or _user_frame(fx_error, source)
         at = f" at {where}" if where else ""
         raise GraphsplitError(
@@ -87,6 +97,14 @@ def trace_model(
             "make that code traceable: no Python control flow on tensor values (torch.where "
             "or torch.cond instead of if/else on a tensor)"
         ) from export_exc
+
+
+@contextlib.contextmanager
+def _training_grad_mode() -> Iterator[None]:
+    """Trace as training runs the model: grad enabled, outside inference mode, whatever the
+    caller's mode; the regions the model itself opens are then the only grad-disabled ones."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
 
 
 @contextlib.contextmanager
@@ -126,6 +144,15 @@ def _user_frame(exc: BaseException, source: Path | None) -> str | None:
     return None
 
 
+def _raised_by_model(exc: BaseException) -> str | None:
+    """`file:line` when the exception was raised by the model's own code (its innermost frame is
+    outside torch, graphsplit and the installed packages), as export runs it on fake tensors."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or _internal(frames[-1].filename):
+        return None
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
+
+
 def _flat_output(graph: fx.Graph) -> pytree.TreeSpec:
     """Make the output node return a flat tuple of leaves; return the tree's spec."""
     out = next(n for n in reversed(graph.nodes) if n.op == "output")
@@ -162,16 +189,51 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return Traced(gm, "fx", list(tensor_names), spec, flatten)
 
 
+class _Proxy(fx.Proxy):
+    """fx's Proxy has no `__iadd__`, so Python runs `y += 1` as `y = y + 1`. That is the same
+    computation, except under no_grad: there the in-place form leaves y needing a gradient and
+    the other does not. In grad-disabled code the in-place form is recorded as written."""
+
+
+def _in_place_operator(op: Any) -> Any:
+    def method(self: _Proxy, other: Any) -> Any:
+        if torch.is_grad_enabled():
+            return NotImplemented  # Python falls back to the out-of-place operator
+        return self.tracer.create_proxy("call_function", op, (self, other), {})
+
+    return method
+
+
+for _name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior", "ixor",
+              "ilshift", "irshift", "imatmul"):
+    setattr(_Proxy, f"__{_name}__", _in_place_operator(getattr(operator, _name)))
+
+
 class _Tracer(fx.Tracer):
     # Buffers become graph values, so `self.rope_cos[:T]` with a traced T is traceable.
     proxy_buffer_attributes = True
 
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _Proxy(node, self)
+
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
+        ni = info(node)
         # fx's own record_stack_traces formats the whole stack per node, and its text lands
         # in the stage code; the report needs only the user's line, found by a frame walk.
-        info(node).source = _user_source(sys._getframe(1))
+        ni.source = _user_source(sys._getframe(1))
+        # tracing runs the model's Python, so its no_grad / inference_mode regions are in force
+        # here; the graph has no other record of them (passes/grad_mode.py keeps them)
+        ni.grad_enabled = torch.is_grad_enabled()
         return node
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        # A leaf module's parameters are not graph values, so no pass could keep a no_grad
+        # region from training them: trace through such modules there (their parameters
+        # become get_attr nodes). Frozen or parameter-free modules stay leaves.
+        if not torch.is_grad_enabled() and any(p.requires_grad for p in m.parameters()):
+            return False
+        return super().is_leaf_module(m, module_qualified_name)
 
 
 _TRACE_CODE = fx.Tracer.trace.__code__
@@ -295,8 +357,10 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
                 user.kwargs = fx.node.map_arg(user.kwargs, lambda n, v=value, p=ph: v if n is p else n)
             graph.erase_node(ph)
     _flat_output(graph)  # already flat: the structure is export's out_spec
+    _inline_grad_regions(gm)
     for node in graph.nodes:
         info(node).source = _source_from_stack_trace(node.meta.get("stack_trace"))
+    _mark_inference_mode(gm, type(model).__name__)
     spec = out_spec
     for name in ("_guards_fn",):
         if hasattr(gm, name):
@@ -309,3 +373,88 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         return [flat[i] for i in keep]
 
     return Traced(gm, "export", names, spec, flatten)
+
+
+# torch.export records `with torch.no_grad():` (and enable_grad, set_grad_enabled) as
+# wrap_with_set_grad_enabled(enabled, submodule, *operands) -> tuple
+_SET_GRAD_REGION = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+
+
+def _inline_grad_regions(gm: fx.GraphModule) -> None:
+    """Replace each of export's grad-mode regions by its nodes, each marked with the region's mode.
+
+    The region call runs correctly as it is, but as one opaque node no pass can split, shard
+    or cost; inlined, the frozen ops are ordinary nodes and passes/grad_mode.py keeps their mode.
+    """
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or _SET_GRAD_REGION is None or node.target is not _SET_GRAD_REGION:
+            continue
+        enabled, sub_node, *operands = node.args
+        sub = gm.get_submodule(str(sub_node.target))
+        _inline_grad_regions(sub)  # regions inside it first: their nodes keep their own mode
+        env: dict[fx.Node, Any] = {}
+        feed = iter(operands)
+        results: Any = ()
+        with graph.inserting_before(node):
+            for n in sub.graph.nodes:
+                if n.op == "placeholder":
+                    env[n] = next(feed)
+                elif n.op == "output":
+                    results = fx.node.map_arg(n.args[0], env.__getitem__)
+                elif n.op == "get_attr":
+                    env[n] = graph.get_attr(_adopt(gm, sub, str(n.target)))
+                else:
+                    new = graph.node_copy(n, env.__getitem__)
+                    inner = n.meta.get(META_KEY)
+                    new.meta[META_KEY] = NodeInfo(grad_enabled=inner.grad_enabled if inner is not None else bool(enabled))
+                    env[n] = new
+        for user in list(node.users):
+            if user.op != "call_function" or user.target is not operator.getitem:
+                raise GraphsplitError(f"internal: export's grad-mode region {node.name} is used whole by {user.name}")
+            user.replace_all_uses_with(results[user.args[1]])
+            graph.erase_node(user)
+        graph.erase_node(node)
+        if not sub_node.users:
+            graph.erase_node(sub_node)
+            if not any(n.op == "get_attr" and n.target == sub_node.target for n in graph.nodes):
+                gm.delete_submodule(str(sub_node.target))
+    gm.recompile()
+
+
+def _adopt(gm: fx.GraphModule, sub: nn.Module, target: str) -> str:
+    """Give the parent a region's attribute (a lifted constant) under a fresh name."""
+    owner_name, _, leaf = target.rpartition(".")
+    owner = sub.get_submodule(owner_name) if owner_name else sub
+    value = getattr(owner, leaf)
+    i = 0
+    while hasattr(gm, f"_grad_region_attr{i}"):
+        i += 1
+    name = f"_grad_region_attr{i}"
+    if isinstance(value, nn.Module):
+        gm.add_submodule(name, value)
+    elif isinstance(value, nn.Parameter):
+        gm.register_parameter(name, value)
+    elif leaf in owner._buffers:
+        gm.register_buffer(name, value, persistent=leaf not in owner._non_persistent_buffers_set)
+    else:
+        setattr(gm, name, value)
+    return name
+
+
+def _mark_inference_mode(gm: fx.GraphModule, model_name: str) -> None:
+    """export keeps no node for `torch.inference_mode()`, but the values it made there are
+    inference tensors: their ops ran grad-disabled. A grad toggle export left in the graph
+    as a plain call (not a region) cannot be kept per node: refused."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target in (torch._C._set_grad_enabled, torch.set_grad_enabled):
+            where = info(node).source
+            raise GraphsplitError(
+                f"{model_name} switches grad mode at {where or 'an unknown line'} in a way graphsplit cannot "
+                "keep per operation; write it as a `with torch.no_grad():` (or enable_grad) block"
+            )
+        values = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+        if values and all(v.is_inference() for v in values):
+            info(node).grad_enabled = False

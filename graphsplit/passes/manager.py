@@ -1,6 +1,8 @@
 """Runs the passes in order: lints, times, and names the pass that failed.
 
 A pass is a function `(gm, ctx) -> gm`. The passes live in this package:
+`grad_mode.py` (first: ops the model ran under no_grad / inference_mode get detached
+inputs, so the program trains exactly what the model trains),
 `sync_batch_norm.py` (with --sync-bn, BatchNorm statistics over the dp replicas),
 `tensor_parallel.py` (shard linears/embeddings, insert tp collectives),
 `../loss.py` (keep vocab-sharded logits into a cross-entropy),
@@ -52,11 +54,13 @@ def default_passes() -> list[tuple[str, Pass]]:
     from ..loss import vocab_parallel_loss_pass
     from .autocast import autocast_pass
     from .checkpoint import checkpoint_pass
+    from .grad_mode import grad_mode_pass
     from .pipeline_split import pipeline_split_pass
     from .sync_batch_norm import sync_batch_norm_pass
     from .tensor_parallel import tensor_parallel_pass
 
     return [
+        ("grad_mode", grad_mode_pass),
         ("sync_batch_norm", sync_batch_norm_pass),
         ("tensor_parallel", tensor_parallel_pass),
         ("vocab_parallel_loss", vocab_parallel_loss_pass),

@@ -1,0 +1,218 @@
+"""Grad-mode regions, kept op by op.
+
+torch.fx records no node for `with torch.no_grad():`, `torch.inference_mode()`,
+`@torch.no_grad()` on a forward or `torch.enable_grad()`: the tracer marks each op
+with the mode it ran in (`NodeInfo.grad_enabled`, trace.py; export's regions are
+inlined with the same mark). The program runs every op with grad enabled, so this
+pass gives each grad-disabled op detached inputs wherever an input needs a
+gradient. The op then records no autograd history, saves nothing for backward and
+trains no parameter, exactly as in the untouched model; ops computed only from
+such values need no detach of their own, and an enable_grad region inside no_grad
+computes with grad from its (detached) inputs, as torch does::
+
+    with torch.no_grad():             frozen_weight_1 = frozen_weight.detach()  # ... bias, x too
+        h = self.frozen(x)      ->    h = linear(x_1, frozen_weight_1, frozen_bias_1)
+    y = self.head(h)                  y = linear(h, head_weight, head_bias)
+
+Python's indexing of a tuple (`q, k = parts`) is no autograd op and is left as it
+is. An in-place op (`h.clamp_(0, 1)`, `x += 1`) mutates the detached alias, which
+shares the storage, and its result is the original tensor again, as in torch.
+What cannot be kept so is refused with the model's line: an op taking a whole
+container of values that need gradients.
+
+Runs first, on the graph as traced: later passes see the detaches as ordinary
+`detach` ops (optable's identity family) and keep them.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..analysis.recompute import mutates
+from ..errors import GraphsplitError
+from ..meta import META_KEY, NodeInfo, TensorSpec, info
+from .manager import PassContext
+
+_CALLS = ("call_function", "call_method", "call_module")
+
+
+def grad_mode_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    keep_grad_modes(gm)
+    return gm
+
+
+def keep_grad_modes(gm: fx.GraphModule) -> int:
+    """Detach the inputs of every grad-disabled op that need a gradient; returns how many detaches.
+
+    Reads `NodeInfo.value` and `.tensor.requires_grad` from the meta analysis, which ran
+    each op in its own grad mode: a value needs a gradient exactly when it does in the
+    untouched model.
+    """
+    graph = gm.graph
+    detached: dict[fx.Node, fx.Node] = {}
+    for node in list(graph.nodes):
+        ni = info(node)
+        if ni.grad_enabled or node.op not in _CALLS or _indexes_container(node):
+            continue
+        if ni.value == "scalar" and not _in_place(node):
+            continue  # sizes, ints: no gradient to stop
+        _refuse_trainable_module(gm, node)
+        self_arg = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        for arg in node.all_input_nodes:
+            if _container_needs_grad(arg):
+                raise _refusal(gm, node, f"takes the container {arg.name}, whose tensors need gradients, whole")
+            spec = info(arg).tensor
+            if info(arg).value != "tensor" or spec is None or not spec.requires_grad:
+                continue
+            if arg not in detached:
+                detached[arg] = _detach(graph, arg, node)
+            new = detached[arg]
+            node.args = fx.node.map_arg(node.args, lambda a, old=arg, new=new: new if a is old else a)
+            node.kwargs = fx.node.map_arg(node.kwargs, lambda a, old=arg, new=new: new if a is old else a)
+        if self_arg is not None and self_arg in detached and _in_place(node):
+            # `h.add_(1)` returns h itself: later readers of the result get the original tensor
+            # (with its autograd history), the mutation having gone through the shared storage
+            node.replace_all_uses_with(self_arg)
+    return len(detached)
+
+
+def is_detach(node: fx.Node) -> bool:
+    return (node.op == "call_method" and node.target == "detach") or (
+        node.op == "call_function" and node.target in _DETACH_FUNCTIONS
+    )
+
+
+_DETACH_FUNCTIONS = {torch.Tensor.detach, torch.detach, torch.ops.aten.detach, torch.ops.aten.detach.default}
+
+
+def params_without_grad(gm: fx.GraphModule) -> list[str]:
+    """Names of `gm`'s parameters no op of it can give a gradient: frozen ones, and those
+    whose every way to an output goes through a detach (read only under no_grad, or feeding
+    only a detached branch). All names of a tied parameter, or none.
+
+    A stage marks these requires_grad=False (DDP would otherwise wait for their gradients)
+    and tied copies that are all such get no summed zero gradient. Conservative: an op run
+    for its effect (in place, or unread) counts as reaching the output; graphs nested in
+    called modules (checkpoint regions) are read as if all their outputs were used.
+    """
+    names: dict[int, list[str]] = {}
+    params: dict[int, torch.nn.Parameter] = {}
+    for name, p in gm.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+        params[id(p)] = p
+    referenced: set[int] = set()
+    reached: set[int] = set()
+    for sub in gm.modules():
+        if isinstance(sub, fx.GraphModule):
+            _reaching_params(sub, referenced, reached)
+    return [name for key, group in names.items()
+            if not params[key].requires_grad or (key in referenced and key not in reached) for name in group]
+
+
+def _reaching_params(gm: fx.GraphModule, referenced: set[int], reached: set[int]) -> None:
+    """Add the ids of the parameters `gm` reads to `referenced`, and of those with a path to an
+    output or to an op run for its effect that passes no detach, to `reached`."""
+
+    def params_of(node: fx.Node) -> list[torch.nn.Parameter]:
+        if node.op == "get_attr":
+            try:
+                return [gm.get_parameter(str(node.target))]
+            except AttributeError:
+                return []  # a buffer, a constant or a module
+        if node.op == "call_module":
+            called = gm.get_submodule(str(node.target))
+            if not any(isinstance(m, fx.GraphModule) for m in called.modules()):  # else read on its own
+                return list(called.parameters())
+        return []
+
+    stack = [n for n in gm.graph.nodes if n.op == "output" or (n.op in _CALLS and (not n.users or _in_place(n)))]
+    seen: set[fx.Node] = set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        reached.update(id(p) for p in params_of(node))
+        if not is_detach(node):
+            stack.extend(node.all_input_nodes)
+    for node in gm.graph.nodes:
+        referenced.update(id(p) for p in params_of(node))
+
+
+def _detach(graph: fx.Graph, value: fx.Node, at: fx.Node) -> fx.Node:
+    """`value.detach()` just before its first grad-disabled reader `at`."""
+    with graph.inserting_before(at):
+        new = graph.call_method("detach", (value,))
+    # re-analysis attributes the node to the module of the op it serves
+    new.meta.update({k: v for k, v in at.meta.items() if k in ("nn_module_stack", "stack_trace")})
+    spec = info(value).tensor
+    assert spec is not None
+    at_info = info(at)
+    new.meta[META_KEY] = NodeInfo(
+        kind="other", value="tensor", tensor=TensorSpec(spec.shape, spec.dtype, False),
+        module=at_info.module, source=at_info.source, grad_enabled=False,
+    )
+    return new
+
+
+def _indexes_container(node: fx.Node) -> bool:
+    """`parts[0]` on a tuple or list: Python indexing, which hands out the element as it is."""
+    return (
+        node.op == "call_function"
+        and node.target is operator.getitem
+        and isinstance(node.args[0], fx.Node)
+        and info(node.args[0]).value == "container"
+    )
+
+
+def _container_needs_grad(value: fx.Node) -> bool:
+    """A container made with grad enabled from values that need a gradient (its tensors do too)."""
+    if info(value).value != "container" or not info(value).grad_enabled:
+        return False
+    if _indexes_container(value):
+        return _container_needs_grad(value.args[0])  # type: ignore[arg-type]
+    if value.op == "call_module":
+        return True
+    return any(
+        (a.tensor is not None and a.tensor.requires_grad) or _container_needs_grad(n)
+        for n in value.all_input_nodes
+        for a in (info(n),)
+    )
+
+
+def _in_place(node: fx.Node) -> bool:
+    if node.op == "call_function" and node.target in _IN_PLACE_OPERATORS:
+        return True
+    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", str(node.target))
+    return node.op != "call_module" and mutates(node, name)
+
+
+_IN_PLACE_OPERATORS = {
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+    operator.imatmul,
+}
+
+
+def _refuse_trainable_module(gm: fx.GraphModule, node: fx.Node) -> None:
+    """A leaf module's parameters are not graph values: none could be detached. (The tracer
+    traces through such modules in grad-disabled code; this is the guard.)"""
+    if node.op != "call_module":
+        return
+    module = gm.get_submodule(str(node.target))
+    if any(p.requires_grad for p in module.parameters()):
+        raise _refusal(gm, node, f"calls module {node.target} ({type(module).__name__}), whose parameters "
+                                 "graphsplit cannot keep from training there")
+
+
+def _refusal(gm: fx.GraphModule, node: fx.Node, what: str) -> GraphsplitError:
+    ni = info(node)
+    where = f" at {ni.source}" if ni.source is not None else ""
+    module = f" in module '{ni.module}'" if ni.module else ""
+    return GraphsplitError(
+        f"{type(gm).__name__}: the no_grad/inference_mode code{module}{where} {what}; "
+        "move that op out of the region, or freeze the parameters with requires_grad_(False)"
+    )
