@@ -45,6 +45,21 @@ def merge_outputs(chunks: list[Any]) -> Any:
     return pytree.tree_unflatten(merged, spec)
 
 
+def require_parameters(program: Program) -> None:
+    """Training needs something to train on every pipeline rank: an optimizer over no parameters fails there."""
+    plan = program.plan
+    if not any(st.param_sources for st in program.stages):
+        raise GraphsplitError("the model has no parameters to train; graphsplit run trains a model whose modules "
+                              "hold nn.Parameters (graphsplit transform still splits it)")
+    for rank in range(plan.pp):
+        stages = plan.stages_of_rank(rank)
+        if not any(program.stages[s].param_sources for s in stages):
+            raise GraphsplitError(
+                f"pipeline rank {rank} (stage(s) {', '.join(map(str, stages))}) holds no parameters, so it has "
+                "nothing to train; use a smaller --pp or move --split-at so every stage holds a layer"
+            )
+
+
 def default_loss(output: Any, target: Any = None) -> torch.Tensor:
     """The stand-in objective when the model file defines no loss_fn: mean of squares of the outputs."""
     floats = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
