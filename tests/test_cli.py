@@ -55,28 +55,7 @@ def test_transform_json_summary_on_stdout(tmp_path):
     assert "wrote" in r.stderr
 
 
-BAD = [
-    (["transform", MODELS / "untraceable.py", "--pp", "2"], r"cannot trace DataDependent at untraceable.py:\d+"),
-    (["transform", MODELS / "tiny.py", "--pp", "8", "--microbatches", "1"], "need 7 cuts"),
-    (["transform", EXAMPLES / "mlp.py", "--pp", "2", "--split-at", "blocks.3"], "names no module"),
-    (["transform", MODELS / "no_builder.py", "--pp", "2"], r"defines no build_model\(\)"),
-    (["transform", MODELS / "int_output.py", "--pp", "2"], "not a tensor"),
-    (["transform", EXAMPLES / "mlp.py", "--pp", "2", "--microbatches", "3"], "cannot be cut into 3 equal micro-batches"),
-    (["transform", EXAMPLES / "mlp.py", "--pp", "0"], "Plan.pp"),
-]
-
-
-@pytest.mark.parametrize("args, message", BAD, ids=["untraceable", "pp-too-large", "bad-split", "no-builder", "int-output", "microbatches", "pp0"])
-def test_bad_input_one_line_error_and_no_output(tmp_path, args, message):
-    out = tmp_path / "out"
-    r = cli(*args, "--out", out)
-    assert r.returncode == 2
-    assert r.stdout == ""
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert __import__("re").search(message, lines[0]), lines[0]
-    assert not out.exists()
-    assert not [p for p in tmp_path.iterdir()], "no temporary folder left behind"
+# Bad input (one line, exit 2, nothing written) is tests/test_bad_input.py's table.
 
 
 def test_failed_transform_keeps_the_previous_output(tmp_path):
