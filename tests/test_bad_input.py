@@ -120,11 +120,33 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     record["split"]["stage_starts"] = ["relu_renamed"]
     (p / "stale" / "plan.json").write_text(json.dumps(record))
 
+    _write_checkpoint(root / "ckpt")
+    (root / "a_folder.safetensors").mkdir()
+
     user = root / "user_folder"  # a user's own folder: never replaced
     user.mkdir()
     (user / "train.py").write_text("print('mine')\n")
     (user / "data.csv").write_text("1,2\n")
     return root
+
+
+def _write_checkpoint(folder: Path) -> None:
+    """A real (small) checkpoint, written in this process through a one-rank process group."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from graphsplit import dcp
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore(), timeout=timedelta(seconds=30))
+    try:
+        dcp.save_checkpoint(folder, {"a.weight": torch.zeros(4, 4)}, step=2, record={"plan": {}, "aliases": {}})
+    finally:
+        if owned:
+            dist.destroy_process_group()
 
 
 E, T = str(EXAMPLES), str(MODELS)
@@ -252,6 +274,9 @@ ROWS = [
     ("weights-torch-garbage", ["run", "{m}/base.py", "--weights", "{w}/garbage.pt"], r"cannot read .*garbage\.pt as a torch state dict"),
     # export-weights
     ("export-not-checkpoint", ["export-weights", "{r}/user_folder", "{r}/out.safetensors"], r"is not a graphsplit checkpoint"),
+    ("export-not-safetensors", ["export-weights", "{r}/ckpt", "{r}/weights.txt"], r"weights\.txt should end in \.safetensors"),
+    ("export-under-a-file", ["export-weights", "{r}/ckpt", "{m}/base.py/w.safetensors"], r"cannot write .*base\.py/w\.safetensors"),
+    ("export-onto-a-folder", ["export-weights", "{r}/ckpt", "{r}/a_folder.safetensors"], r"cannot write .*a_folder\.safetensors: Is a directory"),
     ("export-missing-out", ["export-weights", "{r}/user_folder"], r"Missing argument 'OUT'"),
     # advise
     ("advise-gpus-0", ["advise", "{m}/base.py", "--gpus", "0", "--gpu-memory", "80GiB"], r"--gpus must be at least 1, got 0"),
