@@ -186,6 +186,29 @@ def test_every_region_kind_in_one_model_split_into_stages(spec, plan):
     assert {"adapter.weight", "body.1.weight", "norm.bias", "head.weight"} <= trained
 
 
+class ClampedBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(W, W)
+
+    def forward(self, h):
+        with torch.no_grad():
+            h.clamp_(-0.5, 0.5)  # on the block's input: a stage's received activation after the cut
+        return F.gelu(self.lin(h)) + h
+
+
+@pytest.mark.parametrize("tracer", ["fx", "export"])
+def test_in_place_under_no_grad_on_a_stage_input(tracer):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(W, W), *(ClampedBlock() for _ in range(3)))
+    model = ExportTraced(model) if tracer == "export" else model
+    cut = "inner.2" if tracer == "export" else "2"
+    x = torch.randn(4, W, generator=torch.Generator().manual_seed(1))
+    program, grads, ref, cmp = run_locally(model, x, Plan(pp=2, split_at=(cut,)))
+    assert program.traced.tracer == tracer and len(ref.grads) == 8
+    assert cmp.ok, cmp.failures
+
+
 def test_a_stage_holds_only_what_it_reads_and_marks_what_never_trains():
     program, cmp = check_locally(load_model(str(GRAD_MODES)), Plan(pp=4))
     assert cmp.ok, cmp.failures

@@ -14,7 +14,9 @@ import torch
 class _DenseGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return x.view_as(x)
+        # an alias, not a view: autograd forbids modifying in place (`h.clamp_()` under no_grad,
+        # export's `add_`) a view a custom Function returned; this one it allows, as on `x` itself
+        return x.detach()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
