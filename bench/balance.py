@@ -30,12 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from graphsplit.compile import compile_loaded  # noqa: E402
+from graphsplit.ir.meta import info  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
-from graphsplit.materialize import materialize_stage, model_tensors  # noqa: E402
-from graphsplit.meta import info  # noqa: E402
 from graphsplit.passes.pipeline_split import liveness  # noqa: E402
 from graphsplit.plan import Plan  # noqa: E402
-from graphsplit.runtime import split_microbatches  # noqa: E402
+from graphsplit.runtime.materialize import materialize_stage, model_tensors  # noqa: E402
+from graphsplit.runtime.microbatch import split_microbatches  # noqa: E402
 
 # gpt at GPT-2 small's shape (12 layers, 768 wide) so stages hold whole blocks;
 # the other examples at their file defaults.

@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from graphsplit.analysis.memory import saved_bytes  # noqa: E402
 from graphsplit.compile import compile_loaded  # noqa: E402
+from graphsplit.ir.meta import block_of, info  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
-from graphsplit.materialize import materialize_stage, model_tensors  # noqa: E402
-from graphsplit.meta import block_of, info  # noqa: E402
 from graphsplit.plan import Plan  # noqa: E402
+from graphsplit.runtime.materialize import materialize_stage, model_tensors  # noqa: E402
 
 PLANS = [
     Plan(),

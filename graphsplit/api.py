@@ -13,10 +13,10 @@ import torch.nn as nn
 
 from .compile import compile_program
 from .errors import GraphsplitError
+from .ir.program import Program
 from .loader import LoadedModel, load_model
 from .plan import Plan
-from .program import Program
-from .summary import summarize
+from .report.summary import summarize
 
 
 @dataclass
@@ -38,7 +38,7 @@ def transform(
     written artifacts (model file import excluded).
     """
     if out_dir is not None:  # refuse a user's own folder before any work, not after it
-        from .artifacts import require_out_dir
+        from .report.artifacts import require_out_dir
 
         require_out_dir(Path(out_dir))
     loaded = load_model(model) if isinstance(model, str) else model
@@ -47,7 +47,7 @@ def transform(
     result = compile_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target)
     summary = summarize(result.program, timings=result.timings)
     if out_dir is not None:
-        from .artifacts import write_artifacts
+        from .report.artifacts import write_artifacts
 
         summary["transform_seconds"] = time.perf_counter() - start
         write_artifacts(result.program, loaded, Path(out_dir), summary)
@@ -97,7 +97,7 @@ class PipelinedModule(nn.Module):
     def save_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None, step: int = 0) -> None:
         """Every rank calls this: a torch.distributed.checkpoint folder under the original model's names,
         loadable at any other plan (and by `graphsplit export-weights`); written whole or not at all."""
-        from . import dcp
+        from .runtime import dcp
 
         state = self._checkpoint_state(optimizer)
         record = {"plan": self.program.plan.to_dict(), "model": "parallelize()", "aliases": self._aliases,
@@ -107,7 +107,7 @@ class PipelinedModule(nn.Module):
     def load_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> int:
         """Every rank calls this: fill this rank's tensors (and `optimizer`'s state) from a checkpoint
         written at any plan (or the newest in a `run --save` folder); returns the step it was saved at."""
-        from . import dcp
+        from .runtime import dcp
 
         directory = dcp.resolve_checkpoint(directory)
         if optimizer is not None:
@@ -116,7 +116,7 @@ class PipelinedModule(nn.Module):
         return dcp.load_checkpoint(directory, self._checkpoint_state(optimizer), same_world)
 
     def _checkpoint_state(self, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-        from . import dcp
+        from .runtime import dcp
 
         tp_rank = self.pipeline.mesh.get_local_rank("tp")
         state = dcp.rank_state(self.program, self.pipeline.modules, optimizer, tp_rank, self._persistent)
@@ -151,9 +151,9 @@ def parallelize(
         make_mesh,
         materialize_rank,
     )
-    from .dcp import model_names
-    from .materialize import model_tensors
-    from .runtime import make_loss
+    from .runtime.dcp import model_names
+    from .runtime.materialize import model_tensors
+    from .runtime.training import make_loss
 
     args, kwargs = (example_inputs, {}) if isinstance(example_inputs, tuple) else ((), dict(example_inputs))
     device = init_distributed(timeout_s)

@@ -24,8 +24,8 @@ from typing import Any
 import click
 
 from .errors import GraphsplitError
+from .launch.supervise import DEFAULT_COLLECTIVE_TIMEOUT_S
 from .plan import SCHEDULES, Plan
-from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -121,7 +121,7 @@ def _fail(exc: GraphsplitError) -> None:
 
 def _internal(exc: BaseException) -> None:
     """Not the user's input: graphsplit's own bug. Say so, in one line, and how to see and report it."""
-    from .artifacts import _version
+    from .report.artifacts import _version
 
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     click.echo(f"error: internal error in graphsplit {_version()} ({type(exc).__name__}: {first}); this is a bug, "
@@ -188,7 +188,7 @@ def main() -> None:
 def transform(model: str, out_dir: Path | None, as_json: bool, **kwargs: Any) -> None:
     """Plan and rewrite MODEL (path/to/model.py[:factory]); write artifacts to --out."""
     from .api import transform as do_transform
-    from .summary import render
+    from .report.summary import render
 
     try:
         plan, _ = _plan_from(kwargs)
@@ -214,8 +214,8 @@ def transform(model: str, out_dir: Path | None, as_json: bool, **kwargs: Any) ->
 def inspect(out_dir: Path, as_json: bool, open_report: bool) -> None:
     """Print the summary of a folder written by transform (stages, balance, collectives, memory per rank);
     --open also shows its report.html."""
-    from .artifacts import read_plan_record
-    from .summary import render
+    from .report.artifacts import read_plan_record
+    from .report.summary import render
 
     try:
         report = _report_path(out_dir) if open_report else None
@@ -248,7 +248,7 @@ def inspect(out_dir: Path, as_json: bool, open_report: bool) -> None:
 
 
 def _report_path(out_dir: Path) -> Path:
-    from .artifacts import REPORT_FILE
+    from .report.artifacts import REPORT_FILE
 
     path = out_dir / REPORT_FILE
     if not path.is_file():
@@ -275,10 +275,10 @@ def _open_report(path: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
 def advise(model: str, gpus: int, gpu_memory: str, nodes: int, as_json: bool) -> None:
     """How much memory training MODEL takes, and which plan fits GPUS devices of GPU_MEMORY."""
-    from .advise import advise as do_advise
-    from .advise import parse_bytes
     from .loader import load_model
-    from .summary import _fmt_bytes
+    from .report.advise import advise as do_advise
+    from .report.advise import parse_bytes
+    from .report.summary import _fmt_bytes
 
     try:
         if gpus < 1:
@@ -343,8 +343,8 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
         save: str | None, resume: str | None, collective_timeout_s: float, save_every: int, keep_last: int,
         **kwargs: Any) -> None:
     """Train TARGET (a model file, or a folder written by transform) under torchrun on this machine."""
-    from .artifacts import model_spec_from_record, read_plan_record
-    from .launch import RunOptions, run_training
+    from .launch.launcher import RunOptions, run_training
+    from .report.artifacts import model_spec_from_record, read_plan_record
 
     try:
         plan, flags_given = _plan_from(kwargs)
@@ -374,8 +374,8 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
 def export_weights(checkpoint: Path, out: Path) -> None:
     """Write CHECKPOINT (a checkpoint from run --save at any plan, or a --save folder: its newest) as one
     .safetensors file the untouched model loads."""
-    from .dcp import export_weights as do_export
-    from .dcp import resolve_checkpoint
+    from .runtime.dcp import export_weights as do_export
+    from .runtime.dcp import resolve_checkpoint
 
     try:
         source = resolve_checkpoint(checkpoint)

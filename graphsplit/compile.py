@@ -13,11 +13,11 @@ import torch.nn as nn
 
 from .analysis.shapes import annotate
 from .errors import GraphsplitError
+from .ir.program import Program, build_program
+from .ir.trace import Traced, trace_model
 from .passes.manager import PassContext, run_passes
 from .plan import Plan
-from .program import Program, build_program
-from .runtime import split_microbatches
-from .trace import Traced, trace_model
+from .runtime.microbatch import split_microbatches
 
 
 def check_call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], source: Path | None = None) -> None:

@@ -48,7 +48,7 @@ class Plan:
     the batch is cut into (default: the number of stages). split_at: module
     names where a new stage starts (overrides the automatic cut).
     checkpoint: the activation-checkpoint policy for the whole model (none,
-    blocks, every:K, stage, selective; see passes/checkpoint.py).
+    blocks, every:K, stage, selective; see passes/activation_checkpoint.py).
     checkpoint_overrides: (glob, policy) pairs, e.g. (("h.0", "none"),
     ("h.1*", "selective")): modules whose path matches the glob (fnmatch) get
     the policy (none, full or selective) instead; the last matching pair wins.

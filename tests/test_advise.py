@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from graphsplit import GraphsplitError, Plan
-from graphsplit.advise import advise, estimate, parse_bytes
 from graphsplit.loader import load_model
+from graphsplit.report.advise import advise, estimate, parse_bytes
 
 from .conftest import EXAMPLES
 from .test_cli import cli

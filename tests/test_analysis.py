@@ -4,8 +4,8 @@ import torch
 import torch.nn as nn
 
 from graphsplit.analysis.shapes import annotate
-from graphsplit.meta import info
-from graphsplit.trace import trace_model
+from graphsplit.ir.meta import info
+from graphsplit.ir.trace import trace_model
 
 
 class Net(nn.Module):

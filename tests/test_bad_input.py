@@ -22,8 +22,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from graphsplit import atomic
 from graphsplit.cli import INTERNAL_ERROR_EXIT, main
+from graphsplit.runtime import atomic
 
 from .conftest import EXAMPLES, MODELS
 
@@ -314,7 +314,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 @pytest.fixture
 def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """Fail loudly if a row gets as far as starting torchrun."""
-    import graphsplit.launch
+    import graphsplit.launch.launcher
 
     launched: list[tuple] = []
 
@@ -322,7 +322,7 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
         launched.append(args)
         raise AssertionError("the bad input reached torchrun")
 
-    monkeypatch.setattr(graphsplit.launch, "_launch", refuse)
+    monkeypatch.setattr(graphsplit.launch.launcher, "_launch", refuse)
     return launched
 
 

@@ -13,11 +13,11 @@ from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.memory import saved_bytes
 from graphsplit.backends.local import LocalPipeline
 from graphsplit.compile import compile_loaded
+from graphsplit.ir.meta import info
 from graphsplit.loader import load_model
-from graphsplit.materialize import materialize_stage, model_tensors
-from graphsplit.meta import info
-from graphsplit.runtime import make_loss
-from graphsplit.summary import summarize
+from graphsplit.report.summary import summarize
+from graphsplit.runtime.materialize import materialize_stage, model_tensors
+from graphsplit.runtime.training import make_loss
 
 from .conftest import EXAMPLES
 

@@ -14,13 +14,14 @@ import torch.distributed as dist
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from graphsplit import GraphsplitError, Plan, dcp
-from graphsplit.check import reference_step
+from graphsplit import GraphsplitError, Plan
 from graphsplit.cli import main
-from graphsplit.launch import RunOptions, run_training
+from graphsplit.ir.sharding import R, S, shard_tensor
+from graphsplit.launch.launcher import RunOptions, run_training
+from graphsplit.launch.parity import reference_step
+from graphsplit.launch.worker import make_optimizer
 from graphsplit.loader import load_model
-from graphsplit.sharding import R, S, shard_tensor
-from graphsplit.worker import make_optimizer
+from graphsplit.runtime import dcp
 
 from .conftest import EXAMPLES, MODELS
 

@@ -6,7 +6,7 @@ gradient; the loss of every step)."""
 import pytest
 
 from graphsplit import Plan
-from graphsplit.launch import RunOptions, run_training
+from graphsplit.launch.launcher import RunOptions, run_training
 
 from .conftest import EXAMPLES, MODELS
 

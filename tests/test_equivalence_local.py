@@ -41,8 +41,8 @@ def test_a_program_planned_at_one_batch_size_runs_at_another():
 
     from graphsplit.backends.local import LocalPipeline
     from graphsplit.compile import compile_loaded
-    from graphsplit.materialize import materialize_stage, model_tensors
-    from graphsplit.runtime import default_loss
+    from graphsplit.runtime.materialize import materialize_stage, model_tensors
+    from graphsplit.runtime.training import default_loss
 
     for name in ("gpt.py", "unet.py"):  # one export-traced, one fx-traced
         loaded = load_model(str(EXAMPLES / name))

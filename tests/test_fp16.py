@@ -5,7 +5,7 @@ import re
 import pytest
 
 from graphsplit import Plan
-from graphsplit.launch import RunOptions, run_training
+from graphsplit.launch.launcher import RunOptions, run_training
 
 from .conftest import EXAMPLES, MODELS
 

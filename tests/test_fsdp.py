@@ -5,9 +5,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from graphsplit import Plan, dcp
+from graphsplit import Plan
 from graphsplit.cli import main
-from graphsplit.launch import RunOptions, run_training
+from graphsplit.launch.launcher import RunOptions, run_training
+from graphsplit.runtime import dcp
 
 from .conftest import EXAMPLES
 

@@ -15,13 +15,13 @@ import torch.nn.functional as F
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.backends.local import LocalPipeline, check_locally
-from graphsplit.check import StepResult, compare, missing_grads, reference_step
 from graphsplit.compile import compile_program
+from graphsplit.ir.meta import info
+from graphsplit.launch.parity import StepResult, compare, missing_grads, reference_step
 from graphsplit.loader import load_model
-from graphsplit.materialize import materialize_stage, model_tensors
-from graphsplit.meta import info
 from graphsplit.ops import tp as tpops
-from graphsplit.runtime import default_loss, make_loss
+from graphsplit.runtime.materialize import materialize_stage, model_tensors
+from graphsplit.runtime.training import default_loss, make_loss
 
 from .conftest import MODELS
 
@@ -246,7 +246,7 @@ def test_tensor_parallel_rank_gets_gradients_for_exactly_the_trained_parameters(
 
 
 def test_tracers_mark_each_op_with_its_grad_mode():
-    from graphsplit.trace import trace_model
+    from graphsplit.ir.trace import trace_model
 
     for model in (build(enable_grad_inside_no_grad), ExportTraced(build(enable_grad_inside_no_grad))):
         traced = trace_model(model, (torch.randn(2, W),), {})

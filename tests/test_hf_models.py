@@ -5,7 +5,7 @@ graph, and equal to the untouched model on real gloo processes."""
 import pytest
 
 from graphsplit import Plan
-from graphsplit.launch import RunOptions, run_training
+from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.loader import load_model
 
 from .conftest import MODELS

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from graphsplit import Plan
-from graphsplit.launch import RunOptions, run_training
-from graphsplit.lean_init import lean_build, lean_init_works
+from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.loader import load_model
+from graphsplit.runtime.lean_init import lean_build, lean_init_works
 
 from .conftest import EXAMPLES, MODELS
 

@@ -8,12 +8,13 @@ import sys
 import pytest
 import torch
 
-from graphsplit import Plan, dcp
-from graphsplit.check import compare, missing_grads, reference_step
+from graphsplit import Plan
 from graphsplit.compile import compile_loaded
-from graphsplit.launch import RunOptions, reference_train
+from graphsplit.ir.sharding import shard_tensor
+from graphsplit.launch.launcher import RunOptions, reference_train
+from graphsplit.launch.parity import compare, missing_grads, reference_step
 from graphsplit.loader import load_model
-from graphsplit.sharding import shard_tensor
+from graphsplit.runtime import dcp
 
 from .conftest import EXAMPLES
 

@@ -10,10 +10,10 @@ import torch.nn as nn
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.shapes import annotate
 from graphsplit.compile import compile_loaded
+from graphsplit.ir.meta import info
+from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
-from graphsplit.meta import info
 from graphsplit.passes.pipeline_split import balanced_cuts, liveness
-from graphsplit.trace import trace_model
 
 
 def program_for(path, **plan):

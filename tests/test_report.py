@@ -19,9 +19,9 @@ import torch
 from click.testing import CliRunner
 
 from graphsplit import Plan, transform
-from graphsplit.artifacts import plan_record, stage_source
 from graphsplit.cli import main as cli_main
 from graphsplit.loader import load_model
+from graphsplit.report.artifacts import plan_record, stage_source
 from graphsplit.report.html import render_report
 
 from .conftest import EXAMPLES
@@ -131,7 +131,7 @@ def test_source_lines_point_into_the_model(llama_tp):
 
 
 def test_source_from_an_export_stack_trace():
-    from graphsplit.trace import _source_from_stack_trace
+    from graphsplit.ir.trace import _source_from_stack_trace
 
     functional = Path(torch.__file__).parent / "nn" / "functional.py"
     text = (f'File "/work/model.py", line 12, in forward\n    return self.block(x)\n'

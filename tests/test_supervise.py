@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from graphsplit.supervise import (
+from graphsplit.launch.supervise import (
     EXIT_RUN_FAILED,
     RankRecord,
     _alive,
@@ -32,7 +32,7 @@ from .conftest import EXAMPLES
 TORCHRUN_REPORT = """
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ======================================================
-graphsplit.worker FAILED
+graphsplit.launch.worker FAILED
 ------------------------------------------------------
 Failures:
 [1]:
@@ -116,12 +116,12 @@ class Run:
         raise AssertionError(f"no {text!r} within {timeout} s")
 
     def ranks(self) -> list[int]:
-        """The pids of the workers (python -m graphsplit.worker) under this run."""
+        """The pids of the workers (python -m graphsplit.launch.worker) under this run."""
         pids = []
         for pid in _descendants(self.proc.pid):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"graphsplit.worker" in f.read() and _parent_is_torchrun(pid):
+                    if b"graphsplit.launch.worker" in f.read() and _parent_is_torchrun(pid):
                         pids.append(pid)
             except OSError:
                 pass

@@ -6,12 +6,13 @@ import torch.nn as nn
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from graphsplit import Plan, dcp
-from graphsplit.check import reference_step
+from graphsplit import Plan
 from graphsplit.cli import main
-from graphsplit.launch import RunOptions, reference_train, run_training
+from graphsplit.launch.launcher import RunOptions, reference_train, run_training
+from graphsplit.launch.parity import reference_step
 from graphsplit.loader import load_model
 from graphsplit.ops.sync_bn import DataParallelBatchNorm
+from graphsplit.runtime import dcp
 
 from .conftest import EXAMPLES
 

@@ -11,10 +11,10 @@ import torch.nn as nn
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.collectives import collectives, count_table
 from graphsplit.compile import compile_loaded, compile_program
+from graphsplit.ir.sharding import S, shard_tensor
 from graphsplit.loader import load_model
-from graphsplit.materialize import materialize_stage, model_tensors
 from graphsplit.ops import tp as tpops
-from graphsplit.sharding import S, shard_tensor
+from graphsplit.runtime.materialize import materialize_stage, model_tensors
 
 from .conftest import EXAMPLES
 

@@ -3,9 +3,9 @@ import torch
 import torch.nn as nn
 
 from graphsplit import GraphsplitError
+from graphsplit.ir.optable import OpKind, classify
+from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
-from graphsplit.optable import OpKind, classify
-from graphsplit.trace import trace_model
 
 
 class Kw(nn.Module):

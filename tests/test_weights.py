@@ -6,9 +6,9 @@ import torch
 from safetensors.torch import save_file
 
 from graphsplit import GraphsplitError, Plan
-from graphsplit.launch import RunOptions, run_training
+from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.loader import load_model
-from graphsplit.weights import open_weights
+from graphsplit.runtime.weights import open_weights
 
 from .conftest import EXAMPLES
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from ..meta import group_of, info
+from ..ir.meta import group_of, info
 from ..ops import tp as tpops
 
 # op -> the (direction, collective) it runs; backward ones only when its input needs a gradient

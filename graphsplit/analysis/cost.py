@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ..meta import info
+from ..ir.meta import info
 
 BYTES_TO_FLOPS = 8.0
 

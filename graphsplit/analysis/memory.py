@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 from ..ops import tp as tpops
-from ..ops.checkpoint import SELECTIVE_KEEPS, CheckpointRegion
+from ..ops.activation_checkpoint import SELECTIVE_KEEPS, CheckpointRegion
 from .shapes import meta_copy
 
 

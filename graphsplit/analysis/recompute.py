@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ..meta import info
+from ..ir.meta import info
 
 _RANDOM = ("rand", "dropout", "bernoulli", "multinomial", "normal")
 

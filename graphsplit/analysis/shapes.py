@@ -17,8 +17,8 @@ import torch.utils._pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import GraphsplitError
-from ..meta import META_KEY, TensorSpec, info, module_path
-from ..optable import COMPUTE_KINDS, classify
+from ..ir.meta import META_KEY, TensorSpec, info, module_path
+from ..ir.optable import COMPUTE_KINDS, classify
 
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
 
@@ -140,8 +140,8 @@ def meta_copy(
     `names` maps id(tensor) to its canonical name (default: gm's own first names)."""
     import copy
 
-    from ..meta import canonical_names
-    from ..sharding import local_shape
+    from ..ir.meta import canonical_names
+    from ..ir.sharding import local_shape
 
     names = names if names is not None else canonical_names(gm)
     memo: dict[int, Any] = {}

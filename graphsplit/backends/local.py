@@ -18,8 +18,9 @@ import torch
 import torch.nn as nn
 
 from ..errors import GraphsplitError
-from ..program import Program
-from ..runtime import merge_outputs, split_microbatches, sync_tied_grads
+from ..ir.program import Program
+from ..runtime.microbatch import merge_outputs, split_microbatches
+from ..runtime.training import sync_tied_grads
 
 
 class LocalPipeline:
@@ -67,10 +68,10 @@ class LocalPipeline:
 def check_locally(loaded: Any, plan: Any, fixed_cuts: tuple[str, ...] | None = None) -> tuple[Program, Any]:
     """Compile `loaded` (a LoadedModel) under `plan`, run step 1 of every stage in this
     process, and compare loss, output and gradients with the untouched model."""
-    from ..check import compare, missing_grads, reference_step
     from ..compile import compile_loaded
-    from ..materialize import materialize_stage, model_tensors
-    from ..runtime import default_loss, make_loss
+    from ..launch.parity import compare, missing_grads, reference_step
+    from ..runtime.materialize import materialize_stage, model_tensors
+    from ..runtime.training import default_loss, make_loss
 
     if plan.tp > 1:
         raise GraphsplitError("the local backend runs pipeline stages only; check tensor parallelism with run --check")

@@ -24,11 +24,11 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from ..ir.program import Program
 from ..ops import tp as tpops
 from ..ops.sync_bn import set_dp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
-from ..program import Program
-from ..runtime import LossFn, sync_tied_grads
+from ..runtime.training import LossFn, sync_tied_grads
 
 DEFAULT_TIMEOUT_S = 120.0
 MESH_AXES = ("dp", "pp", "tp")
@@ -51,7 +51,7 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
 
 def materialize_rank(program: Program, mesh: DeviceMesh, device: torch.device, source: Any) -> dict[int, nn.Module]:
     """This rank's stage modules: its pp rank's stages, its tp rank's shards."""
-    from ..materialize import materialize_stage
+    from ..runtime.materialize import materialize_stage
 
     plan = program.plan
     pp_rank, tp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("tp")

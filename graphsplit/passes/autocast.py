@@ -21,8 +21,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ..errors import GraphsplitError
-from ..meta import TensorSpec, info
-from ..optable import tp_family
+from ..ir.meta import TensorSpec, info
+from ..ir.optable import tp_family
 from .functionalize import functionalize_modules
 from .manager import PassContext
 

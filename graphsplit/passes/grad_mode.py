@@ -2,7 +2,7 @@
 
 torch.fx records no node for `with torch.no_grad():`, `torch.inference_mode()`,
 `@torch.no_grad()` on a forward or `torch.enable_grad()`: the tracer marks each op
-with the mode it ran in (`NodeInfo.grad_enabled`, trace.py; export's regions are
+with the mode it ran in (`NodeInfo.grad_enabled`, ir/trace.py; export's regions are
 inlined with the same mark). The program runs every op with grad enabled, so this
 pass gives each grad-disabled op detached inputs wherever an input needs a
 gradient. The op then records no autograd history, saves nothing for backward and
@@ -33,7 +33,7 @@ import torch.fx as fx
 
 from ..analysis.recompute import mutates
 from ..errors import GraphsplitError
-from ..meta import META_KEY, NodeInfo, TensorSpec, info
+from ..ir.meta import META_KEY, NodeInfo, TensorSpec, info
 from .manager import PassContext
 
 _CALLS = ("call_function", "call_method", "call_module")

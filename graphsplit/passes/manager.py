@@ -4,12 +4,11 @@ A pass is a function `(gm, ctx) -> gm`. The passes live in this package:
 `grad_mode.py` (first: ops the model ran under no_grad / inference_mode get detached
 inputs, so the program trains exactly what the model trains),
 `sync_batch_norm.py` (with --sync-bn, BatchNorm statistics over the dp replicas),
-`tensor_parallel.py` (shard linears/embeddings, insert tp collectives),
-`../loss.py` (keep vocab-sharded logits into a cross-entropy),
+`tensor_parallel/` (shard linears/embeddings, insert tp collectives),
+`vocab_parallel_loss.py` (keep vocab-sharded logits into a cross-entropy),
 `autocast.py` (matmuls in bf16, norms/softmax/loss in fp32), then
 `pipeline_split.py` (assign nodes to pipeline stages), then
-`checkpoint.py` (wrap regions of each stage in activation checkpointing). Later passes
-(tensor_parallel, checkpoint, autocast) plug into `default_passes()`.
+`activation_checkpoint.py` (wrap regions of each stage in activation checkpointing).
 """
 
 from __future__ import annotations
@@ -51,13 +50,13 @@ class PassContext:
 
 
 def default_passes() -> list[tuple[str, Pass]]:
-    from ..loss import vocab_parallel_loss_pass
+    from .activation_checkpoint import checkpoint_pass
     from .autocast import autocast_pass
-    from .checkpoint import checkpoint_pass
     from .grad_mode import grad_mode_pass
     from .pipeline_split import pipeline_split_pass
     from .sync_batch_norm import sync_batch_norm_pass
-    from .tensor_parallel import tensor_parallel_pass
+    from .tensor_parallel.rewrite import tensor_parallel_pass
+    from .vocab_parallel_loss import vocab_parallel_loss_pass
 
     return [
         ("grad_mode", grad_mode_pass),

@@ -7,7 +7,7 @@ the bytes it sends to the next one, so equal-cost cuts prefer narrow places
 
 A cut is impossible where a container of tensors (a tuple from `split`, an
 LSTM's state) is live across it: only tensors cross. Scalars (sizes, ints) may
-be live across a cut: the consuming stage recomputes them (see program.py).
+be live across a cut: the consuming stage recomputes them (see ir/program.py).
 
 Writes `NodeInfo.stage` on placeholders and computing nodes; `get_attr` nodes
 keep `stage=None`: a parameter is cloned into every stage that uses it.
@@ -21,7 +21,7 @@ import torch.fx as fx
 from ..analysis.cost import boundary_cost, node_cost
 from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
-from ..meta import info
+from ..ir.meta import info
 from .manager import PassContext
 
 _UNPLACED = ("placeholder", "get_attr", "output")

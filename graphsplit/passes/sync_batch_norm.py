@@ -13,9 +13,9 @@ import torch.fx as fx
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import GraphsplitError
-from ..meta import info
+from ..ir.meta import info
+from ..ir.optable import OpKind, classify
 from ..ops.sync_bn import DataParallelBatchNorm
-from ..optable import OpKind, classify
 from .manager import PassContext
 
 

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from collections import Counter
 
-from ..program import Program
+from ..ir.program import Program
 from .view import NodeView, collective_label, stage_views
 
 COLORS = {"column": "#cfe2ff", "row": "#ffe5b4", "vocab": "#d1f2d8", "replicated": "#eeeeee"}

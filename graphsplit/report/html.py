@@ -25,8 +25,8 @@ import os
 from importlib import resources
 from typing import Any
 
-from ..meta import SourceLine, info
-from ..program import Program
+from ..ir.meta import SourceLine, info
+from ..ir.program import Program
 from .diagram import COLORS
 from .view import ROOT, NodeView, collective_label, stage_views
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from ..analysis.collectives import node_collectives
-from ..meta import SourceLine, TensorSpec, block_of, group_of, info
-from ..ops.checkpoint import CheckpointRegion
+from ..ir.meta import SourceLine, TensorSpec, block_of, group_of, info
+from ..ir.program import Program
+from ..ir.sharding import R, Sharding
+from ..ops.activation_checkpoint import CheckpointRegion
 from ..ops.pipeline import dense_grad
-from ..passes.tp_spellings import linear_form
-from ..program import Program
-from ..sharding import R, Sharding
+from ..passes.tensor_parallel.spellings import linear_form
 
 ROOT = "<root>"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from ..meta import info
+from ...ir.meta import info
 
 
 def norm_dim(dim: int, ndim: int) -> int:

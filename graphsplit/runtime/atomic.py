@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import GraphsplitError
+from ..errors import GraphsplitError
 
 
 def cannot_write(final: Path, exc: OSError, label: str = "") -> GraphsplitError:

@@ -12,8 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .meta import group_of
-from .program import Program
+from ..ir.meta import group_of
+from ..ir.program import Program
 
 
 def _fmt_bytes(n: float) -> str:
@@ -106,8 +106,8 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
     if plan.tp > 1:
         import torch.fx as fx
 
-        from .analysis.collectives import collectives, count_table
-        from .ops.checkpoint import CheckpointRegion
+        from ..analysis.collectives import collectives, count_table
+        from ..ops.activation_checkpoint import CheckpointRegion
 
         graphs = [m.graph for st in program.stages for m in st.gm.modules() if isinstance(m, fx.GraphModule)]
         found = collectives(graphs)
@@ -130,7 +130,7 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
 def _activation_bytes(program: Program) -> list[dict[str, Any]]:
     """Per stage, bytes saved for backward per micro-batch with and without checkpointing (measured)."""
 
-    from .analysis.memory import saved_bytes
+    from ..analysis.memory import saved_bytes
 
     rows = []
     for st in program.stages:

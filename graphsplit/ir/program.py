@@ -24,12 +24,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .analysis.recompute import recomputable
-from .errors import GraphsplitError
+from ..analysis.recompute import recomputable
+from ..errors import GraphsplitError
+from ..ops.pipeline import dense_grad
+from ..passes.grad_mode import is_detach, params_without_grad
+from ..plan import Plan
 from .meta import TensorSpec, canonical_names, info
-from .ops.pipeline import dense_grad
-from .passes.grad_mode import is_detach, params_without_grad
-from .plan import Plan
 from .sharding import R, Sharding, local_shape
 from .trace import Traced
 
@@ -145,7 +145,7 @@ def build_program(
     param_shardings: dict[str, Sharding] | None = None,
     replicated: list[dict[str, str]] | None = None,
 ) -> Program:
-    from .analysis.cost import node_cost
+    from ..analysis.cost import node_cost
 
     gm = traced.gm
     nodes = list(gm.graph.nodes)
@@ -286,7 +286,7 @@ def build_program(
 
 
 def _send_cost(boundary: Boundary) -> float:
-    from .analysis.cost import boundary_cost
+    from ..analysis.cost import boundary_cost
 
     return boundary_cost(boundary.nbytes)
 

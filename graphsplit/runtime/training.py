@@ -1,4 +1,4 @@
-"""Pieces every backend shares: micro-batching, the loss, tied gradients."""
+"""The objective a pipeline's last stage computes, and the gradients of tied copies."""
 
 from __future__ import annotations
 
@@ -9,55 +9,10 @@ import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from .errors import GraphsplitError
-from .program import Program
+from ..errors import GraphsplitError
+from ..ir.program import Program
 
 LossFn = Callable[[Any, Any], torch.Tensor]
-
-
-def split_microbatches(value: Any, n: int) -> list[Any]:
-    """Cut every tensor in `value` into `n` pieces along dim 0, as the pipelining schedules do."""
-    leaves, spec = pytree.tree_flatten(value)
-    pieces = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            if leaf.dim() == 0 or leaf.shape[0] % n:
-                raise GraphsplitError(
-                    f"a batch tensor of shape {tuple(leaf.shape)} cannot be cut into {n} equal micro-batches "
-                    f"along dim 0; use a batch size divisible by {n} or change --microbatches"
-                )
-            pieces.append(torch.tensor_split(leaf, n, dim=0))
-        else:
-            pieces.append([leaf] * n)
-    return [pytree.tree_unflatten([p[i] for p in pieces], spec) for i in range(n)]
-
-
-def merge_outputs(chunks: list[Any]) -> Any:
-    """Concatenate per-micro-batch outputs along dim 0 (scalars: stacked)."""
-    flat = [pytree.tree_flatten(c) for c in chunks]
-    spec = flat[0][1]
-    merged = []
-    for leaves in zip(*(f[0] for f in flat)):
-        if isinstance(leaves[0], torch.Tensor):
-            merged.append(torch.cat(leaves) if leaves[0].dim() else torch.stack(leaves))
-        else:
-            merged.append(leaves[0])
-    return pytree.tree_unflatten(merged, spec)
-
-
-def require_parameters(program: Program) -> None:
-    """Training needs something to train on every pipeline rank: an optimizer over no parameters fails there."""
-    plan = program.plan
-    if not any(st.param_sources for st in program.stages):
-        raise GraphsplitError("the model has no parameters to train; graphsplit run trains a model whose modules "
-                              "hold nn.Parameters (graphsplit transform still splits it)")
-    for rank in range(plan.pp):
-        stages = plan.stages_of_rank(rank)
-        if not any(program.stages[s].param_sources for s in stages):
-            raise GraphsplitError(
-                f"pipeline rank {rank} (stage(s) {', '.join(map(str, stages))}) holds no parameters, so it has "
-                "nothing to train; use a smaller --pp or move --split-at so every stage holds a layer"
-            )
 
 
 def default_loss(output: Any, target: Any = None) -> torch.Tensor:
@@ -116,15 +71,3 @@ def sync_tied_grads(
             reduce(canonical, total)
         for p in params:
             p.grad = total.clone()
-
-
-def gather_outputs(program: Program, output: Any) -> Any:
-    """The last stage's raw output with vocab-sharded tensors gathered (for checks and display)."""
-    if not program.sharded_outputs or output is None:
-        return output
-    from .ops import tp as tpops
-
-    outs = (output,) if isinstance(output, torch.Tensor) else tuple(output)
-    whole = [tpops.gather_for_inspection(t, program.sharded_outputs[i].dim) if i in program.sharded_outputs else t
-             for i, t in enumerate(outs)]
-    return whole[0] if isinstance(output, torch.Tensor) else tuple(whole)

@@ -44,8 +44,8 @@ import torch.fx as fx
 
 from ..analysis.recompute import mutates
 from ..errors import GraphsplitError
-from ..meta import NodeInfo, block_of, info
-from ..ops.checkpoint import CheckpointRegion
+from ..ir.meta import NodeInfo, block_of, info
+from ..ops.activation_checkpoint import CheckpointRegion
 from ..plan import Plan
 from .manager import PassContext
 

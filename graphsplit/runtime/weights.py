@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .errors import GraphsplitError
+from ..errors import GraphsplitError
 
 
 class _Safetensors(Mapping[str, torch.Tensor]):

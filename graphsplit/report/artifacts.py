@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from .atomic import require_replaceable, swap_into_place, temporary_sibling
-from .errors import GraphsplitError
-from .loader import LoadedModel
-from .meta import META_KEY
-from .program import Program, StageProgram
+from ..errors import GraphsplitError
+from ..ir.meta import META_KEY
+from ..ir.program import Program, StageProgram
+from ..loader import LoadedModel
+from ..runtime.atomic import require_replaceable, swap_into_place, temporary_sibling
 
 PLAN_FILE = "plan.json"
 REPORT_FILE = "report.html"
@@ -134,9 +134,9 @@ def write_artifacts(program: Program, loaded: LoadedModel, out_dir: Path, summar
         code = {st.index: stage_source(st, program) for st in program.stages}
         for index, text in code.items():
             (tmp / f"stage_{index}.py").write_text(text)
-        from .report.diagram import program_dot, render_svg
-        from .report.html import render_report
-        from .report.view import stage_views
+        from .diagram import program_dot, render_svg
+        from .html import render_report
+        from .view import stage_views
 
         views = stage_views(program)  # walked once, drawn twice
         (tmp / REPORT_FILE).write_text(render_report(program, record, code, views), encoding="utf-8")

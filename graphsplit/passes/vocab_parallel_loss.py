@@ -18,11 +18,11 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from .analysis.shapes import annotate
-from .meta import info
-from .ops import tp as tpops
-from .passes.manager import PassContext
-from .sharding import S
+from ..analysis.shapes import annotate
+from ..ir.meta import info
+from ..ir.sharding import S
+from ..ops import tp as tpops
+from .manager import PassContext
 
 
 class _Loss(nn.Module):
@@ -91,4 +91,4 @@ def vocab_parallel_loss_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphMo
     return gm
 
 
-from .passes.tensor_parallel import rewrite_loss  # noqa: E402  (the pass module imports nothing from here)
+from .tensor_parallel.rewrite import rewrite_loss  # noqa: E402  (the pass module imports nothing from here)

@@ -18,12 +18,12 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from .analysis.memory import saved_bytes
-from .compile import compile_loaded
-from .errors import GraphsplitError
-from .loader import LoadedModel
-from .meta import info
-from .plan import Plan
+from ..analysis.memory import saved_bytes
+from ..compile import compile_loaded
+from ..errors import GraphsplitError
+from ..ir.meta import info
+from ..loader import LoadedModel
+from ..plan import Plan
 
 ADAMW_STATE_PER_PARAM = 2  # exp_avg and exp_avg_sq, fp32 like the parameters
 

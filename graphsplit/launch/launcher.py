@@ -1,7 +1,7 @@
 """`graphsplit run`: launch torchrun on this machine, train, and (with --check) prove parity.
 
 Each rank runs the model's constructor with the plan's seed keeping only its
-own stages' parameters (lean_init.py: the values are those of the whole
+own stages' parameters (runtime/lean_init.py: the values are those of the whole
 model's init); when the init code reads tensors a rank drops, the parent
 builds the model once on CPU and saves it, and each rank memory-maps that file
 and copies only its own tensors. With `check`, the parent also trains the untouched model on
@@ -21,24 +21,26 @@ from pathlib import Path
 
 import torch
 
-from .check import ATOL, Comparison, compare, missing_grads, reference_step
-from .compile import compile_loaded
-from .dcp import (
+from ..compile import compile_loaded
+from ..errors import GraphsplitError
+from ..ir.program import Program
+from ..ir.sharding import shard_tensor
+from ..loader import load_model
+from ..plan import Plan
+from ..runtime.dcp import (
     check_checkpoint,
     load_whole_model,
     read_info,
     require_save_folder,
     resolve_checkpoint,
 )
-from .errors import GraphsplitError
-from .lean_init import lean_init_works
-from .loader import load_model
-from .materialize import model_tensors
-from .plan import Plan
-from .runtime import default_loss, merge_outputs, require_parameters
-from .sharding import shard_tensor
+from ..runtime.lean_init import lean_init_works
+from ..runtime.materialize import model_tensors
+from ..runtime.microbatch import merge_outputs
+from ..runtime.training import default_loss
+from ..runtime.weights import check_weights, open_weights
+from .parity import ATOL, Comparison, compare, missing_grads, reference_step
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, supervise
-from .weights import check_weights, open_weights
 from .worker import RunSpec, make_optimizer
 
 LOSS_CURVE_RTOL = 1e-4
@@ -86,7 +88,7 @@ def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions
 
 def _reference_with_weights(loaded, weights: str, plan: Plan) -> torch.nn.Module:
     """The untouched model (one process, for --check) holding the weights file's values."""
-    from .weights import open_weights
+    from ..runtime.weights import open_weights
 
     model = loaded.build("cpu", seed=plan.seed)
     state = open_weights(weights)
@@ -114,9 +116,24 @@ def _launch(spec_path: Path, world: int, timeout_s: float, log: Path,
     env["PYTHONUNBUFFERED"] = "1"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-        "-m", "graphsplit.worker", str(spec_path),
+        "-m", "graphsplit.launch.worker", str(spec_path),
     ]
     supervise(cmd, env, world, spec_path.parent, timeout_s, log, collective_timeout_s)
+
+
+def require_parameters(program: Program) -> None:
+    """Training needs something to train on every pipeline rank: an optimizer over no parameters fails there."""
+    plan = program.plan
+    if not any(st.param_sources for st in program.stages):
+        raise GraphsplitError("the model has no parameters to train; graphsplit run trains a model whose modules "
+                              "hold nn.Parameters (graphsplit transform still splits it)")
+    for rank in range(plan.pp):
+        stages = plan.stages_of_rank(rank)
+        if not any(program.stages[s].param_sources for s in stages):
+            raise GraphsplitError(
+                f"pipeline rank {rank} (stage(s) {', '.join(map(str, stages))}) holds no parameters, so it has "
+                "nothing to train; use a smaller --pp or move --split-at so every stage holds a layer"
+            )
 
 
 def run_training(
@@ -153,7 +170,7 @@ def run_training(
         lean = False
         if opts.weights is None:
             # the model's own initialization: each rank runs the constructor keeping only its tensors
-            # (lean_init.py), or, when the init code reads other tensors, the model is built here once
+            # (runtime/lean_init.py), or, when the init code reads other tensors, the model is built here once
             # and saved for the ranks to slice
             lean = lean_init_works(loaded)
             weights = None if lean else str(tmp / "weights.pt")

@@ -31,7 +31,7 @@ def set_arg(node: fx.Node, index: int, name: str, value: Any) -> None:
 
 
 def op_name_of(node: fx.Node) -> str:
-    from ..optable import _op_name
+    from ...ir.optable import _op_name
 
     name = _op_name(node)
     return name.rstrip("_") if not name.startswith("_") else name

@@ -1,6 +1,6 @@
 """What each torchrun process runs for `graphsplit run`.
 
-    python -m torch.distributed.run --nproc-per-node W -m graphsplit.worker SPEC.json
+    python -m torch.distributed.run --nproc-per-node W -m graphsplit.launch.worker SPEC.json
 
 SPEC.json (written by `graphsplit run`) names the model file, the plan, the
 saved split, the step count and optimizer, the weights file to slice this
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
 
-from .errors import GraphsplitError
+from ..errors import GraphsplitError
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, RankReporter, set_collective_timeout
 
 
@@ -41,7 +41,7 @@ class RunSpec:
     timeout_s: float = 600.0  # collectives during set-up (imports, materializing a large stage)
     # collectives once set-up is over: a rank that stops answering is noticed within this
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
-    run_dir: str | None = None  # the launcher's folder: pids and failure records (supervise.py)
+    run_dir: str | None = None  # the launcher's folder: pids and failure records (launch/supervise.py)
     save_dir: str | None = None  # the --save folder: a checkpoint step-<N> in it after the last step
     save_every: int = 0  # and every this many steps (0: only after the last)
     keep_last: int = 3  # the newest checkpoints kept in save_dir (0: all)
@@ -71,18 +71,19 @@ def _to(device: torch.device, value: Any) -> Any:
 
 
 def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
-    from . import dcp
-    from .backends.torch_distributed import (
+    from ..backends.torch_distributed import (
         DistributedPipeline,
         init_distributed,
         make_mesh,
         materialize_rank,
     )
-    from .compile import compile_loaded
-    from .loader import load_model
-    from .plan import Plan
-    from .runtime import gather_outputs, make_loss, split_microbatches
-    from .weights import open_weights
+    from ..compile import compile_loaded
+    from ..loader import load_model
+    from ..plan import Plan
+    from ..runtime import dcp
+    from ..runtime.microbatch import gather_outputs, split_microbatches
+    from ..runtime.training import make_loss
+    from ..runtime.weights import open_weights
 
     plan = Plan.from_dict(spec.plan)
     reporter = reporter or RankReporter(None)
@@ -97,7 +98,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         buffers = dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False))
         source = ChainMap(source, buffers)  # type: ignore[arg-type]
     if spec.lean_init:
-        from .lean_init import lean_build
+        from ..runtime.lean_init import lean_build
 
         keep = {c for s in plan.stages_of_rank(mesh.get_local_rank("pp")) for c in program.stages[s].param_sources.values()}
         source = lean_build(loaded, plan.seed, keep)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ..meta import info
-from ..optable import tp_family
-from .tp_layout import norm_dim, shape_of, view_shard_dim
-from .tp_spellings import linear_form, op_name_of, split_sizes
+from ...ir.meta import info
+from ...ir.optable import tp_family
+from .layout import norm_dim, shape_of, view_shard_dim
+from .spellings import linear_form, op_name_of, split_sizes
 
 
 def chunk_layout(linear: fx.Node, out_features: int) -> tuple[int, ...] | None:

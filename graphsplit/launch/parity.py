@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from .runtime import merge_outputs, split_microbatches
+from ..runtime.microbatch import merge_outputs, split_microbatches
 
 ATOL = 1e-5
 

@@ -25,8 +25,8 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_map_only
 
-from .errors import GraphsplitError
-from .loader import LoadedModel
+from ..errors import GraphsplitError
+from ..loader import LoadedModel
 
 aten = torch.ops.aten
 

@@ -65,10 +65,10 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import ReadItem, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.tensor import DTensor
 
+from ..errors import GraphsplitError
+from ..ir.program import Program
+from ..ir.sharding import Sharding
 from .atomic import swap_into_place, temporary_sibling
-from .errors import GraphsplitError
-from .program import Program
-from .sharding import Sharding
 
 INFO_FILE = "graphsplit.json"
 METADATA_FILE = ".metadata"  # DCP's index of the checkpoint (a pickle)

@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.fx.graph import CodeGen
 
-from .errors import GraphsplitError
+from ..errors import GraphsplitError
 from .meta import META_KEY, NodeInfo, SourceLine, info
 
 _SPECIALIZED = ("has been specialized",)

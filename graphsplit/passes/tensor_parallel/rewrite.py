@@ -37,14 +37,14 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ..errors import GraphsplitError
-from ..meta import TensorSpec, canonical_names, info
-from ..ops import tp as tpops
-from ..optable import tp_family
-from ..sharding import P, R, S, Sharding
-from .functionalize import functionalize_modules
-from .manager import PassContext
-from .tp_layout import (
+from ...errors import GraphsplitError
+from ...ir.meta import TensorSpec, canonical_names, info
+from ...ir.optable import tp_family
+from ...ir.sharding import P, R, S, Sharding
+from ...ops import tp as tpops
+from ..functionalize import functionalize_modules
+from ..manager import PassContext
+from .layout import (
     container_len,
     index_shard_dim,
     nearest_divisor,
@@ -53,14 +53,14 @@ from .tp_layout import (
     shape_of,
     view_shard_dim,
 )
-from .tp_lookahead import (
+from .lookahead import (
     chunk_layout,
     column_pays_off,
     feeds_output,
     heads_views,
     view_blocking_shard,
 )
-from .tp_spellings import (
+from .spellings import (
     arg_of,
     describe,
     drop_linear_bias,
@@ -833,7 +833,7 @@ def tensor_parallel_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule
     gm.recompile()
     ctx.param_shardings = rewriter.param_shardings
     ctx.replicated = rewriter.replicated
-    from ..analysis.shapes import annotate
+    from ...analysis.shapes import annotate
 
     # what one rank computes: local shapes, FLOPs and bytes
     annotate(gm, ctx.inputs, param_shardings=rewriter.param_shardings, tp=ctx.plan.tp)

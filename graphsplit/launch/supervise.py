@@ -36,7 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from .errors import GraphsplitError
+from ..errors import GraphsplitError
 
 RANKS_DIR = "ranks"
 DEFAULT_COLLECTIVE_TIMEOUT_S = 30.0

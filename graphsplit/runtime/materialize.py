@@ -16,10 +16,10 @@ from collections.abc import Mapping
 import torch
 import torch.nn as nn
 
-from .errors import GraphsplitError
-from .passes.grad_mode import params_without_grad
-from .program import StageProgram
-from .sharding import Sharding, local_shape, shard_tensor
+from ..errors import GraphsplitError
+from ..ir.program import StageProgram
+from ..ir.sharding import Sharding, local_shape, shard_tensor
+from ..passes.grad_mode import params_without_grad
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
