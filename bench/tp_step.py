@@ -39,7 +39,7 @@ back-to-back, so this one is the most robust to load that drifts).
 It also prints step 1's loss from both (same weights, same data: they must
 agree), the largest difference between their gradients (each rank's shards,
 matched by parameter name), and the collectives each issues per step, counted
-on step 2 (graphsplit's own `graphsplit.ops.tp.COUNTS`; DTensor's from
+on step 2 (graphsplit's own: each `TPComm.counts` of its graphs; DTensor's from
 `CommDebugMode`).
 """
 
@@ -205,9 +205,12 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     dt_loss, dt_grads = dt_step(), local_grads(dt_params)
     # Step 2: collectives per step (step 1 of graphsplit's schedule also runs
     # torch.distributed.pipelining's metadata inference, one more forward).
-    before = Counter(tpops.COUNTS)
+    comms = [c for stage in gs.stages.values() for c in tpops.tp_comms(stage)]
+    if gs.program.loss_gm is not None:
+        comms += tpops.tp_comms(gs.program.loss_gm)
+    before = sum((c.counts for c in comms), Counter())
     gs_step()
-    gs_counts = Counter(tpops.COUNTS)
+    gs_counts = sum((c.counts for c in comms), Counter())
     gs_counts.subtract(before)
     with CommDebugMode() as comm, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CommDebugMode's module hooks warn on inputs without grad

@@ -233,12 +233,11 @@ def test_tensor_parallel_rank_gets_gradients_for_exactly_the_trained_parameters(
     assert program.param_shardings, "the trained body is still sharded"
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
-        tpops.set_tp_group(dist.group.WORLD)
         stage = materialize_stage(program.stages[0], "cpu", model_tensors(model), 0, program.param_shardings, 0, 2)
+        tpops.bind_tp_group(stage, dist.group.WORLD)
         out = stage(*program.traced.flatten_inputs(loaded.args, loaded.kwargs))
         out.float().pow(2).mean().backward()
     finally:
-        tpops.set_tp_group(None)
         dist.destroy_process_group()
     got = {program.stages[0].param_sources[n] for n, p in stage.named_parameters() if p.grad is not None}
     ref = reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, 1)

@@ -123,14 +123,13 @@ def test_runtime_collectives_match_the_static_count():
     model = loaded.build("cpu", seed=0)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
-        tpops.set_tp_group(dist.group.WORLD)
         stage = materialize_stage(program.stages[0], "cpu", model_tensors(model), 0, program.param_shardings, 0, 2)
-        tpops.COUNTS.clear()
+        tpops.bind_tp_group(stage, dist.group.WORLD)
         out = stage(*program.traced.flatten_inputs(loaded.args, loaded.kwargs))
         out.float().pow(2).mean().backward()
-        runtime = {d: {k: n for (dd, k), n in tpops.COUNTS.items() if dd == d} for d in ("forward", "backward")}
+        (comm,) = tpops.tp_comms(stage)
+        runtime = {d: {k: n for (dd, k), n in comm.counts.items() if dd == d} for d in ("forward", "backward")}
     finally:
-        tpops.set_tp_group(None)
         dist.destroy_process_group()
     static = count_table(collectives(st.gm.graph for st in program.stages))["total"]
     assert runtime == static

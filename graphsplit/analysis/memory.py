@@ -21,7 +21,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from ..ops import tp as tpops
 from ..ops.activation_checkpoint import SELECTIVE_KEEPS, CheckpointRegion
 from .shapes import meta_copy
 
@@ -65,7 +64,7 @@ def saved_bytes(
         torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=t.is_floating_point()) for t in inputs
     )
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tpops.simulate(tp), kept_outputs:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), kept_outputs:
             module(*args)
     finally:
         for h in hooks:

@@ -112,17 +112,14 @@ def annotate(
 
     With `param_shardings` (canonical name -> Sharding) the graph is one tp
     rank's: parameters take their local shapes and tp collectives are
-    simulated, so the figures are what one rank computes.
+    simulated (the graph's unbound TPComm), so the figures are what one rank computes.
     """
-    from ..ops import tp as tpops
-
     meta_inputs = tuple(t.to("meta") for t in inputs)
     # Parameters may be real (a user's CPU model): run on meta copies, so analysis never
     # touches weight memory, and never changes the user's modules.
     needs_copy = bool(param_shardings) or not _all_meta(gm)
     on_meta = meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
-    with tpops.simulate(tp):
-        _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)
+    _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)
     if on_meta is not gm:
         for src, dst in zip(on_meta.graph.nodes, gm.graph.nodes):
             dst.meta[META_KEY] = src.meta[META_KEY]

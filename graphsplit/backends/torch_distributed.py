@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from ..ir.program import Program
 from ..ops import tp as tpops
-from ..ops.sync_bn import set_dp_group
+from ..ops.sync_bn import bind_dp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
 from ..runtime.training import LossFn, sync_tied_grads
 
@@ -101,8 +101,7 @@ def stage_examples(program: Program) -> list[tuple[tuple[torch.Tensor, ...], tup
         module = meta_copy(st.gm, program.param_shardings, plan.tp, names)
         if st.index > 0:  # an activation needs a gradient exactly when the sending stage's output had one
             inputs = tuple(t.detach().requires_grad_(t.requires_grad) for t in inputs)
-        with tpops.simulate(plan.tp):
-            result = module(*inputs)
+        result = module(*inputs)  # its communicator is unbound: collectives shaped, not run
         outputs = (result,) if isinstance(result, torch.Tensor) else tuple(result)
         out.append((inputs, outputs))
         inputs = outputs
@@ -127,8 +126,14 @@ class DistributedPipeline:
         self.device = device
         self.pp_rank = mesh.get_local_rank("pp")
         pp_group = mesh.get_group("pp")
-        tpops.set_tp_group(mesh.get_group("tp") if plan.tp > 1 else None)
-        set_dp_group(mesh.get_group("dp") if plan.sync_bn and plan.dp > 1 else None)
+        tp_group = mesh.get_group("tp") if plan.tp > 1 else None
+        for module in (*self.modules.values(), *([program.loss_gm] if program.loss_gm is not None else [])):
+            tpops.bind_tp_group(module, tp_group)
+        self.tp_comm = tpops.TPComm(plan.tp)  # for gathering a sharded output to show it
+        self.tp_comm.bind(tp_group)
+        if plan.sync_bn and plan.dp > 1:
+            for module in self.modules.values():
+                bind_dp_group(module, mesh.get_group("dp"))
         if plan.fsdp:
             self._shard_over_dp()
         self.is_first = 0 in self.modules

@@ -146,7 +146,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         reporter.where = f"during step {step}"
         loss, output = pipe.step(inputs, target)
         if step == done + 1 and spec.dump_dir:
-            whole = gather_outputs(program, output)
+            whole = gather_outputs(program, output, pipe.tp_comm)
             dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), whole),
                     "tp_rank": mesh.get_local_rank("tp"), "dp_rank": dp_rank}
             torch.save(dump, Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")

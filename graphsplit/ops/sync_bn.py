@@ -10,7 +10,7 @@ what the other replicas' losses owe to the shared statistics.
 
 Running statistics are updated like BatchNorm's (unbiased variance, momentum),
 from the global statistics, so every replica keeps the same buffers. In eval
-mode, or with no dp group set, it is plain BatchNorm.
+mode, or with no dp group bound, it is plain BatchNorm.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-_GROUP: dist.ProcessGroup | None = None
 
-
-def set_dp_group(group: dist.ProcessGroup | None) -> None:
-    global _GROUP
-    _GROUP = group
+def bind_dp_group(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Every DataParallelBatchNorm inside `module` takes its statistics over `group`."""
+    for sub in module.modules():
+        if isinstance(sub, DataParallelBatchNorm):
+            sub.dp_group = group
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -48,6 +48,8 @@ class _AllReduceSum(torch.autograd.Function):
 class DataParallelBatchNorm(_BatchNorm):
     """A BatchNorm1d/2d/3d whose training statistics span the dp replicas."""
 
+    dp_group: dist.ProcessGroup | None = None  # set by the backend (bind_dp_group); None: plain BatchNorm
+
     @classmethod
     def replacing(cls, bn: _BatchNorm) -> DataParallelBatchNorm:
         """The same layer (same parameter and buffer objects, so the same names and values)."""
@@ -66,13 +68,14 @@ class DataParallelBatchNorm(_BatchNorm):
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or _GROUP is None or x.device.type == "meta":
+        group = self.dp_group
+        if not self.training or group is None or x.device.type == "meta":
             return super().forward(x)
         dims = [d for d in range(x.dim()) if d != 1]
         local_count = x.numel() // x.shape[1]
         stats = torch.cat([x.sum(dims), (x * x).sum(dims)])
-        stats = _AllReduceSum.apply(stats, _GROUP)
-        count = local_count * dist.get_world_size(_GROUP)  # replicas take equal shares of the batch
+        stats = _AllReduceSum.apply(stats, group)
+        count = local_count * dist.get_world_size(group)  # replicas take equal shares of the batch
         mean, sq_mean = stats.chunk(2)
         mean = mean / count
         var = sq_mean / count - mean * mean

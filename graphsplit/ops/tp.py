@@ -1,190 +1,198 @@
 """Tensor-parallel collectives as autograd functions, with Megatron's semantics.
 
-Stage graphs call these by name, so the generated code shows every collective:
+Stage graphs call these by name, so the generated code shows every collective;
+the last argument of each is the graph's communicator, `self.tp_comm` (a `TPComm`):
 
-- `copy_to_tp(x)`      f: identity forward, all-reduce of the gradient backward
-                       (before a column-parallel layer whose input is replicated)
-- `reduce_from_tp(x)`  g: all-reduce forward, identity backward
-                       (after a row-parallel layer: sums the partial results)
-- `gather_from_tp(x, dim)`  all-gather along `dim` forward, keep this rank's slice backward
-- `scatter_to_tp(x, dim)`   keep this rank's slice forward, all-gather backward
-- `vocab_parallel_embedding(ids, weight, vocab_start)`: lookup in this rank's rows, zero
-  elsewhere, all-reduce forward
+- `copy_to_tp(x, comm)`      f: identity forward, all-reduce of the gradient backward
+                             (before a column-parallel layer whose input is replicated)
+- `reduce_from_tp(x, comm)`  g: all-reduce forward, identity backward
+                             (after a row-parallel layer: sums the partial results)
+- `gather_from_tp(x, dim, comm)`  all-gather along `dim` forward, keep this rank's slice backward
+- `scatter_to_tp(x, dim, comm)`   keep this rank's slice forward, all-gather backward
+- `vocab_parallel_embedding(ids, weight, padding_idx, comm)`: lookup in this rank's rows,
+  zero elsewhere, all-reduce forward
+- `vocab_parallel_cross_entropy(logits, target, ignore_index, reduction, comm)`
 
-The tensor-parallel process group is set once per process by the backend
-(`set_tp_group`). Every call is counted in `COUNTS` (direction, kind), which
-is how tests and `transform --json` check the Megatron count.
+A `TPComm` is a module of the graph, so each rank's copy of a stage holds its own:
+unbound (no process group) it simulates rank 0 of `tp` ranks with exact shapes and
+no communication (the meta analysis); a backend binds it to its tp group
+(`bind_tp_group`). It counts the collectives it runs, per (direction, kind).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.fx
+import torch.nn as nn
 
-_GROUP: dist.ProcessGroup | None = None
-_SIMULATED: int = 1  # tp size pretended on meta tensors during analysis (no process group)
-COUNTS: Counter[tuple[str, str]] = Counter()
-
-
-def set_tp_group(group: dist.ProcessGroup | None) -> None:
-    global _GROUP
-    _GROUP = group
+COMM_ATTR = "tp_comm"  # the attribute of a graph module that holds its communicator
 
 
-def tp_group() -> dist.ProcessGroup | None:
-    return _GROUP
+class TPComm(nn.Module):
+    """The tp ranks one graph's collectives run over.
 
+    Unbound: rank 0 of `tp`, collectives shaped but not run (all-reduce returns its
+    input, all-gather repeats it). Bound to a process group: the real collectives.
+    """
 
-@contextlib.contextmanager
-def simulate(tp: int) -> Iterator[None]:
-    """Run tp ops without a process group as rank 0 of `tp`, shapes exact, values not
-    (for the meta analysis of one rank's graph)."""
-    global _SIMULATED
-    saved, _SIMULATED = _SIMULATED, tp
-    try:
-        yield
-    finally:
-        _SIMULATED = saved
+    def __init__(self, tp: int) -> None:
+        super().__init__()
+        self.tp = tp
+        self.group: dist.ProcessGroup | None = None
+        self.counts: Counter[tuple[str, str]] = Counter()
 
+    def bind(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
 
-def _size() -> int:
-    return dist.get_world_size(_GROUP) if _GROUP is not None else _SIMULATED
+    def __deepcopy__(self, memo: dict[int, Any]) -> TPComm:
+        # a copy starts unbound with no counts: a process group is not copied, and a copied
+        # stage (materialization, meta analysis) is bound again where it runs
+        return TPComm(self.tp)
 
+    def extra_repr(self) -> str:
+        return f"tp={self.tp}, bound={self.group is not None}"
 
-def _rank() -> int:
-    return dist.get_rank(_GROUP) if _GROUP is not None else 0
+    @property
+    def size(self) -> int:
+        return dist.get_world_size(self.group) if self.group is not None else self.tp
 
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group) if self.group is not None else 0
 
-def _all_reduce(x: torch.Tensor, direction: str) -> torch.Tensor:
-    if _GROUP is None:
+    def all_reduce(self, x: torch.Tensor, direction: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.group is None:
+            return x
+        self.counts[(direction, "all_reduce")] += 1
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        dist.all_reduce(x, op=op, group=self.group)
         return x
-    COUNTS[(direction, "all_reduce")] += 1
-    if _size() == 1:
-        return x
-    x = x.contiguous()
-    dist.all_reduce(x, group=_GROUP)
-    return x
+
+    def all_gather(self, x: torch.Tensor, dim: int, direction: str | None) -> torch.Tensor:
+        """`direction` None: outside autograd and not counted (showing a sharded output)."""
+        n = self.size
+        if self.group is None:
+            return torch.cat([x] * n, dim=dim)
+        if direction is not None:
+            self.counts[(direction, "all_gather")] += 1
+        if n == 1:
+            return x
+        parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(n)]
+        dist.all_gather(parts, x.detach().contiguous() if direction is None else x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=dim)
+
+    def local_slice(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        n = self.size
+        if n == 1:
+            return x
+        return x.chunk(n, dim=dim)[self.rank].contiguous()
 
 
-def _all_gather(x: torch.Tensor, dim: int, direction: str) -> torch.Tensor:
-    n = _size()
-    if _GROUP is None:
-        return torch.cat([x] * n, dim=dim)
-    COUNTS[(direction, "all_gather")] += 1
-    if n == 1:
-        return x
-    parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(n)]
-    dist.all_gather(parts, x.contiguous(), group=_GROUP)
-    return torch.cat(parts, dim=dim)
+def bind_tp_group(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Bind every communicator inside `module` (its stages' graphs, checkpoint regions) to `group`."""
+    for sub in module.modules():
+        if isinstance(sub, TPComm):
+            sub.bind(group)
 
 
-def _local_slice(x: torch.Tensor, dim: int) -> torch.Tensor:
-    n = _size()
-    if n == 1:
-        return x
-    return x.chunk(n, dim=dim)[_rank()].contiguous()
+def tp_comms(module: nn.Module) -> list[TPComm]:
+    return [m for m in module.modules() if isinstance(m, TPComm)]
 
 
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):  # type: ignore[override]
+    def forward(ctx, x, comm):  # type: ignore[override]
+        ctx.comm = comm
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return _all_reduce(grad.clone(), "backward")
+        return ctx.comm.all_reduce(grad.clone(), "backward"), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):  # type: ignore[override]
-        return _all_reduce(x.clone(), "forward")
+    def forward(ctx, x, comm):  # type: ignore[override]
+        return comm.all_reduce(x.clone(), "forward")
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return grad
+        return grad, None
 
 
 class _GatherFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim):  # type: ignore[override]
-        ctx.dim = dim
-        return _all_gather(x, dim, "forward")
+    def forward(ctx, x, dim, comm):  # type: ignore[override]
+        ctx.dim, ctx.comm = dim, comm
+        return comm.all_gather(x, dim, "forward")
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return _local_slice(grad, ctx.dim), None
+        return ctx.comm.local_slice(grad, ctx.dim), None, None
 
 
 class _ScatterToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim):  # type: ignore[override]
-        ctx.dim = dim
-        return _local_slice(x, dim)
+    def forward(ctx, x, dim, comm):  # type: ignore[override]
+        ctx.dim, ctx.comm = dim, comm
+        return comm.local_slice(x, dim)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return _all_gather(grad, ctx.dim, "backward"), None
+        return ctx.comm.all_gather(grad, ctx.dim, "backward"), None, None
 
 
 @torch.fx.wrap
-def copy_to_tp(x: torch.Tensor) -> torch.Tensor:
-    return _CopyToTP.apply(x)
+def copy_to_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
+    return _CopyToTP.apply(x, comm)
 
 
 @torch.fx.wrap
-def reduce_from_tp(x: torch.Tensor) -> torch.Tensor:
-    return _ReduceFromTP.apply(x)
+def reduce_from_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
+    return _ReduceFromTP.apply(x, comm)
 
 
 @torch.fx.wrap
-def gather_from_tp(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return _GatherFromTP.apply(x, dim)
+def gather_from_tp(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
+    return _GatherFromTP.apply(x, dim, comm)
 
 
 @torch.fx.wrap
-def scatter_to_tp(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return _ScatterToTP.apply(x, dim)
+def scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
+    return _ScatterToTP.apply(x, dim, comm)
 
 
 @torch.fx.wrap
-def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None,
+                             comm: TPComm) -> torch.Tensor:
     """`F.embedding` over a vocabulary split in contiguous row blocks across the tp ranks."""
     rows = weight.shape[0]
-    start = _rank() * rows
+    start = comm.rank * rows
     outside = (ids < start) | (ids >= start + rows)
     local = (ids - start).masked_fill(outside, 0)
     local_padding = padding_idx - start if padding_idx is not None and start <= padding_idx < start + rows else None
     out = torch.nn.functional.embedding(local, weight, padding_idx=local_padding)
     out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-    return reduce_from_tp(out)
+    return reduce_from_tp(out, comm)
 
 
 @torch.fx.wrap
-def global_shape(x: torch.Tensor, dim: int) -> torch.Size:
+def global_shape(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Size:
     """`x.shape` as the unsharded tensor has it (x is sharded on `dim`)."""
     shape = list(x.shape)
-    shape[dim] *= _size()
+    shape[dim] *= comm.size
     return torch.Size(shape)
-
-
-def _all_reduce_max(x: torch.Tensor) -> torch.Tensor:
-    if _GROUP is None:
-        return x
-    COUNTS[("forward", "all_reduce")] += 1
-    x = x.contiguous()
-    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=_GROUP)
-    return x
 
 
 @torch.fx.wrap
 def vocab_parallel_cross_entropy(
-    logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean"
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, comm: TPComm
 ) -> torch.Tensor:
     """`F.cross_entropy(logits, target)` with `logits` (N, V) split over the vocabulary.
 
@@ -194,14 +202,15 @@ def vocab_parallel_cross_entropy(
     each rank the gradient of its own columns: softmax - one_hot.
     """
     rows = logits.shape[-1]
-    start = _rank() * rows
-    global_max = _all_reduce_max(logits.detach().amax(dim=-1))  # any shift is exact; keep it out of autograd
+    start = comm.rank * rows
+    # any shift is exact; keep it out of autograd
+    global_max = comm.all_reduce(logits.detach().amax(dim=-1), "forward", op=dist.ReduceOp.MAX)
     shifted = logits.float() - global_max.unsqueeze(-1)
-    sum_exp = reduce_from_tp(shifted.exp().sum(dim=-1))
+    sum_exp = reduce_from_tp(shifted.exp().sum(dim=-1), comm)
     outside = (target < start) | (target >= start + rows)
     local_target = (target - start).masked_fill(outside, 0)
     picked = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-    picked = reduce_from_tp(picked)
+    picked = reduce_from_tp(picked, comm)
     losses = torch.log(sum_exp) - picked
     valid = target != ignore_index
     losses = losses.masked_fill(~valid, 0.0)
@@ -212,11 +221,8 @@ def vocab_parallel_cross_entropy(
     return losses.sum() / valid.sum()
 
 
-def gather_for_inspection(x: torch.Tensor, dim: int) -> torch.Tensor:
+def gather_for_inspection(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
     """All-gather outside autograd (to show or check a sharded output), not counted."""
-    n = _size()
-    if _GROUP is None or n == 1:
+    if comm.group is None or comm.size == 1:
         return x
-    parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(n)]
-    dist.all_gather(parts, x.detach().contiguous(), group=_GROUP)
-    return torch.cat(parts, dim=dim)
+    return comm.all_gather(x, dim, None)

@@ -41,13 +41,13 @@ def merge_outputs(chunks: list[Any]) -> Any:
     return pytree.tree_unflatten(merged, spec)
 
 
-def gather_outputs(program: Program, output: Any) -> Any:
+def gather_outputs(program: Program, output: Any, comm: Any) -> Any:
     """The last stage's raw output with vocab-sharded tensors gathered (for checks and display)."""
     if not program.sharded_outputs or output is None:
         return output
     from ..ops import tp as tpops
 
     outs = (output,) if isinstance(output, torch.Tensor) else tuple(output)
-    whole = [tpops.gather_for_inspection(t, program.sharded_outputs[i].dim) if i in program.sharded_outputs else t
+    whole = [tpops.gather_for_inspection(t, program.sharded_outputs[i].dim, comm) if i in program.sharded_outputs else t
              for i, t in enumerate(outs)]
     return whole[0] if isinstance(output, torch.Tensor) else tuple(whole)

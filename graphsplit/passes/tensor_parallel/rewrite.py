@@ -92,6 +92,7 @@ class _Rewriter:
         self.replicated: list[dict[str, str]] = []
         self._copies: dict[fx.Node, fx.Node] = {}
         self._gathers: dict[fx.Node, fx.Node] = {}
+        self._comm: fx.Node | None = None
 
     # -- bookkeeping ---------------------------------------------------------
     def sh(self, value: Any) -> Sharding:
@@ -111,7 +112,7 @@ class _Rewriter:
         """A new call before/after `where`, shaped like `like`, attributed to `owner`'s module."""
         ctx = self.graph.inserting_before(where) if before else self.graph.inserting_after(where)
         with ctx:
-            new = self.graph.call_function(fn, args)
+            new = self.graph.call_function(fn, (*args, self.comm()))
         owner = owner or like
         _stamp(new, owner)
         src = info(like)
@@ -120,6 +121,16 @@ class _Rewriter:
         ni.value, ni.tensor, ni.module, ni.kind = "tensor", spec, info(owner).module, "collective"
         self.set(new, sharding)
         return new
+
+    def comm(self) -> fx.Node:
+        """The graph's communicator (`self.tp_comm`), the last argument of every collective."""
+        if self._comm is None:
+            self.gm.add_submodule(tpops.COMM_ATTR, tpops.TPComm(self.tp))
+            first = next(n for n in self.graph.nodes if n.op != "placeholder")
+            with self.graph.inserting_before(first):
+                self._comm = self.graph.get_attr(tpops.COMM_ATTR)
+            info(self._comm).value = "scalar"
+        return self._comm
 
     def _replace_input(self, node: fx.Node, old: fx.Node, new: fx.Node) -> None:
         node.args = fx.node.map_arg(node.args, lambda n: new if n is old else n)
@@ -530,7 +541,7 @@ class _Rewriter:
                 fixed = self.graph.call_function(operator.mul, (node, self.tp))
         elif name in ("size", "getattr"):
             with self.graph.inserting_after(node):
-                fixed = self.graph.call_function(tpops.global_shape, (src, s.dim))
+                fixed = self.graph.call_function(tpops.global_shape, (src, s.dim, self.comm()))
         else:
             return
         ni = info(fixed)
@@ -662,7 +673,7 @@ class _Rewriter:
         if (have is None and vocab % self.tp == 0) or have == S(0):
             self.shard_param(w, S(0))
             with self.graph.inserting_before(node):
-                new = self.graph.call_function(tpops.vocab_parallel_embedding, (ids, w, padding))
+                new = self.graph.call_function(tpops.vocab_parallel_embedding, (ids, w, padding, self.comm()))
             new.meta = dict(node.meta)
             node.replace_all_uses_with(new)
             self.graph.erase_node(node)
@@ -697,7 +708,7 @@ class _Rewriter:
         with self.graph.inserting_before(node):
             new = self.graph.call_function(
                 tpops.vocab_parallel_cross_entropy,
-                (x, target, arg_of(node, 4, "ignore_index", -100), arg_of(node, 6, "reduction", "mean")),
+                (x, target, arg_of(node, 4, "ignore_index", -100), arg_of(node, 6, "reduction", "mean"), self.comm()),
             )
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
