@@ -36,7 +36,7 @@ def test_fsdp_3d_matches_the_untouched_model_and_its_checkpoint_loads_without_fs
     dcp.export_weights(tmp_path / "plain", tmp_path / "b.safetensors")
     a, b = load_file(tmp_path / "a.safetensors"), load_file(tmp_path / "b.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-    stored = dcp.stored_keys(tmp_path / "plain")
+    stored = dcp.stored_keys(tmp_path / "plain" / "step-5")
     assert "optimizer/h.0.attn.c_attn.weight/exp_avg_sq" in stored
 
 
