@@ -68,7 +68,7 @@ def main() -> None:
         losses.append(loss)
         module.optimizer_step(optimizer)  # optimizer.step(), through the loss scaler under fp16
         optimizer.zero_grad(set_to_none=True)
-        if loss is not None and dist.get_rank() % args.tp == 0:  # one line per dp replica, not per tp shard
+        if loss is not None and dist.get_rank() % args.tp == 0 and dist.get_rank() < args.pp * args.tp:  # one printer
             print(f"step {step} loss {loss.item():.6f}", flush=True)
     if args.save is not None:  # every rank writes its blocks, under the original parameter names
         module.save_checkpoint(args.save, optimizer, step=done + args.steps)
