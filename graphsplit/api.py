@@ -97,30 +97,32 @@ class PipelinedModule(nn.Module):
     def save_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None, step: int = 0) -> None:
         """Every rank calls this: a torch.distributed.checkpoint folder under the original model's names,
         loadable at any other plan (and by `graphsplit export-weights`); written whole or not at all."""
-        from .runtime import dcp
+        from .runtime.dcp.state import save_checkpoint
 
         state = self._checkpoint_state(optimizer)
         record = {"plan": self.program.plan.to_dict(), "model": "parallelize()", "aliases": self._aliases,
                   "optimizer": type(optimizer).__name__.lower() if optimizer is not None else None}
-        dcp.save_checkpoint(directory, state, step, record)
+        save_checkpoint(directory, state, step, record)
 
     def load_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> int:
         """Every rank calls this: fill this rank's tensors (and `optimizer`'s state) from a checkpoint
         written at any plan (or the newest in a `run --save` folder); returns the step it was saved at."""
-        from .runtime import dcp
+        from .runtime.dcp.record import read_info
+        from .runtime.dcp.series import resolve_checkpoint
+        from .runtime.dcp.state import init_optimizer_state, load_checkpoint
 
-        directory = dcp.resolve_checkpoint(directory)
+        directory = resolve_checkpoint(directory)
         if optimizer is not None:
-            dcp.init_optimizer_state(optimizer)
-        same_world = dcp.read_info(directory).get("plan") == self.program.plan.to_dict()
-        return dcp.load_checkpoint(directory, self._checkpoint_state(optimizer), same_world)
+            init_optimizer_state(optimizer)
+        same_world = read_info(directory).get("plan") == self.program.plan.to_dict()
+        return load_checkpoint(directory, self._checkpoint_state(optimizer), same_world)
 
     def _checkpoint_state(self, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-        from .runtime import dcp
+        from .runtime.dcp.state import rank_state, scaler_state
 
         tp_rank = self.pipeline.mesh.get_local_rank("tp")
-        state = dcp.rank_state(self.program, self.pipeline.modules, optimizer, tp_rank, self._persistent)
-        state.update(dcp.scaler_state(self.pipeline.scaler))
+        state = rank_state(self.program, self.pipeline.modules, optimizer, tp_rank, self._persistent)
+        state.update(scaler_state(self.pipeline.scaler))
         return state
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -151,7 +153,7 @@ def parallelize(
         make_mesh,
         materialize_rank,
     )
-    from .runtime.dcp import model_names
+    from .runtime.dcp.record import model_names
     from .runtime.materialize import model_tensors
     from .runtime.training import make_loss
 

@@ -374,8 +374,8 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
 def export_weights(checkpoint: Path, out: Path) -> None:
     """Write CHECKPOINT (a checkpoint from run --save at any plan, or a --save folder: its newest) as one
     .safetensors file the untouched model loads."""
-    from .runtime.dcp import export_weights as do_export
-    from .runtime.dcp import resolve_checkpoint
+    from .runtime.dcp.series import resolve_checkpoint
+    from .runtime.dcp.state import export_weights as do_export
 
     try:
         source = resolve_checkpoint(checkpoint)

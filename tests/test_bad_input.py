@@ -136,14 +136,14 @@ def _write_checkpoint(folder: Path) -> None:
 
     import torch.distributed as dist
 
-    from graphsplit import dcp
+    from graphsplit.runtime.dcp.state import save_checkpoint
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     owned = not dist.is_initialized()
     if owned:
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore(), timeout=timedelta(seconds=30))
     try:
-        dcp.save_checkpoint(folder, {"a.weight": torch.zeros(4, 4)}, step=2, record={"plan": {}, "aliases": {}})
+        save_checkpoint(folder, {"a.weight": torch.zeros(4, 4)}, step=2, record={"plan": {}, "aliases": {}})
     finally:
         if owned:
             dist.destroy_process_group()

@@ -21,7 +21,8 @@ from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import reference_step
 from graphsplit.launch.worker import make_optimizer
 from graphsplit.loader import load_model
-from graphsplit.runtime import dcp
+from graphsplit.runtime.dcp import blocks, record, safe_read, series
+from graphsplit.runtime.dcp import state as dcp_state
 
 from .conftest import EXAMPLES, MODELS
 
@@ -38,7 +39,7 @@ def test_every_rank_blocks_cover_the_whole_tensor_once(sharding, tp):
     seen: dict[tuple, torch.Tensor] = {}
     for rank in range(tp):
         local = shard_tensor(full, sharding, rank, tp).clone()
-        pieces = dcp.pieces_of(local, sharding, rank, tp)
+        pieces = blocks.pieces_of(local, sharding, rank, tp)
         assert pieces.size() == full.shape
         for offsets, block in pieces.blocks:
             if tuple(offsets) in seen:  # a replica: DCP stores one copy per (name, offsets)
@@ -65,41 +66,41 @@ def one_process_group():
 
 def test_a_crash_during_save_leaves_the_previous_checkpoint_whole(tmp_path, one_process_group, monkeypatch):
     weight = torch.randn(4, 3)
-    state = {"lin.weight": dcp.pieces_of(weight, R, 0, 1)}
+    state = {"lin.weight": blocks.pieces_of(weight, R, 0, 1)}
     target = tmp_path / "ckpt"
-    dcp.save_checkpoint(target, state, step=3, record={"plan": {}})
-    assert dcp.read_info(target)["step"] == 3
+    dcp_state.save_checkpoint(target, state, step=3, record={"plan": {}})
+    assert record.read_info(target)["step"] == 3
 
-    real_save = dcp.dcp.save
+    real_save = dcp_state.dcp.save
 
     def crash_after_writing(*args, **kwargs):
         real_save(*args, **kwargs)  # the tensor files and .metadata are on disk...
         raise RuntimeError("killed")  # ...and the process dies before the record
 
-    monkeypatch.setattr(dcp.dcp, "save", crash_after_writing)
+    monkeypatch.setattr(dcp_state.dcp, "save", crash_after_writing)
     with pytest.raises(RuntimeError, match="killed"):
-        dcp.save_checkpoint(target, {"lin.weight": dcp.pieces_of(weight + 1, R, 0, 1)}, step=4, record={"plan": {}})
+        dcp_state.save_checkpoint(target, {"lin.weight": blocks.pieces_of(weight + 1, R, 0, 1)}, step=4, record={"plan": {}})
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"], "no temporary folder is left behind"
     loaded = torch.zeros(4, 3)
-    assert dcp.load_checkpoint(target, {"lin.weight": dcp.pieces_of(loaded, R, 0, 1)}, same_world=True) == 3
+    assert dcp_state.load_checkpoint(target, {"lin.weight": blocks.pieces_of(loaded, R, 0, 1)}, same_world=True) == 3
     assert torch.equal(loaded, weight)
 
-    monkeypatch.setattr(dcp.dcp, "save", real_save)
+    monkeypatch.setattr(dcp_state.dcp, "save", real_save)
     half = tmp_path / "half"
     half.mkdir()
     (half / ".metadata").write_bytes(b"")
     with pytest.raises(GraphsplitError, match="not a graphsplit checkpoint"):
-        dcp.read_info(half)  # tensor files without the record are not a checkpoint
+        record.read_info(half)  # tensor files without the record are not a checkpoint
 
 
 def test_loading_checks_names_and_shapes(tmp_path, one_process_group):
-    dcp.save_checkpoint(tmp_path / "c", {"a": torch.ones(2, 2)}, step=1, record={})
+    dcp_state.save_checkpoint(tmp_path / "c", {"a": torch.ones(2, 2)}, step=1, record={})
     with pytest.raises(GraphsplitError, match="has no tensor 'b'"):
-        dcp.load_checkpoint(tmp_path / "c", {"b": torch.ones(2, 2)}, same_world=True)
+        dcp_state.load_checkpoint(tmp_path / "c", {"b": torch.ones(2, 2)}, same_world=True)
     with pytest.raises(GraphsplitError, match=r"shape \(2, 2\), the model has \(3, 2\)"):
-        dcp.load_checkpoint(tmp_path / "c", {"a": torch.ones(3, 2)}, same_world=True)
+        dcp_state.load_checkpoint(tmp_path / "c", {"a": torch.ones(3, 2)}, same_world=True)
     with pytest.raises(GraphsplitError, match="no optimizer state"):
-        dcp.load_checkpoint(tmp_path / "c", {"a": torch.ones(2, 2), "optimizer/a/exp_avg": torch.ones(2, 2)}, True)
+        dcp_state.load_checkpoint(tmp_path / "c", {"a": torch.ones(2, 2), "optimizer/a/exp_avg": torch.ones(2, 2)}, True)
 
 
 def _losses(text: str) -> dict[int, str]:
@@ -122,12 +123,12 @@ def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(tmp_path, capfd
     assert any("loss step 3" in line for line in lines)
     halves = _losses(capfd.readouterr().out)
     assert sorted(whole) == [1, 2, 3, 4] and halves == whole
-    a = dcp.export_weights(tmp_path / "whole", tmp_path / "whole.safetensors")
-    b = dcp.export_weights(tmp_path / "resumed", tmp_path / "resumed.safetensors")
+    a = dcp_state.export_weights(tmp_path / "whole", tmp_path / "whole.safetensors")
+    b = dcp_state.export_weights(tmp_path / "resumed", tmp_path / "resumed.safetensors")
     assert a == b
     x, y = load_file(tmp_path / "whole.safetensors"), load_file(tmp_path / "resumed.safetensors")
     assert all(torch.equal(x[k], y[k]) for k in x), "parameters after 4 steps differ from stop-and-resume"
-    assert dcp.read_info(tmp_path / "resumed" / "step-4")["step"] == 4  # --save writes DIR/step-<N>
+    assert record.read_info(tmp_path / "resumed" / "step-4")["step"] == 4  # --save writes DIR/step-<N>
 
 
 @pytest.mark.slow
@@ -178,9 +179,9 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_export_refuses_other_suffixes(tmp_path, one_process_group):
-    dcp.save_checkpoint(tmp_path / "c", {"a": torch.ones(2)}, step=1, record={})
+    dcp_state.save_checkpoint(tmp_path / "c", {"a": torch.ones(2)}, step=1, record={})
     with pytest.raises(GraphsplitError, match="should end in .safetensors"):
-        dcp.export_weights(tmp_path / "c", tmp_path / "w.bin")
+        dcp_state.export_weights(tmp_path / "c", tmp_path / "w.bin")
     assert Path(tmp_path / "w.bin").exists() is False
 
 
@@ -210,7 +211,7 @@ def _crafted(kind: str, marker: Path) -> bytes:
 def _small_checkpoint(folder: Path) -> Path:
     """A real checkpoint of a few tensors, written in this process (needs a process group)."""
     state = {"lin.weight": torch.randn(4, 3), "lin.bias": torch.randn(4)}
-    dcp.save_checkpoint(folder, state, step=2, record={"plan": {}, "aliases": {}})
+    dcp_state.save_checkpoint(folder, state, step=2, record={"plan": {}, "aliases": {}})
     return folder
 
 
@@ -221,7 +222,7 @@ def test_a_crafted_metadata_runs_nothing_and_is_one_line(tmp_path, one_process_g
     ckpt = _small_checkpoint(tmp_path / "runs" / "step-2")
     marker = tmp_path / "pwned"
     if kind == "inside-metadata":  # DCP's own metadata, one tensor's dtype replaced by the call
-        metadata = dcp.read_metadata(ckpt)
+        metadata = safe_read.read_metadata(ckpt)
         metadata.state_dict_metadata["lin.bias"].properties.dtype = _RunsCode(os.system, f"touch {marker}")
         payload = pickle.dumps(metadata)
     else:
@@ -240,7 +241,7 @@ def test_a_crafted_metadata_runs_nothing_and_is_one_line(tmp_path, one_process_g
         assert "refused, nothing from it was run" in done.output and str(ckpt / ".metadata") in done.output
         assert not out.exists()
     with pytest.raises(GraphsplitError, match="refused"):
-        dcp.load_checkpoint(ckpt, {"lin.weight": torch.zeros(4, 3)}, same_world=True)  # the ranks' path
+        dcp_state.load_checkpoint(ckpt, {"lin.weight": torch.zeros(4, 3)}, same_world=True)  # the ranks' path
     assert not marker.exists()
 
 
@@ -250,12 +251,12 @@ def test_real_checkpoints_need_only_the_allowed_types(tmp_path, one_process_grou
              for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool)}
     state["conv"] = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
     ckpt = tmp_path / "c"
-    dcp.save_checkpoint(ckpt, state, step=1, record={})
-    metadata = dcp.read_metadata(ckpt)
+    dcp_state.save_checkpoint(ckpt, state, step=1, record={})
+    metadata = safe_read.read_metadata(ckpt)
     assert {k: md.properties.dtype for k, md in metadata.state_dict_metadata.items() if k in state} == \
         {k: v.dtype for k, v in state.items()}
     loaded = {k: torch.zeros_like(v) for k, v in state.items()}
-    assert dcp.load_checkpoint(ckpt, loaded, same_world=True) == 1
+    assert dcp_state.load_checkpoint(ckpt, loaded, same_world=True) == 1
     assert all(torch.equal(loaded[k], state[k]) for k in state)
 
 
@@ -264,14 +265,14 @@ def test_byte_items_are_never_unpickled(tmp_path, one_process_group):
 
     # DCP stores a non-tensor as torch.save bytes, which its default planner loads with weights_only=False
     ckpt = tmp_path / "c"
-    dcp.save_checkpoint(ckpt, {"a": torch.ones(2), "blob": io.BytesIO(b"not a tensor")}, step=1, record={})
-    assert isinstance(dcp.stored_keys(ckpt)["blob"], dcp.BytesStorageMetadata)
+    dcp_state.save_checkpoint(ckpt, {"a": torch.ones(2), "blob": io.BytesIO(b"not a tensor")}, step=1, record={})
+    assert isinstance(safe_read.stored_keys(ckpt)["blob"], safe_read.BytesStorageMetadata)
     with pytest.raises(GraphsplitError, match="'blob' as pickled bytes"):
-        dcp.load_checkpoint(ckpt, {"a": torch.zeros(2), "blob": torch.zeros(1)}, same_world=True)
-    item = type("Item", (), {"dest_index": dcp.MetadataIndex("blob")})()
+        dcp_state.load_checkpoint(ckpt, {"a": torch.zeros(2), "blob": torch.zeros(1)}, same_world=True)
+    item = type("Item", (), {"dest_index": safe_read.MetadataIndex("blob")})()
     with pytest.raises(GraphsplitError, match="not a tensor"):
-        dcp._LoadPlanner().load_bytes(item, io.BytesIO(b""))
-    names = dcp.export_weights(ckpt, tmp_path / "w.safetensors")  # tensors only: the blob is never read
+        blocks.LoadPlanner().load_bytes(item, io.BytesIO(b""))
+    names = dcp_state.export_weights(ckpt, tmp_path / "w.safetensors")  # tensors only: the blob is never read
     assert names == ["a"]
 
 
@@ -326,14 +327,14 @@ def test_the_newest_complete_checkpoint_is_chosen(tmp_path):
     _fake_checkpoint(root / "latest")
     _fake_checkpoint(root / ".step-14.tmp-abc123")  # a killed save's temporary folder
     (root / "step-13").write_text("a file, not a folder")
-    assert [step for step, _ in dcp.checkpoints_in(root)] == [2, 10]
-    assert dcp.resolve_checkpoint(root) == root / "step-10"
-    assert dcp.resolve_checkpoint(root / "step-2") == root / "step-2"  # a checkpoint folder is taken as it is
+    assert [step for step, _ in series.checkpoints_in(root)] == [2, 10]
+    assert series.resolve_checkpoint(root) == root / "step-10"
+    assert series.resolve_checkpoint(root / "step-2") == root / "step-2"  # a checkpoint folder is taken as it is
     with pytest.raises(GraphsplitError, match="is not a graphsplit checkpoint and holds none"):
-        dcp.resolve_checkpoint(root / "step-12")
+        series.resolve_checkpoint(root / "step-12")
     (tmp_path / "empty").mkdir()
     with pytest.raises(GraphsplitError, match="is not a graphsplit checkpoint"):
-        dcp.resolve_checkpoint(tmp_path / "empty")
+        series.resolve_checkpoint(tmp_path / "empty")
 
 
 def test_save_series_keeps_the_newest_and_removes_stale_temporaries(tmp_path, one_process_group):
@@ -345,7 +346,7 @@ def test_save_series_keeps_the_newest_and_removes_stale_temporaries(tmp_path, on
     weight = torch.randn(3)
     resumed_from = None
     for step in (2, 4, 6, 8):
-        folder = dcp.save_series(root, {"w": weight + step}, step, {}, keep_last=2, keep=resumed_from)
+        folder = series.save_series(root, {"w": weight + step}, step, {}, keep_last=2, keep=resumed_from)
         assert folder == root / f"step-{step}"
         if step == 2:
             assert not any(p.exists() for p in stale), "the next save removes what a killed one left"
@@ -353,27 +354,27 @@ def test_save_series_keeps_the_newest_and_removes_stale_temporaries(tmp_path, on
     assert sorted(p.name for p in root.iterdir()) == ["step-2", "step-6", "step-8"]
     assert (tmp_path / ".run.tmp-zz").exists()
     loaded = torch.zeros(3)
-    assert dcp.load_checkpoint(dcp.resolve_checkpoint(root), {"w": loaded}, same_world=True) == 8  # the newest
+    assert dcp_state.load_checkpoint(series.resolve_checkpoint(root), {"w": loaded}, same_world=True) == 8  # the newest
     assert torch.equal(loaded, weight + 8)
-    assert dcp.export_weights(root, tmp_path / "w.safetensors") == ["w"]
+    assert dcp_state.export_weights(root, tmp_path / "w.safetensors") == ["w"]
     assert torch.equal(load_file(tmp_path / "w.safetensors")["w"], weight + 8)
 
 
 def test_save_refuses_a_folder_it_did_not_write(tmp_path, one_process_group):
-    dcp.require_save_folder(tmp_path / "new")
+    series.require_save_folder(tmp_path / "new")
     (tmp_path / "empty").mkdir()
-    dcp.require_save_folder(tmp_path / "empty")
+    series.require_save_folder(tmp_path / "empty")
     user = tmp_path / "user"
     user.mkdir()
     (user / "notes.txt").write_text("mine")
     with pytest.raises(GraphsplitError, match="graphsplit did not write .*notes.txt"):
-        dcp.require_save_folder(user)
+        series.require_save_folder(user)
     with pytest.raises(GraphsplitError, match="graphsplit did not write"):
-        dcp.save_series(user, {"w": torch.ones(1)}, 1, {}, keep_last=3)
+        series.save_series(user, {"w": torch.ones(1)}, 1, {}, keep_last=3)
     assert [p.name for p in user.iterdir()] == ["notes.txt"]
     single = _small_checkpoint(tmp_path / "single")
     with pytest.raises(GraphsplitError, match="is a single checkpoint"):
-        dcp.require_save_folder(single)
+        series.require_save_folder(single)
     done = CliRunner().invoke(main, ["run", str(EXAMPLES / "mlp.py"), "--pp", "2", "--save", str(user)])
     assert done.exit_code == 2 and "graphsplit did not write" in done.output and done.output.count("\n") == 1
     done = CliRunner().invoke(main, ["run", str(EXAMPLES / "mlp.py"), "--pp", "2", "--save-every", "2"])
@@ -452,7 +453,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_loses_at_most_k_steps
     finally:
         _crash(killed)
     assert seen and seen[-1].startswith("saved step 4 "), "".join(seen) + killed.stderr.read()
-    assert [step for step, _ in dcp.checkpoints_in(ckpt)] == [2, 4], "the kill came after step 4's checkpoint only"
+    assert [step for step, _ in series.checkpoints_in(ckpt)] == [2, 4], "the kill came after step 4's checkpoint only"
     before = _losses("".join(seen))
     assert before == {k: uninterrupted[k] for k in range(1, 5)}
 

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 from graphsplit import Plan
 from graphsplit.cli import main
 from graphsplit.launch.launcher import RunOptions, run_training
-from graphsplit.runtime import dcp
+from graphsplit.runtime.dcp import safe_read
+from graphsplit.runtime.dcp.state import export_weights
 
 from .conftest import EXAMPLES
 
@@ -32,11 +33,11 @@ def test_fsdp_3d_matches_the_untouched_model_and_its_checkpoint_loads_without_fs
     # the dp-sharded blocks, AdamW state included, load into ranks that do not shard over dp
     run_training(str(EXAMPLES / "gpt.py"), Plan(tp=2), RunOptions(steps=0, optimizer="adamw", timeout_s=300,
                  resume=str(tmp_path / "fsdp"), save=str(tmp_path / "plain")), echo=lines.append)
-    dcp.export_weights(tmp_path / "fsdp", tmp_path / "a.safetensors")
-    dcp.export_weights(tmp_path / "plain", tmp_path / "b.safetensors")
+    export_weights(tmp_path / "fsdp", tmp_path / "a.safetensors")
+    export_weights(tmp_path / "plain", tmp_path / "b.safetensors")
     a, b = load_file(tmp_path / "a.safetensors"), load_file(tmp_path / "b.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-    stored = dcp.stored_keys(tmp_path / "plain" / "step-5")
+    stored = safe_read.stored_keys(tmp_path / "plain" / "step-5")
     assert "optimizer/h.0.attn.c_attn.weight/exp_avg_sq" in stored
 
 

@@ -14,7 +14,7 @@ from graphsplit.ir.sharding import shard_tensor
 from graphsplit.launch.launcher import RunOptions, reference_train
 from graphsplit.launch.parity import compare, missing_grads, reference_step
 from graphsplit.loader import load_model
-from graphsplit.runtime import dcp
+from graphsplit.runtime.dcp.state import export_weights
 
 from .conftest import EXAMPLES
 
@@ -84,5 +84,5 @@ def test_parallelize_checkpoint_written_at_one_plan_resumes_at_another(tmp_path)
     plan = Plan(dp=2, pp=2, tp=2)
     _, ref_curve = reference_train(loaded.build("cpu", seed=0), loaded, plan, RunOptions(steps=4, optimizer="adamw", lr=1e-3))
     assert [got[3], got[4]] == pytest.approx(ref_curve[2:], rel=1e-4)
-    names = dcp.export_weights(tmp_path / "c", tmp_path / "w.safetensors")
+    names = export_weights(tmp_path / "c", tmp_path / "w.safetensors")
     assert set(names) == set(loaded.build("meta").state_dict())

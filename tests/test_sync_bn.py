@@ -12,7 +12,7 @@ from graphsplit.launch.launcher import RunOptions, reference_train, run_training
 from graphsplit.launch.parity import reference_step
 from graphsplit.loader import load_model
 from graphsplit.ops.sync_bn import DataParallelBatchNorm
-from graphsplit.runtime import dcp
+from graphsplit.runtime.dcp.state import export_weights
 
 from .conftest import EXAMPLES
 
@@ -58,7 +58,7 @@ def test_sync_bn_matches_batchnorm_over_the_joined_replicas(tmp_path):
     assert cmp is not None and cmp.ok, "\n".join(lines)
 
     # every replica updated its running statistics from the global ones: they equal the reference's
-    dcp.export_weights(tmp_path / "ckpt", tmp_path / "w.safetensors")
+    export_weights(tmp_path / "ckpt", tmp_path / "w.safetensors")
     saved = load_file(tmp_path / "w.safetensors")
     model = loaded.build("cpu", seed=0)
     reference_train(model, loaded, plan, RunOptions(steps=3))

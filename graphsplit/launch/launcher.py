@@ -27,13 +27,8 @@ from ..ir.program import Program
 from ..ir.sharding import shard_tensor
 from ..loader import load_model
 from ..plan import Plan
-from ..runtime.dcp import (
-    check_checkpoint,
-    load_whole_model,
-    read_info,
-    require_save_folder,
-    resolve_checkpoint,
-)
+from ..runtime.dcp.record import read_info
+from ..runtime.dcp.series import require_save_folder, resolve_checkpoint
 from ..runtime.lean_init import lean_init_works
 from ..runtime.materialize import model_tensors
 from ..runtime.microbatch import merge_outputs
@@ -72,6 +67,8 @@ def reference_train(model: torch.nn.Module, loaded, plan: Plan, opts: RunOptions
     target = loaded.target if loaded.target is not None else torch.zeros(_batch(loaded))
     optimizer = make_optimizer(opts.optimizer, list(model.parameters()), opts.lr)
     if opts.resume:
+        from ..runtime.dcp.state import load_whole_model
+
         load_whole_model(opts.resume, model, optimizer)
     first, losses = None, []
     for step in range(first_step, first_step + opts.steps):
@@ -151,6 +148,8 @@ def run_training(
     if opts.save:
         require_save_folder(opts.save)  # before training, not after it
     if opts.resume:  # a clear error before anything starts; a --save folder gives its newest checkpoint
+        from ..runtime.dcp.safe_read import check_checkpoint
+
         resume = resolve_checkpoint(opts.resume)
         check_checkpoint(resume)
         opts = replace(opts, resume=str(resume))

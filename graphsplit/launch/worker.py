@@ -80,7 +80,8 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     from ..compile import compile_loaded
     from ..loader import load_model
     from ..plan import Plan
-    from ..runtime import dcp
+    from ..runtime.dcp import record, series
+    from ..runtime.dcp import state as dcp_state
     from ..runtime.microbatch import gather_outputs, split_microbatches
     from ..runtime.training import make_loss
     from ..runtime.weights import open_weights
@@ -108,14 +109,14 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     pipe = DistributedPipeline(program, modules, make_loss(program, loaded.loss_fn), mesh, device)
     optimizer = make_optimizer(spec.optimizer, pipe.parameters(), spec.lr)
     tp_rank = mesh.get_local_rank("tp")
-    persistent, aliases = dcp.model_names(loaded.build("meta"))
+    persistent, aliases = record.model_names(loaded.build("meta"))
     done = 0
     if spec.resume_dir:
-        dcp.init_optimizer_state(optimizer)
-        state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
-        state.update(dcp.scaler_state(pipe.scaler))
-        same_world = dcp.read_info(spec.resume_dir).get("plan") == plan.to_dict()
-        done = dcp.load_checkpoint(spec.resume_dir, state, same_world)
+        dcp_state.init_optimizer_state(optimizer)
+        state = dcp_state.rank_state(program, modules, optimizer, tp_rank, persistent)
+        state.update(dcp_state.scaler_state(pipe.scaler))
+        same_world = record.read_info(spec.resume_dir).get("plan") == plan.to_dict()
+        done = dcp_state.load_checkpoint(spec.resume_dir, state, same_world)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
     target = loaded.target if loaded.target is not None else torch.zeros(inputs[0].shape[0])
     dp_rank = mesh.get_local_rank("dp")
@@ -135,9 +136,9 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         # every rank writes its blocks: the slowest writer may take long, so set-up's timeout again
         set_collective_timeout(pipe.process_groups(), spec.timeout_s)
         record = {"plan": plan.to_dict(), "model": spec.model, "optimizer": spec.optimizer, "aliases": aliases}
-        state = dcp.rank_state(program, modules, optimizer, tp_rank, persistent)
-        state.update(dcp.scaler_state(pipe.scaler))
-        folder = dcp.save_series(spec.save_dir, state, step, record, spec.keep_last, keep=spec.resume_dir)
+        state = dcp_state.rank_state(program, modules, optimizer, tp_rank, persistent)
+        state.update(dcp_state.scaler_state(pipe.scaler))
+        folder = series.save_series(spec.save_dir, state, step, record, spec.keep_last, keep=spec.resume_dir)
         set_collective_timeout(pipe.process_groups(), spec.collective_timeout_s)
         if dist.get_rank() == 0:
             print(f"saved step {step} to {folder}", flush=True)

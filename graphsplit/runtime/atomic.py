@@ -12,6 +12,7 @@ path through a file) becomes one `GraphsplitError` naming the path, and no
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -52,6 +53,23 @@ def require_replaceable(final: Path, is_ours: Callable[[Path], bool], label: str
         raise GraphsplitError(f"cannot write {label} {final}: {existing} is a file, not a folder; choose another path")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise GraphsplitError(f"cannot write {label} {final}: {existing} is not writable; choose a folder you can write to")
+
+
+def leftovers(name: str) -> re.Pattern[str]:
+    """The names of what a killed write of a folder named `name` (a regex) leaves beside it:
+    its temporary (`.NAME.tmp-*`) or the folder it was replacing (`.NAME.old-*`)."""
+    return re.compile(rf"\.{name}\.(tmp|old)-\w+")
+
+
+def remove_leftovers(parent: Path, name: str) -> None:
+    """Remove from `parent` what killed writes of folders named `name` (a regex) left there
+    (one run writes a folder at a time, so none of them is in use)."""
+    if not parent.is_dir():
+        return
+    pattern = leftovers(name)
+    for entry in parent.iterdir():
+        if pattern.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def temporary_sibling(final: Path, label: str = "") -> Path:
