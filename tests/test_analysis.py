@@ -5,6 +5,7 @@ import torch.nn as nn
 
 from graphsplit.analysis.shapes import annotate
 from graphsplit.ir.meta import info
+from graphsplit.ir.optable import OpKind
 from graphsplit.ir.trace import trace_model
 
 
@@ -30,7 +31,7 @@ def test_flops_shapes_and_bytes_per_node():
     assert fc1.flops == 2 * 5 * 16 * 32
     assert fc2.flops == 2 * 5 * 32 * 8
     assert relu.flops == 0
-    matmul = next(info(n) for n in t.gm.graph.nodes if info(n).kind == "matmul")
+    matmul = next(info(n) for n in t.gm.graph.nodes if info(n).kind == OpKind.MATMUL)
     assert matmul.flops == 2 * 5 * 8 * 4
     assert fc1.tensor.shape == (5, 32) and fc1.tensor.dtype == torch.float32
     assert fc1.param_bytes == (16 * 32 + 32) * 4

@@ -8,6 +8,7 @@ from graphsplit import Plan
 from graphsplit.backends.local import LocalPipeline
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.meta import info
+from graphsplit.ir.optable import OpKind
 from graphsplit.loader import load_model
 from graphsplit.runtime.materialize import materialize_stage, model_tensors
 from graphsplit.runtime.training import make_loss
@@ -21,14 +22,14 @@ from .conftest import EXAMPLES
 def test_node_dtypes(example, plan):
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}[plan.autocast]
     program = compile_loaded(load_model(str(EXAMPLES / example)), plan).program
-    dtypes: dict[str, set] = {}
+    dtypes: dict[OpKind, set] = {}
     for st in program.stages:
         for n in st.gm.graph.nodes:
             if info(n).tensor is not None and n.op != "placeholder":
                 dtypes.setdefault(info(n).kind, set()).add(info(n).tensor.dtype)
-    compute = dtypes.get("linear", set()) | dtypes.get("matmul", set()) | dtypes.get("conv", set())
+    compute = dtypes.get(OpKind.LINEAR, set()) | dtypes.get(OpKind.MATMUL, set()) | dtypes.get(OpKind.CONV, set())
     assert compute == {low}
-    assert dtypes["norm"] == {torch.float32}
+    assert dtypes[OpKind.NORM] == {torch.float32}
     last = program.stages[-1].gm.graph
     (out,) = [n for n in last.nodes if n.op == "output"]
     leaves = out.args[0] if isinstance(out.args[0], tuple) else (out.args[0],)

@@ -32,8 +32,8 @@ GPT = str(EXAMPLES / "gpt.py")
 @pytest.mark.parametrize("sharding", [R, S(0), S(1), S(0, (6, 6, 6)), S(0, (8, 4, 4))])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_every_rank_blocks_cover_the_whole_tensor_once(sharding, tp):
-    full = torch.arange(18 * 4, dtype=torch.float32).reshape(18, 4) if sharding.dim != 1 else torch.randn(6, 8)
-    if sharding.chunks:
+    full = torch.arange(18 * 4, dtype=torch.float32).reshape(18, 4) if not sharding.is_shard(1) else torch.randn(6, 8)
+    if sharding.is_shard() and sharding.chunks:
         full = torch.randn(sum(sharding.chunks), 3)
     rebuilt = torch.full_like(full, float("nan"))
     seen: dict[tuple, torch.Tensor] = {}

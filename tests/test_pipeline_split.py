@@ -11,6 +11,7 @@ from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.shapes import annotate
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.meta import info
+from graphsplit.ir.optable import OpKind
 from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
 from graphsplit.passes.pipeline_split import balanced_cuts, liveness
@@ -64,7 +65,7 @@ def test_scalars_are_recomputed_not_sent(examples_dir):
     # GPT's views need the batch size; later stages recompute it from a tensor they hold.
     program = program_for(examples_dir / "gpt.py", pp=2)
     later = program.stages[1].gm.graph
-    shape_nodes = [n for n in later.nodes if info(n).kind == "shape"]
+    shape_nodes = [n for n in later.nodes if info(n).kind == OpKind.SHAPE]
     assert shape_nodes, "stage 1 should recompute sizes locally"
     assert all(info(n).value == "tensor" for n in later.nodes if n.op == "placeholder")
 
@@ -107,7 +108,7 @@ def test_cuts_never_separate_a_tuple_from_its_getitems():
     annotate(t.gm, (x,))
     seq, _, blocked = liveness(t.gm)
     split_pos = next(i for i, n in enumerate(seq) if n.target == "split")
-    last_getitem = max(i for i, n in enumerate(seq) if info(n).kind == "getitem")
+    last_getitem = max(i for i, n in enumerate(seq) if info(n).kind == OpKind.GETITEM)
     assert all(blocked[k] for k in range(split_pos + 1, last_getitem + 1))
     assert not blocked[split_pos] and not blocked[last_getitem + 1]
 

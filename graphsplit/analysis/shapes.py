@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, TensorSpec, info, module_path
-from ..ir.optable import COMPUTE_KINDS, classify
+from ..ir.optable import OpKind, classify
 
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
 
@@ -51,7 +51,7 @@ class _MetaAnnotator(fx.Interpreter):
         kind = classify(n, self.module)
         # FlopCounterMode intercepts every op it sees; only ops that can do matmul-class
         # work are run under it (elementwise ops count 0 FLOPs there anyway).
-        counting = kind in COMPUTE_KINDS or n.op == "call_module" or bool(_MAYBE_FLOPS.search(_name(n)))
+        counting = kind.compute or n.op == "call_module" or bool(_MAYBE_FLOPS.search(_name(n)))
         # each op in the grad mode the model ran it in: a no_grad op's output needs no gradient
         # (passes/grad_mode.py makes the program compute just that)
         mode = torch.enable_grad() if info(n).grad_enabled else torch.no_grad()
@@ -67,7 +67,7 @@ class _MetaAnnotator(fx.Interpreter):
         except Exception as exc:
             raise self._failed(n, exc) from exc
         ni = info(n)
-        ni.kind = kind.value
+        ni.kind = kind
         ni.module = module_path(n)
         ni.value = _value_kind(value)
         # entering FlopCounterMode resets its counts: the total is this node's
@@ -81,7 +81,7 @@ class _MetaAnnotator(fx.Interpreter):
             ni.param_bytes = sum(p.numel() * p.element_size() for p in mod.parameters())
         # Shape queries and views read no memory; everything else reads its inputs and
         # writes its output (a roofline's memory term).
-        if n.op not in ("placeholder", "get_attr", "output") and ni.value != "scalar" and ni.kind != "view":
+        if n.op not in ("placeholder", "get_attr", "output") and ni.value != "scalar" and ni.kind != OpKind.VIEW:
             ins = [self.env[a] for a in n.all_input_nodes if a in self.env]
             ni.bytes_moved = _tensor_bytes(ins) + _tensor_bytes(value) + ni.param_bytes
         return value
@@ -110,7 +110,7 @@ def annotate(
 ) -> None:
     """Fill every node's NodeInfo (shape, dtype, value kind, FLOPs, bytes, module).
 
-    With `param_shardings` (canonical name -> Sharding) the graph is one tp
+    With `param_shardings` (canonical name -> Shard) the graph is one tp
     rank's: parameters take their local shapes and tp collectives are
     simulated (the graph's unbound TPComm), so the figures are what one rank computes.
     """

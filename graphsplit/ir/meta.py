@@ -7,13 +7,19 @@ write it through `info(node)`. Nothing is stored as an attribute on `fx.Node`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from .optable import OpKind
+
 META_KEY = "graphsplit"
+# the node.meta keys that say which module a node belongs to (re-analysis reads the module
+# stack; stage code prints export's stack trace above each line)
+STAMP_KEYS = ("nn_module_stack", "stack_trace")
 
 
 @dataclass
@@ -61,7 +67,7 @@ class NodeInfo:
     dtypes, None...: recomputed wherever it is needed, never sent).
     """
 
-    kind: str = "other"
+    kind: OpKind = OpKind.OTHER
     value: str = "scalar"
     tensor: TensorSpec | None = None
     flops: int = 0
@@ -69,7 +75,8 @@ class NodeInfo:
     param_bytes: int = 0
     module: str = ""
     stage: int | None = None
-    # tensor parallel: how the output is laid out over the tp ranks (None: not decided / R)
+    # tensor parallel: how the output is laid out over the tp ranks (a Layout, a list of them
+    # for a container; None: not decided, i.e. replicated)
     sharding: Any = None
     # the user's line that made it (None for nodes graphsplit inserted)
     source: SourceLine | None = None
@@ -90,6 +97,44 @@ def info(node: fx.Node) -> NodeInfo:
     if found is None:
         found = node.meta[META_KEY] = NodeInfo()
     return found
+
+
+def insert_node(
+    graph: fx.Graph,
+    target: Callable[..., Any] | str,
+    args: tuple[Any, ...],
+    *,
+    owner: fx.Node,
+    kind: OpKind,
+    before: fx.Node | None = None,
+    after: fx.Node | None = None,
+    op: str = "call_function",
+    value: str = "tensor",
+    tensor: TensorSpec | None = None,
+    **annotations: Any,
+) -> fx.Node:
+    """A new node just before `before` (or after `after`), annotated, that belongs to
+    `owner`'s module: the module stack and stack trace are `owner`'s, so re-analysis and
+    the per-block collective count attribute it there. `annotations` are further
+    `NodeInfo` fields (`sharding`, `source`, `grad_enabled`)."""
+    where = graph.inserting_before(before) if before is not None else graph.inserting_after(after)
+    with where:
+        new = graph.create_node(op, target, args, {})
+    new.meta.update({k: v for k, v in owner.meta.items() if k in STAMP_KEYS})
+    new.meta[META_KEY] = NodeInfo(kind=kind, value=value, tensor=tensor, module=info(owner).module, **annotations)
+    return new
+
+
+def replace_node(
+    node: fx.Node, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> fx.Node:
+    """A call of `target` in `node`'s place: the same meta (annotation included), every use moved."""
+    with node.graph.inserting_before(node):
+        new = node.graph.call_function(target, args, kwargs)
+    new.meta = dict(node.meta)
+    node.replace_all_uses_with(new)
+    node.graph.erase_node(node)
+    return new
 
 
 def module_path(node: fx.Node) -> str:

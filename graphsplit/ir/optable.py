@@ -1,8 +1,11 @@
-"""One table that classifies op spellings.
+"""One table that classifies op spellings, and one vocabulary of op kinds.
 
 The tracers spell the same operation many ways: `call_module` on an
 `nn.Linear`, `F.linear`, `aten.linear.default`, `aten.addmm`... Passes ask
-`classify(node, gm)` for an `OpKind` and write each rule once.
+`classify(node, gm)` (what the cost model and the report need) or
+`family(node, gm)` (how a shard flows through it, where autocast puts it) for an
+`OpKind`, read its properties (`kind.compute`, `kind.never_shards`,
+`kind.precision`, ...) and write each rule once.
 """
 
 from __future__ import annotations
@@ -18,21 +21,93 @@ import torch.nn.functional as F
 aten = torch.ops.aten
 
 
-class OpKind(str, enum.Enum):
-    INPUT = "input"
-    OUTPUT = "output"
-    PARAM = "param"
-    LINEAR = "linear"
-    EMBEDDING = "embedding"
-    CONV = "conv"
-    MATMUL = "matmul"
-    ATTENTION = "attention"
-    NORM = "norm"
-    VIEW = "view"
-    GETITEM = "getitem"
-    SHAPE = "shape"
-    ASSERT = "assert"
-    OTHER = "other"
+class Precision(enum.Enum):
+    """Where autocast puts an op: the dtype its inputs are cast to."""
+
+    LOW = "low"  # matmul-class: bf16 / fp16
+    FP32 = "fp32"  # numerically sensitive: fp32, and its output is checked to be fp32
+    UPCAST = "upcast"  # reductions and the loss: inputs cast to fp32
+
+
+class Trait(enum.Flag):
+    NONE = 0
+    COMPUTE = enum.auto()  # heavy enough to be worth a pipeline boundary near it
+    PASSES_SHARD = enum.auto()  # a sharded input flows through it with no collective
+    NEVER_SHARDS = enum.auto()  # every tensor input whole -> output whole
+    LAYOUT_ONLY = enum.auto()  # moves or relabels data, computes nothing (views, transposes)
+
+
+_C, _PS, _NS, _LO = Trait.COMPUTE, Trait.PASSES_SHARD, Trait.NEVER_SHARDS, Trait.LAYOUT_ONLY
+
+
+class OpKind(enum.Enum):
+    """The one vocabulary of operations, each member with its properties.
+
+    `classify` answers what a node is for the cost model and the report (the
+    analysis records it as `NodeInfo.kind`); `family` refines `OTHER`, `VIEW` and
+    `SHAPE` into how a tensor-parallel shard flows through the op (pointwise,
+    transpose, split, ...). Passes invent the last kinds for the nodes they insert.
+    """
+
+    #                    value                traits                   autocast
+    INPUT = ("input", Trait.NONE, None)
+    OUTPUT = ("output", Trait.NONE, None)
+    PARAM = ("param", Trait.NONE, None)
+    LINEAR = ("linear", _C, Precision.LOW)
+    EMBEDDING = ("embedding", _C, None)
+    CONV = ("conv", _C, Precision.LOW)
+    MATMUL = ("matmul", _C | _PS, Precision.LOW)
+    ATTENTION = ("attention", _C | _PS, Precision.LOW)
+    NORM = ("norm", _NS, Precision.FP32)
+    VIEW = ("view", _PS | _NS | _LO, None)
+    GETITEM = ("getitem", _PS | _LO, None)
+    SHAPE = ("shape", _PS, None)  # a size query: its family is also sizes of a sharded value
+    ASSERT = ("assert", Trait.NONE, None)
+    OTHER = ("other", Trait.NONE, None)  # nothing known: a shard is gathered before it
+    # families: how a shard flows through the ops classify calls OTHER
+    IDENTITY = ("identity", _PS | _LO, None)  # clone, detach, to, dropout: the layout of its first input
+    POINTWISE = ("pointwise", _PS | _NS, None)
+    TRANSPOSE = ("transpose", _PS | _NS | _LO, None)
+    SPLIT = ("split", _PS | _NS, None)
+    CAT = ("cat", _PS | _NS, None)
+    STACK = ("stack", _PS | _NS, None)
+    EXPAND = ("expand", _PS | _NS, None)
+    REPEAT_INTERLEAVE = ("repeat_interleave", _PS | _NS, None)
+    SLICE = ("slice", _PS | _NS, None)
+    SOFTMAX = ("softmax", _PS | _NS, Precision.FP32)
+    REDUCTION = ("reduction", _NS, Precision.UPCAST)
+    CROSS_ENTROPY = ("cross_entropy", Trait.NONE, Precision.UPCAST)
+    # kinds of the nodes passes insert
+    COLLECTIVE = ("collective", Trait.NONE, None)
+    CAST = ("cast", Trait.NONE, None)
+    CHECKPOINT = ("checkpoint", Trait.NONE, None)
+
+    def __init__(self, label: str, traits: Trait, precision: Precision | None) -> None:
+        self.label = label
+        self.traits = traits
+        self.precision = precision
+
+    @property
+    def compute(self) -> bool:
+        return Trait.COMPUTE in self.traits
+
+    @property
+    def passes_shard(self) -> bool:
+        return Trait.PASSES_SHARD in self.traits
+
+    @property
+    def never_shards(self) -> bool:
+        return Trait.NEVER_SHARDS in self.traits
+
+    @property
+    def layout_only(self) -> bool:
+        return Trait.LAYOUT_ONLY in self.traits
+
+    def __str__(self) -> str:
+        return self.label
+
+    def __repr__(self) -> str:
+        return f"OpKind.{self.name}"
 
 
 _MODULE_KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
@@ -109,15 +184,12 @@ def classify(node: fx.Node, gm: fx.GraphModule) -> OpKind:
         return OpKind.OTHER
 
 
-# Kinds whose node computes heavily enough to be worth a pipeline boundary near it.
-COMPUTE_KINDS = frozenset({OpKind.LINEAR, OpKind.EMBEDDING, OpKind.CONV, OpKind.MATMUL, OpKind.ATTENTION})
-
 
 # ---------------------------------------------------------------------------
-# Families for sharding propagation (tensor_parallel pass). The same table
-# serves every spelling: torch functions, Tensor methods, operator.*, nn
-# activation modules and ATen overloads (pointwise ops are found by ATen's
-# own `pointwise` tag, so the list is torch's, not ours).
+# Families for sharding propagation and autocast. The same table serves every
+# spelling: torch functions, Tensor methods, operator.*, nn activation modules
+# and ATen overloads (pointwise ops are found by ATen's own `pointwise` tag, so
+# the list is torch's, not ours).
 
 _OPERATOR_NAMES = {
     operator.add: "add", operator.iadd: "add", operator.sub: "sub", operator.isub: "sub",
@@ -130,18 +202,31 @@ _ACTIVATION_MODULES: tuple[type[nn.Module], ...] = (
     nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Dropout, nn.Identity, nn.LeakyReLU, nn.ELU,
     nn.Softplus, nn.Mish, nn.Hardswish, nn.ReLU6,
 )
-_IDENTITY = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "double", "type_as",
-             "alias", "_to_copy", "dropout", "native_dropout", "feature_dropout", "requires_grad_", "type"}
-_VIEW = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as"}
-_TRANSPOSE = {"transpose", "t", "permute", "swapaxes", "swapdims"}
-_SPLIT = {"split", "chunk", "split_with_sizes"}
-_CAT = {"cat", "concat", "concatenate"}
-_SOFTMAX = {"softmax", "log_softmax", "_softmax", "_log_softmax"}
-_REDUCTION = {"sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "prod", "max", "min"}
-_SIZE = {"size", "sym_size", "dim", "numel", "sym_numel"}
+_NAMED: dict[str, OpKind] = {}
+for _kind, _names in (
+    (OpKind.IDENTITY, ("contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "double", "type_as",
+                       "alias", "_to_copy", "dropout", "native_dropout", "feature_dropout", "requires_grad_", "type")),
+    (OpKind.VIEW, ("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as",
+                   "reshape_as")),
+    (OpKind.TRANSPOSE, ("transpose", "t", "permute", "swapaxes", "swapdims")),
+    (OpKind.SPLIT, ("split", "chunk", "split_with_sizes")),
+    (OpKind.CAT, ("cat", "concat", "concatenate")),
+    (OpKind.SOFTMAX, ("softmax", "log_softmax", "_softmax", "_log_softmax")),
+    (OpKind.REDUCTION, ("sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "prod", "max", "min")),
+    (OpKind.SHAPE, ("size", "sym_size", "dim", "numel", "sym_numel")),
+    (OpKind.EXPAND, ("expand",)),
+    (OpKind.REPEAT_INTERLEAVE, ("repeat_interleave",)),
+    (OpKind.STACK, ("stack",)),
+    (OpKind.CROSS_ENTROPY, ("cross_entropy",)),
+):
+    for _n in _names:
+        _NAMED.setdefault(_n, _kind)
+# names whose leading underscore is part of the name, not an in-place suffix to strip
+_UNDERSCORED = ("_to_copy", "_unsafe_view", "_softmax", "_log_softmax")
 
 
-def _op_name(node: fx.Node) -> str:
+def op_name(node: fx.Node) -> str:
+    """The op's name whatever its spelling: `view` for `x.view`, `aten.view.default`; `add` for `operator.add`."""
     target = node.target
     if node.op == "call_method":
         return str(target)
@@ -163,30 +248,28 @@ def _is_pointwise(name: str, node: fx.Node) -> bool:
     return any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
 
 
-def tp_family(node: fx.Node, gm: fx.GraphModule) -> str:
-    """The sharding rule family of `node` (see passes/tensor_parallel.py)."""
+def family(node: fx.Node, gm: fx.GraphModule) -> OpKind:
+    """How a tensor-parallel shard flows through `node` (and where autocast puts it):
+    `classify`, with `OTHER`, `VIEW` and `SHAPE` refined by the op's name."""
     kind = classify(node, gm)
-    if kind in (OpKind.LINEAR, OpKind.EMBEDDING, OpKind.MATMUL, OpKind.ATTENTION, OpKind.NORM, OpKind.GETITEM):
-        return kind.value
+    if kind in (OpKind.LINEAR, OpKind.EMBEDDING, OpKind.CONV, OpKind.MATMUL, OpKind.ATTENTION, OpKind.NORM,
+                OpKind.GETITEM):
+        return kind
     if node.op == "call_module":
         mod = gm.get_submodule(str(node.target))
-        return "pointwise" if isinstance(mod, _ACTIVATION_MODULES) else "unknown"
+        return OpKind.POINTWISE if isinstance(mod, _ACTIVATION_MODULES) else OpKind.OTHER
     if node.op not in ("call_function", "call_method"):
-        return kind.value
+        return kind
     if node.op == "call_function" and node.target is getattr and len(node.args) > 1 and node.args[1] == "shape":
-        return "size"
-    name = _op_name(node)
-    bare = name.rstrip("_") if name not in ("_to_copy", "_unsafe_view", "_softmax", "_log_softmax") else name
-    for family, names in (("identity", _IDENTITY), ("view", _VIEW), ("transpose", _TRANSPOSE), ("split", _SPLIT),
-                          ("cat", _CAT), ("softmax", _SOFTMAX), ("reduction", _REDUCTION), ("size", _SIZE)):
-        if bare in names:
-            return family
-    if bare in ("expand", "repeat_interleave", "stack", "cross_entropy"):
-        return bare
+        return OpKind.SHAPE
+    name = op_name(node)
+    bare = name.rstrip("_") if name not in _UNDERSCORED else name
+    if bare in _NAMED:
+        return _NAMED[bare]
     if bare in ("slice", "select") and isinstance(node.target, torch._ops.OpOverload):
-        return "slice"
+        return OpKind.SLICE
     if kind == OpKind.VIEW:
-        return "view"
+        return OpKind.VIEW
     if _is_pointwise(bare, node) or bare in ("dropout", "gelu", "silu", "relu"):
-        return "pointwise"
-    return "unknown"
+        return OpKind.POINTWISE
+    return OpKind.OTHER

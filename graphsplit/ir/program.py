@@ -30,7 +30,8 @@ from ..ops.pipeline import dense_grad
 from ..passes.grad_mode import is_detach, params_without_grad
 from ..plan import Plan
 from .meta import TensorSpec, canonical_names, info
-from .sharding import R, Sharding, local_shape
+from .optable import OpKind
+from .sharding import Layout, Replicate, Shard, local_shape
 from .trace import Traced
 
 
@@ -89,16 +90,16 @@ class Program:
     # or ("const", value)
     output_leaves: list[tuple[str, Any]]
     param_stages: dict[str, list[int]]
-    # tensor parallel: canonical parameter name -> Sharding (absent: replicated)
-    param_shardings: dict[str, Sharding] = field(default_factory=dict)
+    # tensor parallel: canonical parameter name -> Shard (absent: replicated)
+    param_shardings: dict[str, Shard] = field(default_factory=dict)
     replicated: list[dict[str, str]] = field(default_factory=list)
     # with tp and a cross-entropy loss: the loss as a graph over vocab-sharded logits, and
-    # which output tensors stay sharded (index among the last stage's outputs -> Sharding)
+    # which output tensors stay sharded (index among the last stage's outputs -> Shard)
     loss_gm: fx.GraphModule | None = None
-    sharded_outputs: dict[int, Sharding] = field(default_factory=dict)
+    sharded_outputs: dict[int, Shard] = field(default_factory=dict)
 
-    def param_sharding(self, canonical: str) -> Sharding:
-        return self.param_shardings.get(canonical, R)
+    def param_sharding(self, canonical: str) -> Layout:
+        return self.param_shardings.get(canonical, Replicate())
 
     def stage_param_bytes(self, index: int) -> int:
         """Bytes of parameters one rank of this stage holds (tied copies counted once)."""
@@ -142,7 +143,7 @@ class Program:
 def build_program(
     traced: Traced,
     plan: Plan,
-    param_shardings: dict[str, Sharding] | None = None,
+    param_shardings: dict[str, Shard] | None = None,
     replicated: list[dict[str, str]] | None = None,
 ) -> Program:
     from ..analysis.cost import node_cost
@@ -299,7 +300,7 @@ def _drop_unused_scalars(graph: fx.Graph) -> None:
         if node.op in ("placeholder", "output", "get_attr") or node.users:
             continue
         ni = node.meta.get("graphsplit")
-        if (ni is not None and ni.value == "scalar" and ni.kind in ("shape", "getitem")) or is_detach(node):
+        if (ni is not None and ni.value == "scalar" and ni.kind in (OpKind.SHAPE, OpKind.GETITEM)) or is_detach(node):
             graph.erase_node(node)
     for node in list(graph.nodes):
         if node.op == "get_attr" and not node.users:

@@ -21,18 +21,12 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ..errors import GraphsplitError
-from ..ir.meta import TensorSpec, info
-from ..ir.optable import tp_family
+from ..ir.meta import TensorSpec, info, insert_node
+from ..ir.optable import OpKind, Precision, family
 from .functionalize import functionalize_modules
 from .manager import PassContext
 
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
-_LOW_FAMILIES = ("linear", "matmul", "attention", "conv")
-_FP32_FAMILIES = ("norm", "softmax", "reduction", "cross_entropy")
-
-
-def _family(node: fx.Node, gm: fx.GraphModule) -> str:
-    return "conv" if info(node).kind == "conv" else tp_family(node, gm)
 
 
 class _Caster:
@@ -48,13 +42,10 @@ class _Caster:
             return value
         found = self.cache.get((value, dtype))
         if found is None:
-            with self.gm.graph.inserting_before(at):
-                found = self.gm.graph.call_method("to", (value, dtype))
-            found.meta.update({k: v for k, v in at.meta.items() if k in ("nn_module_stack", "stack_trace")})
-            ni = info(found)
-            ni.value, ni.kind, ni.module = "tensor", "cast", info(at).module
-            ni.tensor = TensorSpec(spec.shape, dtype, spec.requires_grad)
-            self.cache[(value, dtype)] = found
+            found = self.cache[(value, dtype)] = insert_node(
+                self.gm.graph, "to", (value, dtype), op="call_method", before=at, owner=at, kind=OpKind.CAST,
+                tensor=TensorSpec(spec.shape, dtype, spec.requires_grad),
+            )
         return found
 
     def cast_inputs(self, node: fx.Node, dtype: torch.dtype) -> None:
@@ -80,10 +71,10 @@ def autocast_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             continue
         if node.op not in ("call_function", "call_method", "call_module") or info(node).value == "scalar":
             continue
-        family = _family(node, gm)
-        if family in _LOW_FAMILIES:
+        precision = family(node, gm).precision
+        if precision == Precision.LOW:
             caster.cast_inputs(node, low)
-        elif family in _FP32_FAMILIES:
+        elif precision is not None:
             caster.cast_inputs(node, torch.float32)
     gm.graph.lint()
     gm.recompile()
@@ -102,11 +93,11 @@ def check_dtypes(gm: fx.GraphModule, low: torch.dtype) -> dict[str, int]:
         spec = info(node).tensor
         if spec is None or node.op not in ("call_function", "call_method", "call_module"):
             continue
-        family = _family(node, gm)
-        if family in _LOW_FAMILIES and spec.dtype == low:
+        kind = family(node, gm)
+        if kind.precision == Precision.LOW and spec.dtype == low:
             counts["low"] += 1
-        elif family in ("norm", "softmax") and spec.dtype.is_floating_point:
+        elif kind.precision == Precision.FP32 and spec.dtype.is_floating_point:
             if spec.dtype != torch.float32:
-                raise GraphsplitError(f"internal: {node.name} ({family}) computes in {spec.dtype}, not float32")
+                raise GraphsplitError(f"internal: {node.name} ({kind}) computes in {spec.dtype}, not float32")
             counts["fp32"] += 1
     return counts

@@ -15,7 +15,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..ir.meta import TensorSpec, info
+from ..ir.meta import TensorSpec, info, replace_node
+from ..ir.optable import OpKind
 
 _CONV = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
 
@@ -49,14 +50,11 @@ def functionalize_modules(gm: fx.GraphModule, kinds: tuple[type[nn.Module], ...]
                 attr = graph.get_attr(f"{node.target}.{n}")
                 t = getattr(mod, n)
                 ai = info(attr)
-                ai.value, ai.kind, ai.module = "tensor", "param", str(node.target)
+                ai.value, ai.kind, ai.module = "tensor", OpKind.PARAM, str(node.target)
                 ai.tensor = TensorSpec(tuple(t.shape), t.dtype, t.requires_grad)
                 attrs.append(attr)
             if fn is F.linear or fn in _CONV.values():
                 args = (node.args[0], *attrs) if len(attrs) == 2 else (node.args[0], attrs[0], None)
             else:
                 args = (node.args[0], *attrs)
-            new = graph.call_function(fn, args, kwargs)
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace_node(node, fn, args, kwargs)

@@ -33,7 +33,8 @@ import torch.fx as fx
 
 from ..analysis.recompute import mutates
 from ..errors import GraphsplitError
-from ..ir.meta import META_KEY, NodeInfo, TensorSpec, info
+from ..ir.meta import TensorSpec, info, insert_node
+from ..ir.optable import OpKind
 from .manager import PassContext
 
 _CALLS = ("call_function", "call_method", "call_module")
@@ -144,18 +145,11 @@ def _reaching_params(gm: fx.GraphModule, referenced: set[int], reached: set[int]
 
 def _detach(graph: fx.Graph, value: fx.Node, at: fx.Node) -> fx.Node:
     """`value.detach()` just before its first grad-disabled reader `at`."""
-    with graph.inserting_before(at):
-        new = graph.call_method("detach", (value,))
-    # re-analysis attributes the node to the module of the op it serves
-    new.meta.update({k: v for k, v in at.meta.items() if k in ("nn_module_stack", "stack_trace")})
     spec = info(value).tensor
     assert spec is not None
-    at_info = info(at)
-    new.meta[META_KEY] = NodeInfo(
-        kind="other", value="tensor", tensor=TensorSpec(spec.shape, spec.dtype, False),
-        module=at_info.module, source=at_info.source, grad_enabled=False,
-    )
-    return new
+    # it belongs to the op it serves, at that op's line of the model
+    return insert_node(graph, "detach", (value,), op="call_method", before=at, owner=at, kind=OpKind.OTHER,
+                       tensor=TensorSpec(spec.shape, spec.dtype, False), source=info(at).source, grad_enabled=False)
 
 
 def _indexes_container(node: fx.Node) -> bool:

@@ -37,7 +37,7 @@ class PassContext:
     fixed_cuts: tuple[str, ...] | None = None
     disabled: frozenset[str] = frozenset()
     timings: dict[str, float] = field(default_factory=dict)
-    # left by tensor_parallel: canonical parameter name -> Sharding, and what stayed whole and why
+    # left by tensor_parallel: canonical parameter name -> Shard, and what stayed whole and why
     param_shardings: dict[str, Any] = field(default_factory=dict)
     replicated: list[dict[str, str]] = field(default_factory=list)
     # the loss, for passes that rewrite it with the model (vocab-parallel cross-entropy)
@@ -55,7 +55,7 @@ def default_passes() -> list[tuple[str, Pass]]:
     from .grad_mode import grad_mode_pass
     from .pipeline_split import pipeline_split_pass
     from .sync_batch_norm import sync_batch_norm_pass
-    from .tensor_parallel.rewrite import tensor_parallel_pass
+    from .tensor_parallel import tensor_parallel_pass
     from .vocab_parallel_loss import vocab_parallel_loss_pass
 
     return [

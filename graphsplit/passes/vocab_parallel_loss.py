@@ -23,6 +23,7 @@ from ..ir.meta import info
 from ..ir.sharding import S
 from ..ops import tp as tpops
 from .manager import PassContext
+from .tensor_parallel import parallelize_loss
 
 
 class _Loss(nn.Module):
@@ -79,7 +80,7 @@ def vocab_parallel_loss_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphMo
     examples = [torch.empty(tuple(info(t).tensor.shape), dtype=info(t).tensor.dtype, device="meta") for t in tensor_leaves]
     target = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), ctx.target)
     annotate(loss_gm, (*examples, target))
-    if not rewrite_loss(loss_gm, ctx, {i: S(len(info(leaf).tensor.shape) - 1) for i, leaf in candidates.items()}):
+    if not parallelize_loss(loss_gm, ctx.plan.tp, {i: S(len(info(leaf).tensor.shape) - 1) for i, leaf in candidates.items()}):
         return gm
     for i, gather in candidates.items():
         sharded = gather.args[0]
@@ -90,5 +91,3 @@ def vocab_parallel_loss_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphMo
     ctx.loss_gm = loss_gm
     return gm
 
-
-from .tensor_parallel.rewrite import rewrite_loss  # noqa: E402  (the pass module imports nothing from here)

@@ -26,7 +26,9 @@ from importlib import resources
 from typing import Any
 
 from ..ir.meta import SourceLine, info
+from ..ir.optable import OpKind
 from ..ir.program import Program
+from ..ir.sharding import layout_str
 from .diagram import COLORS
 from .view import ROOT, NodeView, collective_label, stage_views
 
@@ -73,7 +75,7 @@ def _node(view: NodeView, index: dict[int, int], sources: dict[SourceLine, int])
         out["shape"] = [s if isinstance(s, int) else str(s) for s in spec.shape]
         out["dtype"] = str(spec.dtype).removeprefix("torch.")
     if view.sharding is not None:
-        out["sh"] = str(view.sharding)
+        out["sh"] = layout_str(view.sharding)
     if view.style:
         out["style"] = view.style
     if view.collectives:
@@ -85,8 +87,8 @@ def _node(view: NodeView, index: dict[int, int], sources: dict[SourceLine, int])
     ni = info(node)
     if ni.flops:
         out["fl"] = ni.flops
-    if ni.kind not in ("other", ""):
-        out["kind"] = ni.kind
+    if ni.kind != OpKind.OTHER:
+        out["kind"] = ni.kind.label
     if view.weights:
         out["w"] = [[w.name, str(w.tensor) if w.tensor is not None else "", str(w.sharding)] for w in view.weights]
     if view.source is not None:

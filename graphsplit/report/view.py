@@ -27,7 +27,7 @@ import torch.fx as fx
 from ..analysis.collectives import node_collectives
 from ..ir.meta import SourceLine, TensorSpec, block_of, group_of, info
 from ..ir.program import Program
-from ..ir.sharding import R, Sharding
+from ..ir.sharding import Layout, Shard
 from ..ops.activation_checkpoint import CheckpointRegion
 from ..ops.pipeline import dense_grad
 from ..passes.tensor_parallel.spellings import linear_form
@@ -41,7 +41,7 @@ class Weight:
 
     name: str
     tensor: TensorSpec | None
-    sharding: Sharding
+    sharding: Layout
 
 
 @dataclass(eq=False)  # one view per node: compared by identity
@@ -73,7 +73,7 @@ class NodeView:
         return info(self.node).tensor
 
     @property
-    def sharding(self) -> Sharding | None:
+    def sharding(self) -> Layout | tuple[Layout, ...] | None:
         return info(self.node).sharding
 
     @property
@@ -128,7 +128,7 @@ def parallel_style(node: fx.Node, program: Program, sources: dict[str, str], pre
     if not isinstance(weight, fx.Node) or weight.op != "get_attr":
         return None
     sharding = program.param_sharding(sources.get(prefix + str(weight.target), ""))
-    if sharding == R or sharding.kind != "S":
+    if not isinstance(sharding, Shard):
         return "replicated"
     return "column" if sharding.dim == form[3] else "row"
 

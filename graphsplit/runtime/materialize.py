@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..errors import GraphsplitError
 from ..ir.program import StageProgram
-from ..ir.sharding import Sharding, local_shape, shard_tensor
+from ..ir.sharding import Layout, local_shape, shard_tensor
 from ..passes.grad_mode import params_without_grad
 
 
@@ -43,7 +43,7 @@ def materialize_stage(
     device: torch.device | str,
     source: Mapping[str, torch.Tensor] | None,
     seed: int = 0,
-    shardings: Mapping[str, Sharding] | None = None,
+    shardings: Mapping[str, Layout] | None = None,
     tp_rank: int = 0,
     tp: int = 1,
 ) -> nn.Module:

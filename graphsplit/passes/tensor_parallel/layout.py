@@ -11,10 +11,17 @@ from typing import Any
 import torch.fx as fx
 
 from ...ir.meta import info
+from ...ir.sharding import Layout, Placement, Replicate
 
 
 def norm_dim(dim: int, ndim: int) -> int:
     return dim + ndim if dim < 0 else dim
+
+
+def layout_of(value: Any) -> Layout:
+    """The layout decided for a value so far; anything undecided (or not a node) is whole."""
+    found = info(value).sharding if isinstance(value, fx.Node) else None
+    return found if isinstance(found, Placement) else Replicate()
 
 
 def shape_of(node: Any) -> tuple[int, ...] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ...ir.meta import info
-from ...ir.optable import tp_family
+from ...ir.optable import OpKind, family
 from .layout import norm_dim, shape_of, view_shard_dim
 from .spellings import linear_form, op_name_of, split_sizes
 
@@ -81,14 +81,10 @@ def feeds_output(node: fx.Node, gm: fx.GraphModule) -> bool:
         for user in n.users:
             if user.op == "output":
                 return True
-            if user not in seen and tp_family(user, gm) in ("view", "identity", "transpose", "getitem"):
+            if user not in seen and family(user, gm).layout_only:
                 seen.add(user)
                 todo.append(user)
     return False
-
-
-_KEEPS_SHARD = frozenset({"pointwise", "identity", "view", "transpose", "split", "getitem", "softmax", "matmul",
-                          "attention", "repeat_interleave", "expand", "stack", "cat", "slice"})
 
 
 def column_pays_off(linear: fx.Node, gm: fx.GraphModule, limit: int = 500) -> bool:
@@ -104,10 +100,10 @@ def column_pays_off(linear: fx.Node, gm: fx.GraphModule, limit: int = 500) -> bo
             if user.op == "output":
                 reached = True
                 continue
-            family = tp_family(user, gm)
-            if family == "linear" and linear_form(user) is not None:
+            kind = family(user, gm)
+            if kind == OpKind.LINEAR and linear_form(user) is not None:
                 reached = True
-            elif family in _KEEPS_SHARD or family == "size" or info(user).value == "scalar":
+            elif kind.passes_shard or info(user).value == "scalar":
                 todo.append(user)
             else:
                 return False

@@ -12,6 +12,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from ...ir.optable import op_name
+
 aten = torch.ops.aten
 
 
@@ -21,19 +23,18 @@ def arg_of(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
     return node.kwargs.get(name, default)
 
 
-def set_arg(node: fx.Node, index: int, name: str, value: Any) -> None:
+def with_arg(node: fx.Node, index: int, name: str, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`node`'s (args, kwargs) with argument `index` (keyword `name`) replaced by `value`."""
     if len(node.args) > index:
         args = list(node.args)
         args[index] = value
-        node.args = tuple(args)
-    else:
-        node.kwargs = {**node.kwargs, name: value}
+        return tuple(args), dict(node.kwargs)
+    return tuple(node.args), {**node.kwargs, name: value}
 
 
 def op_name_of(node: fx.Node) -> str:
-    from ...ir.optable import _op_name
-
-    name = _op_name(node)
+    """`op_name` without an in-place suffix: `add` for `add_`."""
+    name = op_name(node)
     return name.rstrip("_") if not name.startswith("_") else name
 
 
@@ -63,28 +64,16 @@ def linear_form(node: fx.Node) -> tuple[Any, Any, Any, int, int] | None:
     return None
 
 
-def set_linear_input(node: fx.Node, x: fx.Node) -> None:
-    args = list(node.args)
-    pos = 1 if (node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm) else 0
-    args[pos] = x
-    node.args = tuple(args)
+def _is_addmm(node: fx.Node) -> bool:
+    return node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm
 
 
-def set_linear_weight(node: fx.Node, w: fx.Node) -> None:
-    args = list(node.args)
-    pos = 2 if (node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm) else 1
-    args[pos] = w
-    node.args = tuple(args)
-
-
-def drop_linear_bias(node: fx.Node) -> None:
-    if node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm:
-        node.target = aten.mm.default if isinstance(node.target, torch._ops.OpOverload) else torch.mm
-        node.args = (node.args[1], node.args[2])
-        node.kwargs = {}
-    else:
-        node.args = tuple(node.args[:2])
-        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "bias"}
+def without_bias(node: fx.Node) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """(target, args, kwargs) of the linear `node` computing no bias (`addmm` becomes `mm`)."""
+    if _is_addmm(node):
+        target = aten.mm.default if isinstance(node.target, torch._ops.OpOverload) else torch.mm
+        return target, (node.args[1], node.args[2]), {}
+    return node.target, tuple(node.args[:2]), {k: v for k, v in node.kwargs.items() if k != "bias"}
 
 
 def split_sizes(node: fx.Node, dim_size: int) -> list[int] | None:

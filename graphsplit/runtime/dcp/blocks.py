@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.planner import ReadItem, TensorWriteData, Writ
 from torch.distributed.tensor import DTensor
 
 from ...errors import GraphsplitError
-from ...ir.sharding import Sharding
+from ...ir.sharding import Layout, Shard
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Pieces:
         raise ValueError(f"{index.fqn}: this rank holds no block at offset {tuple(index.offset or ())}")
 
 
-def pieces_of(local: torch.Tensor, sharding: Sharding, tp_rank: int, tp: int) -> Pieces:
+def pieces_of(local: torch.Tensor, sharding: Layout, tp_rank: int, tp: int) -> Pieces:
     """The blocks of the whole tensor that this rank's `local` tensor holds.
 
     `local` is this tp rank's shard, or (FSDP) a DTensor sharding that shard over
@@ -84,11 +84,10 @@ def pieces_of(local: torch.Tensor, sharding: Sharding, tp_rank: int, tp: int) ->
     tp_local_shape = list(local.shape)  # this tp rank's shard, whole over dp
     full = list(tp_local_shape)
     tp_blocks: list[tuple[list[int], list[int], list[int]]] = []  # (start in the tp shard, size, start in the whole)
-    if sharding.kind != "S" or tp == 1:
+    if not isinstance(sharding, Shard) or tp == 1:
         tp_blocks.append(([0] * local.dim(), list(tp_local_shape), [0] * local.dim()))
     else:
         dim = sharding.dim
-        assert dim is not None
         full[dim] *= tp
         start_global, start_local = 0, 0
         for chunk in sharding.chunks or (full[dim],):  # each rank holds its 1/tp of every chunk of a fused dim

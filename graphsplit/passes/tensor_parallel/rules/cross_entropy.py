@@ -1,0 +1,28 @@
+"""Cross-entropy over vocab-sharded logits: three small all-reduces instead of a gather."""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ....ir.optable import OpKind
+from ....ir.sharding import Replicate, Shard
+from ....ops import tp as tpops
+from ..decision import COMM, Call, Decision, LayoutView, register
+from ..spellings import arg_of
+from .fallback import unknown
+
+
+@register(OpKind.CROSS_ENTROPY)
+def cross_entropy(node: fx.Node, view: LayoutView) -> Decision:
+    x, target = node.args[0], arg_of(node, 1, "target")
+    have = view.layout(x)
+    simple = (
+        have == Shard(1) and len(view.shape(x)) == 2
+        and arg_of(node, 2, "weight") is None and not arg_of(node, 7, "label_smoothing", 0.0)
+        and arg_of(node, 6, "reduction", "mean") in ("mean", "sum", "none")
+        and isinstance(target, fx.Node) and view.layout(target).is_replicate()
+    )
+    if not simple:
+        return unknown(node, view)
+    call = (x, target, arg_of(node, 4, "ignore_index", -100), arg_of(node, 6, "reduction", "mean"), COMM)
+    return Decision(Replicate(), swap=Call(tpops.vocab_parallel_cross_entropy, call))

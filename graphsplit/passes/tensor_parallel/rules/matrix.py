@@ -1,0 +1,148 @@
+"""Linears and matmuls: Megatron's column- and row-parallel layers, found from the layout
+of the input.
+
+- input whole: column-parallel. The weight is sharded over output features (chunk by
+  chunk when the output is split into fused chunks: QKV, gate+up), the input read
+  whole through f, the output S(-1).
+- input S(-1): row-parallel. The weight is sharded over input features, the partial
+  products summed by g, the bias added once after the sum.
+- input sharded on a leading dim: every rank applies the whole weight to its rows.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch.fx as fx
+
+from ....errors import GraphsplitError
+from ....ir.meta import info
+from ....ir.optable import OpKind
+from ....ir.sharding import Partial, Replicate, Shard
+from ..decision import BROADCAST, SELF, Call, Decision, LayoutView, Need, register, replicated
+from ..layout import nearest_divisor, round_up
+from ..lookahead import chunk_layout, column_pays_off, feeds_output, view_blocking_shard
+from ..spellings import describe, linear_form, without_bias
+
+R = Replicate()
+
+
+@register(OpKind.LINEAR)
+def linear(node: fx.Node, view: LayoutView) -> Decision:
+    form = linear_form(node)
+    if form is None or not (isinstance(form[1], fx.Node) and form[1].op == "get_attr"):
+        return matmul(node, view)  # a product with a computed weight
+    x, w, b, out_dim, in_dim = form
+    needs: list[tuple[fx.Node, Need]] = []
+    have = view.layout(x)
+    if have.is_partial():
+        needs.append((x, R))
+        have = R
+    if have.is_replicate():
+        return _column(node, view, needs)
+    if have.dim == len(view.shape(x)) - 1:
+        want = Shard(in_dim, have.chunks)
+        given = view.param_layout(w)
+        if given is not None and given != want:
+            return replicated(node, view, f"linear weight already sharded as {given}")
+        bias = Call(operator.add, (SELF, b)) if b is not None else None
+        return Decision(Partial(), params=((w, want),), edit=Call(*without_bias(node)) if b is not None else None,
+                        then=bias)
+    # sharded on a leading (batch-like) dim: every rank applies the whole weight to its rows
+    if view.param_layout(w) is not None:
+        needs.append((w, R))
+    else:
+        needs += [(w, BROADCAST)] + ([(b, BROADCAST)] if b is not None else [])
+    return Decision(Shard(have.dim), inputs=tuple(needs))
+
+
+def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) -> Decision:
+    x, w, b, out_dim, _ = linear_form(node)
+    tp = view.tp
+    out_features = view.shape(w)[out_dim]
+    chunks = chunk_layout(node, out_features)
+    ok = out_features % tp == 0 and (chunks is None or all(c % tp == 0 for c in chunks))
+    # asked even when the features do not divide: a fused QKV whose chunks do not divide is
+    # attention whose heads do not, and that is refused, not quietly left whole
+    blocker = view_blocking_shard(node, tp)
+    if blocker is not None:
+        heads, why = blocker
+        if heads >= view.max_heads:  # the query heads must split; fewer kv heads may stay whole
+            valid = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+            raise GraphsplitError(
+                f"attention in '{info(node).module or '<root>'}': {heads} heads cannot be split over "
+                f"tp={tp}; use tp={nearest_divisor(heads, tp)} (tp must divide the number of heads: {valid})"
+            )
+        return Decision(R, inputs=tuple(needs), reason=f"linear left replicated: {why}")
+    if ok and not column_pays_off(node, view.gm):
+        return Decision(R, inputs=tuple(needs), reason="linear left replicated: its sharded output would be gathered "
+                                                       "before any row-parallel layer (a norm or reduction comes first)")
+    if not ok and feeds_output(node, view.gm):
+        raise GraphsplitError(
+            f"output layer '{info(node).module or node.name}': {out_features} output features (the vocabulary) "
+            f"cannot be split over tp={tp}; pad it to {round_up(out_features, tp)} "
+            f"or use tp={nearest_divisor(out_features, tp)}"
+        )
+    want = Shard(out_dim, chunks)
+    given = view.param_layout(w)
+    if ok and (given is None or given == want):
+        params = ((w, want),) + (((b, Shard(0, chunks)),) if b is not None else ())
+        return Decision(Shard(len(view.shape(node)) - 1, chunks), inputs=(*needs, (x, BROADCAST)), params=params)
+    if out_features % tp:
+        why = f"out features {out_features} not divisible by tp={tp}"
+    elif not ok:
+        why = f"its fused chunks of {', '.join(map(str, chunks or ()))} features are not divisible by tp={tp}"
+    else:
+        why = f"its weight is already sharded as {given}"
+    if given is not None:
+        needs.append((w, R))  # a weight sharded for another use (a tied embedding), gathered here
+    return Decision(R, inputs=tuple(needs), reason=f"linear left replicated: {why}")
+
+
+@register(OpKind.MATMUL)
+def matmul(node: fx.Node, view: LayoutView) -> Decision:
+    """Batch dims shard like pointwise ops; A[.., m, k] @ B[.., k, n] keeps a shard of m or
+    n; a shard of k on both sides gives partial products, summed right after."""
+    a, b = node.args[0], node.args[1]
+    sa, sb = view.layout(a), view.layout(b)
+    if sa.is_partial() or sb.is_partial():
+        return replicated(node, view, "matmul of a partial sum")
+    if sa.is_replicate() and sb.is_replicate():
+        return Decision(R)
+    ashape, bshape, oshape = view.shape(a), view.shape(b), view.shape(node)
+    if len(ashape) < 2 or len(bshape) < 2 or _chunked(sa) or _chunked(sb):
+        return replicated(node, view, f"{describe(node)} on vectors or fused shards")
+    na, nb, no = len(ashape), len(bshape), len(oshape)
+
+    def out_of(x_dim: int, nx: int) -> int:  # batch dims aligned from the right of the batch part
+        return x_dim + (no - nx)
+
+    def batch(other: fx.Node, e: int, n_other: int, other_shape: tuple[int, ...]) -> Decision:
+        """Sharded on batch dim e: the other operand takes the same shard, or is read whole
+        where it broadcasts along it."""
+        if not view.layout(other).is_replicate():
+            return replicated(node, view, f"{describe(node)} with operands sharded as {sa} and {sb}")
+        od = e - (no - n_other)
+        need = Shard(od) if od >= 0 and other_shape[od] != 1 else BROADCAST
+        return Decision(Shard(e), inputs=((other, need),))
+
+    if isinstance(sa, Shard) and sa.dim < na - 2:
+        e = out_of(sa.dim, na)
+        if isinstance(sb, Shard):
+            if out_of(sb.dim, nb) != e:
+                return replicated(node, view, "matmul of differently sharded batches")
+            return Decision(Shard(e))
+        return batch(b, e, nb, bshape)
+    if isinstance(sb, Shard) and sb.dim < nb - 2:
+        return batch(a, out_of(sb.dim, nb), na, ashape)
+    if isinstance(sa, Shard) and sa.dim == na - 2 and sb.is_replicate():
+        return Decision(Shard(no - 2), inputs=((b, BROADCAST),))
+    if isinstance(sb, Shard) and sb.dim == nb - 1 and sa.is_replicate():
+        return Decision(Shard(no - 1), inputs=((a, BROADCAST),))
+    if isinstance(sa, Shard) and sa.dim == na - 1 and isinstance(sb, Shard) and sb.dim == nb - 2:
+        return Decision(Partial())
+    return replicated(node, view, f"{describe(node)} with operands sharded as {sa} and {sb}")
+
+
+def _chunked(layout: object) -> bool:
+    return isinstance(layout, Shard) and bool(layout.chunks)

@@ -1,0 +1,170 @@
+"""The walk: ask each node's rule for a decision, then apply it; the pass itself.
+
+One forward pass in graph order. Every tensor value gets a layout
+(`NodeInfo.sharding`); a node's inputs are moved to the layouts its rule asks
+for by `Redistribute` (the only place a collective is inserted), its
+arguments are rewritten as the rule says, its parameters recorded as sharded.
+Whole in, whole out is written once here, not in every rule; scalars only
+matter to size queries.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch.fx as fx
+
+from ...analysis.shapes import annotate
+from ...errors import GraphsplitError
+from ...ir.meta import info, insert_node, replace_node
+from ...ir.optable import OpKind, family
+from ...ir.sharding import Partial, Replicate, Shard
+from ...ops import tp as tpops
+from ..functionalize import functionalize_modules
+from ..manager import PassContext
+from . import rules  # noqa: F401  (fills RULES)
+from .decision import COMM, RULES, SELF, Call, Decision, LayoutView, Local
+from .redistribute import Redistribute
+
+R = Replicate()
+
+
+def _walk(gm: fx.GraphModule, tp: int) -> Walker:
+    functionalize_modules(gm)  # one spelling of linears and embeddings, weights as graph values
+    walker = Walker(gm, tp)
+    walker.run()
+    gm.graph.lint()
+    gm.recompile()
+    return walker
+
+
+def tensor_parallel_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    if ctx.plan.tp == 1:
+        return gm
+    walker = _walk(gm, ctx.plan.tp)
+    ctx.param_shardings = walker.param_shardings
+    ctx.replicated = walker.left_whole
+    # what one rank computes: local shapes, FLOPs and bytes
+    annotate(gm, ctx.inputs, param_shardings=walker.param_shardings, tp=ctx.plan.tp)
+    return gm
+
+
+def parallelize_loss(loss_gm: fx.GraphModule, tp: int, input_layouts: dict[int, Shard]) -> bool:
+    """Rewrite a traced loss whose inputs `input_layouts` (placeholder index -> Shard) stay
+    sharded; True if every sharded input is consumed without a gather (vocab-parallel CE)."""
+    placeholders = [n for n in loss_gm.graph.nodes if n.op == "placeholder"]
+    for i, layout in input_layouts.items():
+        info(placeholders[i]).sharding = layout
+    _walk(loss_gm, tp)
+    calls = {n.target for n in loss_gm.graph.nodes if n.op == "call_function"}
+    return tpops.vocab_parallel_cross_entropy in calls and tpops.gather_from_tp not in calls
+
+
+class Walker:
+    def __init__(self, gm: fx.GraphModule, tp: int) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self.tp = tp
+        self.param_shardings: dict[str, Shard] = {}
+        self.left_whole: list[dict[str, str]] = []
+        self.view = LayoutView(gm, tp, self.param_shardings)
+        self.redistribute = Redistribute(gm, tp)
+
+    def run(self) -> None:
+        for node in list(self.graph.nodes):
+            ni = info(node)
+            if ni.value == "scalar" and node.op != "output":
+                if family(node, self.gm) == OpKind.SHAPE:
+                    self.apply(node, RULES[OpKind.SHAPE](node, self.view))
+                continue
+            if node.op in ("placeholder", "get_attr"):
+                if ni.sharding is None:
+                    ni.sharding = R
+                continue
+            kind = family(node, self.gm)
+            if kind.never_shards and all(self.view.layout(a).is_replicate() for a in node.all_input_nodes
+                                         if info(a).value == "tensor"):
+                ni.sharding = self.view.whole(node)
+                continue
+            rule = RULES.get(kind, RULES[OpKind.OTHER])
+            self.apply(node, rule(node, self.view))
+
+    def apply(self, node: fx.Node, decision: Decision) -> None:
+        if decision.reason:
+            self.left_whole.append({"module": info(node).module or "<root>", "node": node.name,
+                                    "reason": decision.reason})
+        for param, layout in decision.params:
+            self._shard_param(param, layout)
+        moved: dict[fx.Node, fx.Node] = {}
+        for value, need in decision.inputs:
+            current = moved.get(value, value)
+            new = self.redistribute.to(current, need, node)
+            if new is not current:
+                _replace_input(node, current, new)
+                moved[value] = new
+        if decision.edit is not None:
+            node.target = decision.edit.target
+            node.args = self._resolve(decision.edit.args, node, moved)
+            node.kwargs = self._resolve(dict(decision.edit.kwargs), node, moved)
+        if decision.swap is not None:
+            node = replace_node(node, decision.swap.target, self._resolve(decision.swap.args, node, moved))
+        if decision.out is not None:
+            info(node).sharding = decision.out
+        if isinstance(decision.out, Partial):  # summed where it is made: no consumer sees a partial sum
+            users = list(node.users)
+            last = self.redistribute.reduce_after(node)
+            if decision.then is not None:
+                last = self._then(node, last, decision.then)
+            for user in users:
+                _replace_input(user, node, last)
+        elif decision.then is not None:
+            users = list(node.users)
+            last = self._then(node, node, decision.then)
+            for user in users:
+                _replace_input(user, node, last)
+
+    def _shard_param(self, node: fx.Node, layout: Shard) -> None:
+        """Record the parameter `node` reads as sharded, unless it already is otherwise."""
+        name = self.view.param_name(node)
+        if name is None or self.param_shardings.get(name, layout) != layout:
+            return
+        self.param_shardings[name] = layout
+        info(node).sharding = layout
+
+    def _then(self, node: fx.Node, value: fx.Node, call: Call) -> fx.Node:
+        """`call` on `value` right after it, in `node`'s module: the value its users read."""
+        args = tuple(value if a is SELF else a for a in self._resolve(call.args, node, {}))
+        ni = info(node)
+        if ni.value == "scalar":
+            return insert_node(self.graph, call.target, args, after=value, owner=node, kind=OpKind.SHAPE,
+                               value="scalar")
+        return insert_node(self.graph, call.target, args, after=value, owner=node, kind=OpKind.OTHER,
+                           tensor=ni.tensor, sharding=R)
+
+    def _resolve(self, args: Any, at: fx.Node, moved: dict[fx.Node, fx.Node]) -> Any:
+        """A rule's arguments as graph arguments: moved inputs, the communicator, local sizes."""
+
+        def one(a: Any) -> Any:
+            if isinstance(a, Local):
+                return self._local_size(a.size, at)
+            if a is COMM:
+                return self.redistribute.comm()
+            if isinstance(a, fx.Node):
+                return moved.get(a, a)
+            return a
+
+        return fx.node.map_aggregate(args, one)
+
+    def _local_size(self, size: Any, at: fx.Node) -> Any:
+        if isinstance(size, int):
+            return size if size == -1 else size // self.tp
+        if isinstance(size, fx.Node):
+            return insert_node(self.graph, operator.floordiv, (size, self.tp), before=at, owner=at,
+                               kind=OpKind.SHAPE, value="scalar")
+        raise GraphsplitError(f"cannot rewrite the size {size!r} of {at.name} for tensor parallelism")
+
+
+def _replace_input(node: fx.Node, old: fx.Node, new: fx.Node) -> None:
+    node.args = fx.node.map_arg(node.args, lambda n: new if n is old else n)
+    node.kwargs = fx.node.map_arg(node.kwargs, lambda n: new if n is old else n)
