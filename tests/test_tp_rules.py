@@ -1,0 +1,391 @@
+"""The tensor-parallel sharding rules as tables, without tracing a model.
+
+Each row builds a small fx graph by hand (nodes annotated with global shapes and
+input layouts, as the meta analysis and the walk leave them), asks the node's rule
+for its decision and compares it with the expected one. Then the walker and the
+redistribute step on hand-built graphs: which collectives, and that one is reused.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from graphsplit.ir.meta import TensorSpec, info
+from graphsplit.ir.optable import OpKind, family
+from graphsplit.ir.sharding import P, R, S, Shard
+from graphsplit.ops import tp as tpops
+from graphsplit.passes.tensor_parallel.decision import (
+    BROADCAST,
+    COMM,
+    RULES,
+    SELF,
+    Decision,
+    LayoutView,
+    Local,
+)
+from graphsplit.passes.tensor_parallel.walker import Walker
+
+
+class G:
+    """A graph built node by node; every tensor node carries its global shape."""
+
+    def __init__(self) -> None:
+        self.root = nn.Module()
+        self.graph = fx.Graph()
+
+    def input(self, name: str, shape: tuple[int, ...], layout: Any = None, grad: bool = True,
+              dtype: torch.dtype = torch.float32) -> fx.Node:
+        node = self.graph.placeholder(name)
+        self._annotate(node, shape, grad, dtype)
+        info(node).sharding = layout
+        return node
+
+    def param(self, name: str, shape: tuple[int, ...]) -> fx.Node:
+        self.root.register_parameter(name, nn.Parameter(torch.empty(shape, device="meta")))
+        node = self.graph.get_attr(name)
+        self._annotate(node, shape, True, torch.float32)
+        return node
+
+    def call(self, target: Callable[..., Any] | str, *args: Any, shape: tuple[int, ...] | None = None,
+             value: str = "tensor", **kwargs: Any) -> fx.Node:
+        op = "call_method" if isinstance(target, str) else "call_function"
+        node = self.graph.create_node(op, target, args, kwargs)
+        if shape is not None:
+            self._annotate(node, shape, True, torch.float32)
+        info(node).value = value
+        return node
+
+    def module(self) -> fx.GraphModule:
+        if not any(n.op == "output" for n in self.graph.nodes):
+            self.graph.output(list(self.graph.nodes)[-1])
+        return fx.GraphModule(self.root, self.graph)
+
+    def decide(self, node: fx.Node, tp: int = 2) -> Decision:
+        gm = self.module()
+        return RULES.get(family(node, gm), RULES[OpKind.OTHER])(node, LayoutView(gm, tp))
+
+    @staticmethod
+    def _annotate(node: fx.Node, shape: tuple[int, ...], grad: bool, dtype: torch.dtype) -> None:
+        ni = info(node)
+        ni.value, ni.tensor = "tensor", TensorSpec(shape, dtype, grad)
+
+
+def names(pairs: tuple[tuple[fx.Node, Any], ...]) -> list[tuple[str, Any]]:
+    return [(n.name, need) for n, need in pairs]
+
+
+# --- rule tables -------------------------------------------------------------------------------
+# (case, build(g) -> node, expected out, expected inputs [(name, need)], reason fragment or None)
+
+def _add_broadcast(g: G) -> fx.Node:
+    x, b = g.input("x", (2, 4, 8), S(2)), g.input("b", (4, 1), R)  # broadcast along the sharded dim
+    return g.call(operator.add, x, b, shape=(2, 4, 8))
+
+
+def _add_bias(g: G) -> fx.Node:
+    x, b = g.input("x", (2, 4, 8), S(2)), g.input("b", (8,), R)
+    return g.call(operator.add, x, b, shape=(2, 4, 8))
+
+
+def _add_full(g: G) -> fx.Node:
+    x, y = g.input("x", (2, 4, 8), S(2)), g.input("y", (2, 4, 8), R)
+    return g.call(operator.add, x, y, shape=(2, 4, 8))
+
+
+def _add_mixed(g: G) -> fx.Node:
+    x, y = g.input("x", (2, 4, 8), S(1)), g.input("y", (2, 4, 8), S(2))
+    return g.call(operator.mul, x, y, shape=(2, 4, 8))
+
+
+def _add_fused_and_whole(g: G) -> fx.Node:
+    x, y = g.input("x", (2, 4, 24), S(2, (8, 8, 8))), g.input("y", (2, 4, 24), R)
+    return g.call(operator.add, x, y, shape=(2, 4, 24))
+
+
+def _detach(g: G) -> fx.Node:
+    return g.call("detach", g.input("x", (2, 4, 8), S(1, (2, 2))), shape=(2, 4, 8))
+
+
+def _view_heads(g: G) -> fx.Node:
+    return g.call("view", g.input("x", (2, 4, 8), S(2)), 2, 4, 2, 4, shape=(2, 4, 2, 4))
+
+
+def _view_moves_shard(g: G) -> fx.Node:
+    return g.call("view", g.input("x", (2, 4, 8), S(1)), 8, 8, shape=(8, 8))
+
+
+def _transpose(g: G) -> fx.Node:
+    return g.call("transpose", g.input("x", (2, 4, 8), S(2)), 1, 2, shape=(2, 8, 4))
+
+
+def _permute(g: G) -> fx.Node:
+    return g.call("permute", g.input("x", (2, 4, 8, 3), S(1)), 0, 2, 1, 3, shape=(2, 8, 4, 3))
+
+
+def _softmax_other(g: G) -> fx.Node:
+    return g.call(F.softmax, g.input("x", (2, 4, 8), S(1)), -1, shape=(2, 4, 8))
+
+
+def _softmax_sharded(g: G) -> fx.Node:
+    return g.call(F.softmax, g.input("x", (2, 4, 8), S(2)), -1, shape=(2, 4, 8))
+
+
+def _sum_other(g: G) -> fx.Node:
+    return g.call("sum", g.input("x", (2, 4, 8), S(2)), 1, shape=(2, 8))
+
+
+def _sum_sharded(g: G) -> fx.Node:
+    return g.call("sum", g.input("x", (2, 4, 8), S(2)), 2, shape=(2, 4))
+
+
+def _layer_norm(g: G) -> fx.Node:
+    return g.call(F.layer_norm, g.input("x", (2, 4, 8), S(2)), (8,), shape=(2, 4, 8))
+
+
+def _cat_other(g: G) -> fx.Node:
+    x, y = g.input("x", (2, 4, 8), S(2)), g.input("y", (2, 4, 8), S(2))
+    return g.call(torch.cat, [x, y], 1, shape=(2, 8, 8))
+
+
+def _cat_sharded(g: G) -> fx.Node:
+    x, y = g.input("x", (2, 4, 8), S(2)), g.input("y", (2, 4, 8), S(2))
+    return g.call(torch.cat, [x, y], 2, shape=(2, 4, 16))
+
+
+def _stack(g: G) -> fx.Node:
+    x, y = g.input("x", (2, 4, 8), S(1)), g.input("y", (2, 4, 8), S(1))
+    return g.call(torch.stack, [x, y], 0, shape=(2, 2, 4, 8))
+
+
+def _index_keeps(g: G) -> fx.Node:
+    return g.call(operator.getitem, g.input("x", (2, 4, 8), S(2)), (slice(None), 0), shape=(2, 8))
+
+
+def _index_sharded(g: G) -> fx.Node:
+    return g.call(operator.getitem, g.input("x", (2, 4, 8), S(2)), (Ellipsis, 0), shape=(2, 4))
+
+
+def _matmul_batch(g: G) -> fx.Node:
+    a, b = g.input("a", (2, 4, 8, 16), S(1)), g.input("b", (2, 4, 16, 8), S(1))
+    return g.call(torch.matmul, a, b, shape=(2, 4, 8, 8))
+
+
+def _matmul_batch_whole_other(g: G) -> fx.Node:
+    a, b = g.input("a", (2, 4, 8, 16), S(1)), g.input("b", (2, 4, 16, 8), R)
+    return g.call(torch.matmul, a, b, shape=(2, 4, 8, 8))
+
+
+def _matmul_contracted(g: G) -> fx.Node:
+    a, b = g.input("a", (8, 16), S(1)), g.input("b", (16, 4), S(0))
+    return g.call(torch.matmul, a, b, shape=(8, 4))
+
+
+def _attention(g: G) -> fx.Node:
+    q, k = g.input("q", (2, 4, 16, 8), S(1)), g.input("k", (2, 4, 16, 8), R)
+    v = g.input("v", (2, 4, 16, 8), S(1))
+    return g.call(F.scaled_dot_product_attention, q, k, v, shape=(2, 4, 16, 8))
+
+
+def _attention_odd_heads(g: G) -> fx.Node:
+    q, k = g.input("q", (2, 4, 16, 8), S(1)), g.input("k", (2, 3, 16, 8), R)
+    v = g.input("v", (2, 4, 16, 8), S(1))
+    return g.call(F.scaled_dot_product_attention, q, k, v, shape=(2, 4, 16, 8))
+
+
+def _unknown(g: G) -> fx.Node:
+    return g.call(torch.cumsum, g.input("x", (2, 4, 8), S(2)), 2, shape=(2, 4, 8))
+
+
+RULE_ROWS = [
+    ("add: broadcast operand read whole", _add_broadcast, S(2), [("b", BROADCAST)], None),
+    ("add: whole operand scattered", _add_full, S(2), [("y", S(2))], None),
+    ("add: whole bias scattered", _add_bias, S(2), [("b", S(0))], None),
+    ("mul: shards on different dims", _add_mixed, R, [("x", R), ("y", R)], "different dims"),
+    ("add: fused shard with a whole value", _add_fused_and_whole, R, [("x", R)], "fused sharded value"),
+    ("detach keeps a fused shard", _detach, S(1, (2, 2)), [], None),
+    ("view splitting the sharded dim", _view_heads, S(2), [], None),
+    ("view merging the sharded dim away", _view_moves_shard, R, [("x", R)], "moves the sharded dim 1"),
+    ("transpose", _transpose, S(1), [], None),
+    ("permute", _permute, S(2), [], None),
+    ("softmax over another dim", _softmax_other, S(1), [], None),
+    ("softmax over the sharded dim", _softmax_sharded, R, [("x", R)], "over the sharded dim"),
+    ("sum over another dim", _sum_other, S(1), [], None),
+    ("sum over the sharded dim", _sum_sharded, R, [("x", R)], "reduces over the sharded dim"),
+    ("layer norm", _layer_norm, R, [("x", R)], "normalizes over the sharded dim"),
+    ("cat along another dim", _cat_other, S(2), [], None),
+    ("cat along the sharded dim", _cat_sharded, R, [("x", R), ("y", R)], "concatenates along the sharded dim"),
+    ("stack", _stack, S(2), [], None),
+    ("indexing another dim", _index_keeps, S(1), [], None),
+    ("indexing the sharded dim", _index_sharded, R, [("x", R)], "along its sharded dim"),
+    ("matmul over sharded batches", _matmul_batch, S(1), [], None),
+    ("matmul: whole operand takes the batch shard", _matmul_batch_whole_other, S(1), [("b", S(1))], None),
+    ("matmul over the sharded inner dim", _matmul_contracted, P, [], None),
+    ("attention over sharded heads", _attention, S(1), [("k", S(1))], None),
+    ("attention: heads that do not divide", _attention_odd_heads, R, [("q", R), ("v", R)], "3 heads not divisible"),
+    ("an op no rule knows", _unknown, R, [("x", R)], "is not known to keep a shard"),
+]
+
+
+@pytest.mark.parametrize("case, build, out, inputs, reason", RULE_ROWS, ids=[r[0] for r in RULE_ROWS])
+def test_rule_table(case, build, out, inputs, reason):
+    g = G()
+    decision = g.decide(build(g))
+    assert decision.out == out
+    assert names(decision.inputs) == inputs
+    if reason is None:
+        assert decision.reason is None
+    else:
+        assert reason in decision.reason
+    assert not decision.params and decision.swap is None and decision.then is None
+
+
+# --- rules that rewrite arguments, shard parameters or replace the op ---------------------------
+
+def test_view_size_argument_becomes_local():
+    g = G()
+    decision = g.decide(_view_heads(g))
+    assert decision.edit.target == "view"
+    assert decision.edit.args[1:] == (2, 4, Local(2), 4)  # 2 heads of 4 -> 1 per rank
+
+
+def test_fused_split_into_its_chunks_gets_local_sizes():
+    g = G()
+    x = g.input("x", (2, 4, 24), S(2, (8, 8, 8)))
+    parts = g.call("split", x, 8, dim=2, value="container")
+    for i in range(3):
+        g.call(operator.getitem, parts, i, shape=(2, 4, 8))
+    decision = g.decide(parts)
+    assert decision.out == (S(2),) * 3  # each rank's part of q, k and v
+    assert decision.edit.args == (x, 4)
+
+
+def test_expand_size_of_the_sharded_dim_becomes_local():
+    g = G()
+    x = g.input("x", (2, 4, 1), S(1))
+    decision = g.decide(g.call("expand", x, 2, 4, 8, shape=(2, 4, 8)))
+    assert decision.out == S(1) and decision.edit.args == (x, 2, Local(4), 8)
+
+
+def _mlp(g: G, then_norm: bool = False) -> tuple[fx.Node, fx.Node, dict[str, fx.Node]]:
+    x = g.input("x", (2, 4, 8), R)
+    w1, b1, w2, b2 = g.param("w1", (16, 8)), g.param("b1", (16,)), g.param("w2", (8, 16)), g.param("b2", (8,))
+    up = g.call(F.linear, x, w1, b1, shape=(2, 4, 16))
+    act = g.call(F.gelu, up, shape=(2, 4, 16))
+    if then_norm:
+        act = g.call(F.layer_norm, act, (16,), shape=(2, 4, 16))
+    down = g.call(F.linear, act, w2, b2, shape=(2, 4, 8))
+    return up, down, {"x": x, "w1": w1, "b1": b1, "w2": w2, "b2": b2, "act": act}
+
+
+def test_linear_with_whole_input_is_column_parallel():
+    g = G()
+    up, _, n = _mlp(g)
+    decision = g.decide(up)
+    assert decision.out == S(2)
+    assert names(decision.inputs) == [("x", BROADCAST)]  # f: the input's gradient summed over tp
+    assert decision.params == ((n["w1"], Shard(0)), (n["b1"], Shard(0)))
+
+
+def test_linear_with_feature_sharded_input_is_row_parallel_with_the_bias_after_the_sum():
+    g = G()
+    _, down, n = _mlp(g)
+    info(n["act"]).sharding = S(2)
+    decision = g.decide(down)
+    assert decision.out == P  # the walker sums it right after
+    assert decision.params == ((n["w2"], Shard(1)),)
+    assert decision.edit.args == (n["act"], n["w2"])  # no bias in the local product
+    assert decision.then.target is operator.add and decision.then.args == (SELF, n["b2"])
+
+
+def test_linear_whose_shard_would_be_gathered_first_stays_whole():
+    g = G()
+    up, _, _ = _mlp(g, then_norm=True)
+    decision = g.decide(up)
+    assert decision.out == R and not decision.params
+    assert "gathered before any row-parallel layer" in decision.reason
+
+
+def test_embedding_becomes_vocab_parallel():
+    g = G()
+    ids, w = g.input("ids", (2, 4), R, grad=False, dtype=torch.int64), g.param("wte", (16, 8))
+    decision = g.decide(g.call(F.embedding, ids, w, shape=(2, 4, 8)))
+    assert decision.out == R and decision.params == ((w, Shard(0)),)
+    assert decision.swap.target is tpops.vocab_parallel_embedding and decision.swap.args == (ids, w, None, COMM)
+
+
+def test_embedding_with_an_odd_vocabulary_shards_its_width():
+    g = G()
+    ids, w = g.input("ids", (2, 4), R, grad=False, dtype=torch.int64), g.param("wte", (15, 8))
+    decision = g.decide(g.call(F.embedding, ids, w, shape=(2, 4, 8)))
+    assert decision.out == S(2) and decision.params == ((w, Shard(1)),) and decision.swap is None
+
+
+def test_cross_entropy_over_vocab_sharded_logits():
+    g = G()
+    logits, target = g.input("logits", (8, 16), S(1)), g.input("target", (8,), R, grad=False, dtype=torch.int64)
+    decision = g.decide(g.call(F.cross_entropy, logits, target, shape=()))
+    assert decision.swap.target is tpops.vocab_parallel_cross_entropy
+    assert decision.swap.args == (logits, target, -100, "mean", COMM)
+
+
+@pytest.mark.parametrize("dim, then", [(2, operator.mul), (1, None)])
+def test_size_of_the_sharded_dim_answers_the_global_size(dim, then):
+    g = G()
+    x = g.input("x", (2, 4, 8), S(2))
+    decision = g.decide(g.call("size", x, dim, value="scalar"))
+    assert decision.out is None
+    assert (decision.then.target if decision.then else None) is then
+
+
+# --- the walker and the redistribute step --------------------------------------------------------
+
+def _collectives(gm: fx.GraphModule) -> list[str]:
+    return [n.target.__name__ for n in gm.graph.nodes if n.op == "call_function" and n.target.__module__ == tpops.__name__]
+
+
+def test_two_column_parallel_layers_share_one_f():
+    """q and k read the same whole input: one copy_to_tp, so autograd sums their input
+    gradients first and backward runs one all-reduce."""
+    g = G()
+    x = g.input("x", (2, 4, 8), None)
+    wq, wk, wo = g.param("wq", (8, 8)), g.param("wk", (8, 8)), g.param("wo", (8, 8))
+    q = g.call(F.linear, x, wq, shape=(2, 4, 8))
+    k = g.call(F.linear, x, wk, shape=(2, 4, 8))
+    s = g.call(operator.mul, q, k, shape=(2, 4, 8))
+    g.graph.output(g.call(F.linear, s, wo, shape=(2, 4, 8)))
+    gm = g.module()
+    walker = Walker(gm, 2)
+    walker.run()
+    gm.graph.lint()
+    assert _collectives(gm) == ["copy_to_tp", "reduce_from_tp"]
+    assert walker.param_shardings == {"wq": S(0), "wk": S(0), "wo": S(1)}
+    assert walker.left_whole == []
+
+
+def test_one_gather_per_value_for_every_consumer_that_needs_it_whole():
+    g = G()
+    x = g.input("x", (2, 4, 8), S(2))
+    a = g.call(torch.cumsum, x, 2, shape=(2, 4, 8))
+    b = g.call(torch.cumsum, x, 1, shape=(2, 4, 8))
+    g.graph.output((a, b))
+    gm = g.module()
+    walker = Walker(gm, 2)
+    walker.run()
+    gathers = [n for n in gm.graph.nodes if n.target is tpops.gather_from_tp]
+    assert len(gathers) == 1 and gathers[0].args[:2] == (x, 2)
+    assert [r["node"] for r in walker.left_whole] == ["cumsum", "cumsum_1"]
+    assert info(a).sharding == R and info(gathers[0]).kind == OpKind.COLLECTIVE
+
+
+def test_every_family_with_a_rule_is_one_the_walker_can_reach():
+    ruled = set(RULES)
+    assert OpKind.OTHER in ruled  # the fallback
+    assert not ruled & {OpKind.COLLECTIVE, OpKind.CAST, OpKind.CHECKPOINT}
