@@ -1,4 +1,16 @@
-"""Model + inputs + Plan -> Program: trace, analyze, run the passes, cut."""
+"""Model + inputs + Plan -> Program: trace, analyze, run the passes, cut.
+
+The passes, in the order they run (each in graphsplit/passes/):
+
+- grad_mode.py: ops the model ran under no_grad / inference_mode get detached
+  inputs, so the program trains exactly what the model trains;
+- sync_batch_norm.py: with --sync-bn, BatchNorm statistics over the dp replicas;
+- tensor_parallel/: shard linears and embeddings, insert the tp collectives;
+- vocab_parallel_loss.py: keep vocab-sharded logits sharded into a cross-entropy;
+- autocast.py: matmuls in bf16 / fp16, norms, softmax and the loss in fp32;
+- pipeline_split.py: assign every node to a pipeline stage;
+- activation_checkpoint.py: wrap regions of each stage in activation checkpointing.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +27,26 @@ from .analysis.shapes import annotate
 from .errors import GraphsplitError
 from .ir.program import Program, build_program
 from .ir.trace import Traced, trace_model
-from .passes.manager import PassContext, run_passes
+from .passes.activation_checkpoint import checkpoint_pass
+from .passes.autocast import autocast_pass
+from .passes.grad_mode import grad_mode_pass
+from .passes.manager import LossInput, Pass, PassInput, run_passes
+from .passes.pipeline_split import cut_places, pipeline_split_pass, too_few_cuts
+from .passes.sync_batch_norm import sync_batch_norm_pass
+from .passes.tensor_parallel import TensorParallelResult, tensor_parallel_pass
+from .passes.vocab_parallel_loss import VocabParallelLoss, vocab_parallel_loss_pass
 from .plan import Plan
 from .runtime.microbatch import split_microbatches
+
+PASSES: tuple[tuple[str, Pass], ...] = (
+    ("grad_mode", grad_mode_pass),
+    ("sync_batch_norm", sync_batch_norm_pass),
+    ("tensor_parallel", tensor_parallel_pass),
+    ("vocab_parallel_loss", vocab_parallel_loss_pass),
+    ("autocast", autocast_pass),
+    ("pipeline_split", pipeline_split_pass),
+    ("checkpoint", checkpoint_pass),
+)
 
 
 def check_call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], source: Path | None = None) -> None:
@@ -79,8 +108,6 @@ def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas
 
 def _require_cut_places(traced: Traced, flat: tuple[Any, ...], plan: Plan) -> None:
     """Analyze at the whole batch, only to count where the model can be cut (an error path)."""
-    from .passes.pipeline_split import cut_places, too_few_cuts
-
     annotate(traced.gm, tuple(torch.as_tensor(t) for t in flat))
     places, operations = cut_places(traced.gm)
     if places < plan.num_stages - 1:
@@ -133,13 +160,19 @@ def compile_program(
     annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
     timings["analyze"] = time.perf_counter() - start
     micro_target = split_microbatches(target, pieces)[0] if target is not None else None
-    ctx = PassContext(plan=plan, inputs=tuple(micro), fixed_cuts=fixed_cuts, loss_fn=loss_fn,
-                      target=micro_target, out_spec=traced.out_spec)
-    run_passes(traced.gm, ctx)
-    timings.update({f"pass:{k}": v for k, v in ctx.timings.items()})
+    loss = LossInput(loss_fn, micro_target, traced.out_spec) if loss_fn is not None else None
+    run = run_passes(traced.gm, PassInput(plan, tuple(micro), fixed_cuts, loss), PASSES)
+    timings.update({f"pass:{k}": v for k, v in run.timings.items()})
+    tp = run.results.get(TensorParallelResult)
+    vocab_loss = run.results.get(VocabParallelLoss)
     start = time.perf_counter()
-    program = build_program(traced, plan, ctx.param_shardings, ctx.replicated)
-    program.loss_gm, program.sharded_outputs = ctx.loss_gm, dict(ctx.sharded_outputs)
+    program = build_program(
+        traced, plan,
+        param_shardings=dict(tp.param_shardings) if tp else None,
+        replicated=[w.to_dict() for w in tp.left_whole] if tp else None,
+        loss_gm=vocab_loss.loss_gm if vocab_loss else None,
+        sharded_outputs=dict(vocab_loss.sharded_outputs) if vocab_loss else None,
+    )
     timings["build"] = time.perf_counter() - start
     return CompileResult(program, timings)
 

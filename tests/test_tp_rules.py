@@ -381,7 +381,7 @@ def test_one_gather_per_value_for_every_consumer_that_needs_it_whole():
     walker.run()
     gathers = [n for n in gm.graph.nodes if n.target is tpops.gather_from_tp]
     assert len(gathers) == 1 and gathers[0].args[:2] == (x, 2)
-    assert [r["node"] for r in walker.left_whole] == ["cumsum", "cumsum_1"]
+    assert [r.node for r in walker.left_whole] == ["cumsum", "cumsum_1"]
     assert info(a).sharding == R and info(gathers[0]).kind == OpKind.COLLECTIVE
 
 

@@ -143,9 +143,14 @@ class Program:
 def build_program(
     traced: Traced,
     plan: Plan,
+    *,
     param_shardings: dict[str, Shard] | None = None,
     replicated: list[dict[str, str]] | None = None,
+    loss_gm: fx.GraphModule | None = None,
+    sharded_outputs: dict[int, Shard] | None = None,
 ) -> Program:
+    """Cut the passes' graph into stages. The rest is what the passes found: tensor
+    parallelism's parameter shardings and what it left whole, the vocab-parallel loss."""
     from ..analysis.cost import node_cost
 
     gm = traced.gm
@@ -283,7 +288,7 @@ def build_program(
         for canonical in dict.fromkeys(st.param_sources.values()):
             param_stages.setdefault(canonical, []).append(st.index)
     return Program(plan, traced, stages, boundaries, output_leaves, param_stages,
-                   dict(param_shardings or {}), list(replicated or []))
+                   dict(param_shardings or {}), list(replicated or []), loss_gm, dict(sharded_outputs or {}))
 
 
 def _send_cost(boundary: Boundary) -> float:

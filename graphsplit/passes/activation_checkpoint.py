@@ -48,7 +48,7 @@ from ..ir.meta import NodeInfo, block_of, info
 from ..ir.optable import OpKind
 from ..ops.activation_checkpoint import CheckpointRegion
 from ..plan import Plan
-from .manager import PassContext
+from .manager import PassInput, PassResults
 
 _UNPLACED = ("placeholder", "get_attr", "output")
 
@@ -252,13 +252,19 @@ def _scalar_chain(scalars: list[fx.Node], members: set[fx.Node]) -> list[fx.Node
     return [n for n in next(iter(members)).graph.nodes if n in found]
 
 
-def checkpoint_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    plan = ctx.plan
+@dataclass(frozen=True)
+class CheckpointRegions:
+    """The nodes each `ckpt_N` region holds, by name, in order."""
+
+    regions: tuple[tuple[str, ...], ...]
+
+
+def checkpoint_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, CheckpointRegions | None]:
+    plan = inp.plan
     if plan.checkpoint == "none" and not plan.checkpoint_overrides:
-        return gm
+        return gm, None
     found = regions(gm, plan)
     for i, region in enumerate(found):
         _wrap(gm, region, i)
-    ctx.checkpoint_regions = [[n.name for n in r.nodes] for r in found]
     gm.recompile()
-    return gm
+    return gm, CheckpointRegions(tuple(tuple(n.name for n in r.nodes) for r in found))

@@ -20,11 +20,13 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from ..analysis.shapes import annotate
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, insert_node
 from ..ir.optable import OpKind, Precision, family
 from .functionalize import functionalize_modules
-from .manager import PassContext
+from .manager import PassInput, PassResults
+from .tensor_parallel import TensorParallelResult
 
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -56,10 +58,10 @@ class _Caster:
                 node.kwargs = fx.node.map_arg(node.kwargs, lambda n, v=value, w=new: w if n is v else n)
 
 
-def autocast_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    name = ctx.plan.autocast
+def autocast_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:
+    name = inp.plan.autocast
     if name is None:
-        return gm
+        return gm, None
     low = LOW[name]
     functionalize_modules(gm, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
     caster = _Caster(gm)
@@ -78,11 +80,10 @@ def autocast_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             caster.cast_inputs(node, torch.float32)
     gm.graph.lint()
     gm.recompile()
-    from ..analysis.shapes import annotate
-
-    annotate(gm, ctx.inputs, param_shardings=ctx.param_shardings, tp=ctx.plan.tp)
+    tp = done.get(TensorParallelResult)
+    annotate(gm, inp.example_inputs, param_shardings=dict(tp.param_shardings) if tp else {}, tp=inp.plan.tp)
     check_dtypes(gm, low)
-    return gm
+    return gm, None
 
 
 def check_dtypes(gm: fx.GraphModule, low: torch.dtype) -> dict[str, int]:

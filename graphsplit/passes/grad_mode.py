@@ -35,14 +35,14 @@ from ..analysis.recompute import mutates
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, insert_node
 from ..ir.optable import OpKind
-from .manager import PassContext
+from .manager import PassInput, PassResults
 
 _CALLS = ("call_function", "call_method", "call_module")
 
 
-def grad_mode_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+def grad_mode_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:
     keep_grad_modes(gm)
-    return gm
+    return gm, None
 
 
 def keep_grad_modes(gm: fx.GraphModule) -> int:

@@ -1,82 +1,88 @@
-"""Runs the passes in order: lints, times, and names the pass that failed.
+"""Runs passes in order: times each, lints its graph, names the pass that failed, and can
+switch a pass off by name. Which passes run, in which order, is the compiler's
+(compile.py); this module imports none of them.
 
-A pass is a function `(gm, ctx) -> gm`. The passes live in this package:
-`grad_mode.py` (first: ops the model ran under no_grad / inference_mode get detached
-inputs, so the program trains exactly what the model trains),
-`sync_batch_norm.py` (with --sync-bn, BatchNorm statistics over the dp replicas),
-`tensor_parallel/` (shard linears/embeddings, insert tp collectives),
-`vocab_parallel_loss.py` (keep vocab-sharded logits into a cross-entropy),
-`autocast.py` (matmuls in bf16, norms/softmax/loss in fp32), then
-`pipeline_split.py` (assign nodes to pipeline stages), then
-`activation_checkpoint.py` (wrap regions of each stage in activation checkpointing).
+A pass is a function `(gm, inp, done) -> (gm, result)`: `inp` is the frozen
+`PassInput` every pass reads (the plan, one micro-batch of example inputs, a saved
+split, the loss), `done` the results of the passes before it, and `result` the
+pass's own typed, frozen result, or None.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
 from ..plan import Plan
 
-Pass = Callable[[fx.GraphModule, "PassContext"], fx.GraphModule]
+T = TypeVar("T")
 
 
-@dataclass
-class PassContext:
-    """What passes may read (the plan, example inputs) and the timings they leave."""
+@dataclass(frozen=True)
+class LossInput:
+    """The user's loss, for passes that rewrite it with the model (vocab-parallel cross-entropy)."""
 
+    fn: Callable[[Any, Any], torch.Tensor]
+    target: Any  # one micro-batch of it
+    out_spec: pytree.TreeSpec  # how the model's output is built from the graph's output leaves
+
+
+@dataclass(frozen=True)
+class PassInput:
     plan: Plan
-    inputs: tuple[torch.Tensor, ...]
-    # Node names where stages start, from a saved plan.json: reproduces a split exactly.
+    example_inputs: tuple[torch.Tensor, ...]  # one micro-batch: the shapes stages see
+    # node names where stages start, from a saved plan.json: reproduces a split exactly
     fixed_cuts: tuple[str, ...] | None = None
-    disabled: frozenset[str] = frozenset()
-    timings: dict[str, float] = field(default_factory=dict)
-    # left by tensor_parallel: canonical parameter name -> Shard, and what stayed whole and why
-    param_shardings: dict[str, Any] = field(default_factory=dict)
-    replicated: list[dict[str, str]] = field(default_factory=list)
-    # the loss, for passes that rewrite it with the model (vocab-parallel cross-entropy)
-    loss_fn: Any = None
-    target: Any = None
-    out_spec: Any = None
-    loss_gm: Any = None
-    sharded_outputs: dict[int, Any] = field(default_factory=dict)
-    checkpoint_regions: list[list[str]] = field(default_factory=list)
+    loss: LossInput | None = None
 
 
-def default_passes() -> list[tuple[str, Pass]]:
-    from .activation_checkpoint import checkpoint_pass
-    from .autocast import autocast_pass
-    from .grad_mode import grad_mode_pass
-    from .pipeline_split import pipeline_split_pass
-    from .sync_batch_norm import sync_batch_norm_pass
-    from .tensor_parallel import tensor_parallel_pass
-    from .vocab_parallel_loss import vocab_parallel_loss_pass
+@dataclass(frozen=True)
+class PassResults:
+    """The results passes returned so far, looked up by type."""
 
-    return [
-        ("grad_mode", grad_mode_pass),
-        ("sync_batch_norm", sync_batch_norm_pass),
-        ("tensor_parallel", tensor_parallel_pass),
-        ("vocab_parallel_loss", vocab_parallel_loss_pass),
-        ("autocast", autocast_pass),
-        ("pipeline_split", pipeline_split_pass),
-        ("checkpoint", checkpoint_pass),
-    ]
+    found: tuple[Any, ...] = ()
+
+    def get(self, kind: type[T]) -> T | None:
+        return next((r for r in self.found if isinstance(r, kind)), None)
+
+    def adding(self, result: Any) -> PassResults:
+        return self if result is None else PassResults((*self.found, result))
 
 
-def run_passes(gm: fx.GraphModule, ctx: PassContext, passes: list[tuple[str, Pass]] | None = None) -> fx.GraphModule:
+Pass = Callable[[fx.GraphModule, PassInput, PassResults], tuple[fx.GraphModule, Any]]
+
+
+@dataclass(frozen=True)
+class PassRun:
+    gm: fx.GraphModule
+    results: PassResults
+    timings: Mapping[str, float]  # seconds per pass that ran
+
+
+def run_passes(
+    gm: fx.GraphModule, inp: PassInput, passes: Sequence[tuple[str, Pass]], disabled: frozenset[str] = frozenset()
+) -> PassRun:
+    unknown = disabled - {name for name, _ in passes}
+    if unknown:
+        raise GraphsplitError(f"no pass is called {', '.join(sorted(unknown))}; "
+                              f"the passes are {', '.join(name for name, _ in passes)}")
     done: list[str] = []
-    for name, fn in passes if passes is not None else default_passes():
-        if name in ctx.disabled:
+    results = PassResults()
+    timings: dict[str, float] = {}
+    for name, fn in passes:
+        if name in disabled:
             continue
         start = time.perf_counter()
         try:
-            out = fn(gm, ctx)
+            out, result = fn(gm, inp, results)
         except GraphsplitError:
             raise
         except Exception as exc:
@@ -85,7 +91,8 @@ def run_passes(gm: fx.GraphModule, ctx: PassContext, passes: list[tuple[str, Pas
         if not isinstance(out, fx.GraphModule):
             raise GraphsplitError(f"pass {name} returned {type(out).__name__}, not a GraphModule")
         out.graph.lint()
-        ctx.timings[name] = time.perf_counter() - start
+        timings[name] = time.perf_counter() - start
+        results = results.adding(result)
         done.append(name)
         gm = out
-    return gm
+    return PassRun(gm, results, MappingProxyType(timings))

@@ -22,7 +22,7 @@ from ..analysis.cost import boundary_cost, node_cost
 from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
 from ..ir.meta import info
-from .manager import PassContext
+from .manager import PassInput, PassResults
 
 _UNPLACED = ("placeholder", "get_attr", "output")
 
@@ -181,25 +181,25 @@ def balanced_cuts(costs: np.ndarray, comm: np.ndarray, valid: np.ndarray, stages
     return found
 
 
-def pipeline_split_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    stages = ctx.plan.num_stages
+def pipeline_split_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:
+    stages = inp.plan.num_stages
     seq, live, blocked = liveness(gm)
     n = len(seq)
     valid = np.zeros(n + 1, dtype=bool)
     valid[1:n] = ~blocked[1:n]
-    if ctx.fixed_cuts is not None:
-        cuts = _explicit_cuts(gm, seq, blocked, tuple(ctx.fixed_cuts), by_node=True)
+    if inp.fixed_cuts is not None:
+        cuts = _explicit_cuts(gm, seq, blocked, tuple(inp.fixed_cuts), by_node=True)
         if len(cuts) != stages - 1:
             raise GraphsplitError(
                 f"the saved split has {len(cuts) + 1} stages but the plan asks for {stages}; "
                 "re-run graphsplit transform with this plan"
             )
-    elif ctx.plan.split_at:
-        cuts = _explicit_cuts(gm, seq, blocked, ctx.plan.split_at, by_node=False)
+    elif inp.plan.split_at:
+        cuts = _explicit_cuts(gm, seq, blocked, inp.plan.split_at, by_node=False)
     elif stages > 1:
         possible = int(valid.sum())
         if possible < stages - 1:
-            raise too_few_cuts(stages, ctx.plan.stages_per_rank, possible, n)
+            raise too_few_cuts(stages, inp.plan.stages_per_rank, possible, n)
         comm = np.array([boundary_cost(int(b)) for b in live])
         cuts = balanced_cuts(np.array([node_cost(x) for x in seq]), comm, valid, stages)
     else:
@@ -213,4 +213,4 @@ def pipeline_split_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             info(node).stage = 0
         elif node.op == "output":
             info(node).stage = stages - 1
-    return gm
+    return gm, None

@@ -16,12 +16,12 @@ from ..errors import GraphsplitError
 from ..ir.meta import info
 from ..ir.optable import OpKind, classify
 from ..ops.sync_bn import DataParallelBatchNorm
-from .manager import PassContext
+from .manager import PassInput, PassResults
 
 
-def sync_batch_norm_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    if not ctx.plan.sync_bn:
-        return gm
+def sync_batch_norm_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:
+    if not inp.plan.sync_bn:
+        return gm, None
     swapped = 0
     for node in gm.graph.nodes:
         if node.op == "call_module":
@@ -36,4 +36,4 @@ def sync_batch_norm_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule
                                   "layer graphsplit can swap; use nn.BatchNorm*d there or drop --sync-bn")
     if not swapped:
         raise GraphsplitError("--sync-bn: the model has no BatchNorm layer; drop --sync-bn")
-    return gm
+    return gm, None

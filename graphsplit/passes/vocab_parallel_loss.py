@@ -10,7 +10,9 @@ and drops the gather of the logits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -20,9 +22,9 @@ import torch.utils._pytree as pytree
 
 from ..analysis.shapes import annotate
 from ..ir.meta import info
-from ..ir.sharding import S
+from ..ir.sharding import S, Shard
 from ..ops import tp as tpops
-from .manager import PassContext
+from .manager import PassInput, PassResults
 from .tensor_parallel import parallelize_loss
 
 
@@ -50,10 +52,22 @@ def trace_loss(loss_fn: Callable[[Any, Any], torch.Tensor], spec: pytree.TreeSpe
     return fx.GraphModule(module, graph, class_name="Loss")
 
 
-def vocab_parallel_loss_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+@dataclass(frozen=True)
+class VocabParallelLoss:
+    """The loss as a graph over vocab-sharded logits, and which of the model's output tensors
+    stay sharded (index among the last stage's outputs -> Shard)."""
+
+    loss_gm: fx.GraphModule
+    sharded_outputs: Mapping[int, Shard]
+
+
+def vocab_parallel_loss_pass(
+    gm: fx.GraphModule, inp: PassInput, done: PassResults
+) -> tuple[fx.GraphModule, VocabParallelLoss | None]:
     """Keep vocab-sharded logits sharded into a cross-entropy loss (tp > 1 only)."""
-    if ctx.plan.tp == 1 or ctx.loss_fn is None or ctx.target is None or ctx.out_spec is None:
-        return gm
+    loss = inp.loss
+    if inp.plan.tp == 1 or loss is None or loss.target is None or loss.out_spec is None:
+        return gm, None
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     leaves = list(output.args[0])
     tensor_leaves: list[fx.Node] = []
@@ -72,22 +86,21 @@ def vocab_parallel_loss_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphMo
         and leaf.args[1] == len(info(leaf).tensor.shape) - 1
     }
     if not candidates:
-        return gm
+        return gm, None
     try:
-        loss_gm = trace_loss(ctx.loss_fn, ctx.out_spec, kinds, len(tensor_leaves))
+        loss_gm = trace_loss(loss.fn, loss.out_spec, kinds, len(tensor_leaves))
     except Exception:  # an untraceable loss keeps the gathered logits: correct, just slower
-        return gm
+        return gm, None
     examples = [torch.empty(tuple(info(t).tensor.shape), dtype=info(t).tensor.dtype, device="meta") for t in tensor_leaves]
-    target = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), ctx.target)
+    target = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), loss.target)
     annotate(loss_gm, (*examples, target))
-    if not parallelize_loss(loss_gm, ctx.plan.tp, {i: S(len(info(leaf).tensor.shape) - 1) for i, leaf in candidates.items()}):
-        return gm
+    if not parallelize_loss(loss_gm, inp.plan.tp, {i: S(len(info(leaf).tensor.shape) - 1) for i, leaf in candidates.items()}):
+        return gm, None
+    sharded: dict[int, Shard] = {}
     for i, gather in candidates.items():
-        sharded = gather.args[0]
-        output.args = (tuple(sharded if leaf is gather else leaf for leaf in output.args[0]),)
+        value = gather.args[0]
+        output.args = (tuple(value if leaf is gather else leaf for leaf in output.args[0]),)
         gm.graph.erase_node(gather)
-        ctx.sharded_outputs[i] = S(len(info(sharded).tensor.shape) - 1)
+        sharded[i] = S(len(info(value).tensor.shape) - 1)
     gm.recompile()
-    ctx.loss_gm = loss_gm
-    return gm
-
+    return gm, VocabParallelLoss(loss_gm, MappingProxyType(sharded))

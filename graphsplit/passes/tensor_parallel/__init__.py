@@ -21,6 +21,6 @@ the decisions), `redistribute.py` (the one place that inserts a collective),
 `layout.py` / `lookahead.py` / `spellings.py` (helpers the rules share).
 """
 
-from .walker import parallelize_loss, tensor_parallel_pass
+from .walker import LeftWhole, TensorParallelResult, parallelize_loss, tensor_parallel_pass
 
-__all__ = ["parallelize_loss", "tensor_parallel_pass"]
+__all__ = ["LeftWhole", "TensorParallelResult", "parallelize_loss", "tensor_parallel_pass"]

@@ -11,6 +11,9 @@ matter to size queries.
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch.fx as fx
@@ -22,7 +25,7 @@ from ...ir.optable import OpKind, family
 from ...ir.sharding import Partial, Replicate, Shard
 from ...ops import tp as tpops
 from ..functionalize import functionalize_modules
-from ..manager import PassContext
+from ..manager import PassInput, PassResults
 from . import rules  # noqa: F401  (fills RULES)
 from .decision import COMM, RULES, SELF, Call, Decision, LayoutView, Local
 from .redistribute import Redistribute
@@ -39,15 +42,33 @@ def _walk(gm: fx.GraphModule, tp: int) -> Walker:
     return walker
 
 
-def tensor_parallel_pass(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    if ctx.plan.tp == 1:
-        return gm
-    walker = _walk(gm, ctx.plan.tp)
-    ctx.param_shardings = walker.param_shardings
-    ctx.replicated = walker.left_whole
+@dataclass(frozen=True)
+class LeftWhole:
+    """A node tensor parallelism left whole (or gathered a value for), and why."""
+
+    module: str
+    node: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"module": self.module, "node": self.node, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class TensorParallelResult:
+    param_shardings: Mapping[str, Shard]  # canonical parameter name -> its sharding (absent: whole)
+    left_whole: tuple[LeftWhole, ...]
+
+
+def tensor_parallel_pass(
+    gm: fx.GraphModule, inp: PassInput, done: PassResults
+) -> tuple[fx.GraphModule, TensorParallelResult | None]:
+    if inp.plan.tp == 1:
+        return gm, None
+    walker = _walk(gm, inp.plan.tp)
     # what one rank computes: local shapes, FLOPs and bytes
-    annotate(gm, ctx.inputs, param_shardings=walker.param_shardings, tp=ctx.plan.tp)
-    return gm
+    annotate(gm, inp.example_inputs, param_shardings=walker.param_shardings, tp=inp.plan.tp)
+    return gm, TensorParallelResult(MappingProxyType(dict(walker.param_shardings)), tuple(walker.left_whole))
 
 
 def parallelize_loss(loss_gm: fx.GraphModule, tp: int, input_layouts: dict[int, Shard]) -> bool:
@@ -67,7 +88,7 @@ class Walker:
         self.graph = gm.graph
         self.tp = tp
         self.param_shardings: dict[str, Shard] = {}
-        self.left_whole: list[dict[str, str]] = []
+        self.left_whole: list[LeftWhole] = []
         self.view = LayoutView(gm, tp, self.param_shardings)
         self.redistribute = Redistribute(gm, tp)
 
@@ -92,8 +113,7 @@ class Walker:
 
     def apply(self, node: fx.Node, decision: Decision) -> None:
         if decision.reason:
-            self.left_whole.append({"module": info(node).module or "<root>", "node": node.name,
-                                    "reason": decision.reason})
+            self.left_whole.append(LeftWhole(info(node).module or "<root>", node.name, decision.reason))
         for param, layout in decision.params:
             self._shard_param(param, layout)
         moved: dict[fx.Node, fx.Node] = {}
