@@ -29,10 +29,10 @@ from ..errors import GraphsplitError
 from ..ops.pipeline import dense_grad
 from ..passes.grad_mode import is_detach, params_without_grad
 from ..plan import Plan
-from .meta import TensorSpec, canonical_names, info
+from .meta import META_KEY, TensorSpec, canonical_names, info
 from .optable import OpKind
 from .sharding import Layout, Replicate, Shard, local_shape
-from .trace import Traced
+from .trace import Traced, fill_leaves, split_leaves
 
 
 @dataclass
@@ -131,8 +131,7 @@ class Program:
 
     def unflatten_output(self, last_stage_output: Any) -> Any:
         outs = (last_stage_output,) if isinstance(last_stage_output, torch.Tensor) else tuple(last_stage_output)
-        leaves = [outs[v] if kind == "tensor" else v for kind, v in self.output_leaves]
-        return self.traced.unflatten_output(leaves)
+        return self.traced.unflatten_output(fill_leaves(self.output_leaves, outs))
 
     def balance(self) -> float:
         costs = [s.cost for s in self.stages]
@@ -192,20 +191,13 @@ def build_program(
             resolve(a, owner[n])
 
     # 2. The model's output leaves must be tensors: stages send only tensors.
-    output_leaves: list[tuple[str, Any]] = []
-    out_tensors: list[fx.Node] = []
     for i, leaf in enumerate(output_node.args[0]):
-        if isinstance(leaf, fx.Node):
-            if info(leaf).value != "tensor":
-                raise GraphsplitError(
-                    f"the model's output #{i} ({leaf.name}) is a {info(leaf).value}, not a tensor; "
-                    "pipeline stages can only send tensors: return tensors (or constants) from forward"
-                )
-            if leaf not in out_tensors:
-                out_tensors.append(leaf)
-            output_leaves.append(("tensor", out_tensors.index(leaf)))
-        else:
-            output_leaves.append(("const", leaf))
+        if isinstance(leaf, fx.Node) and info(leaf).value != "tensor":
+            raise GraphsplitError(
+                f"the model's output #{i} ({leaf.name}) is a {info(leaf).value}, not a tensor; "
+                "pipeline stages can only send tensors: return tensors (or constants) from forward"
+            )
+    out_tensors, output_leaves = split_leaves(output_node.args[0])
 
     # 3. Boundaries: a value crosses every boundary between its producer and its last consumer.
     last_need: dict[fx.Node, int] = {}
@@ -304,7 +296,7 @@ def _drop_unused_scalars(graph: fx.Graph) -> None:
     for node in reversed(list(graph.nodes)):
         if node.op in ("placeholder", "output", "get_attr") or node.users:
             continue
-        ni = node.meta.get("graphsplit")
+        ni = node.meta.get(META_KEY)
         if (ni is not None and ni.value == "scalar" and ni.kind in (OpKind.SHAPE, OpKind.GETITEM)) or is_detach(node):
             graph.erase_node(node)
     for node in list(graph.nodes):

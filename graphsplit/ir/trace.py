@@ -11,7 +11,8 @@ a GraphModule, with ATen ops. Either way the result has:
 `Traced.flatten_inputs(args, kwargs)` turns a call's inputs into the flat
 tensor tuple; `Traced.unflatten_output(leaves)` rebuilds the model's output.
 Each node's `NodeInfo.source` is the line of the model's code that made it
-(report.html shows it).
+(report.html shows it), and `NodeInfo.grad_enabled` the grad mode it ran in
+(grad_regions.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ import torch.utils._pytree as pytree
 from torch.fx.graph import CodeGen
 
 from ..errors import GraphsplitError
-from .meta import META_KEY, NodeInfo, SourceLine, info
+from .grad_regions import (
+    GradModeProxy,
+    inline_grad_regions,
+    mark_inference_mode,
+    training_grad_mode,
+)
+from .meta import SourceLine, info
 
 _SPECIALIZED = ("has been specialized",)
 
@@ -71,14 +78,14 @@ def trace_model(
 ) -> Traced:
     """Trace `model` called as `model(*args, **kwargs)`."""
     try:
-        with _training_grad_mode():
+        with training_grad_mode():
             return _trace_fx(model, args, kwargs)
     except GraphsplitError:
         raise
     except Exception as fx_exc:  # any tracer failure: try the other tracer
         fx_error = fx_exc
     try:
-        with _quiet_torch_logs(), _training_grad_mode():
+        with _quiet_torch_logs(), training_grad_mode():
             return _trace_export(model, args, kwargs)
     except GraphsplitError:
         raise
@@ -97,14 +104,6 @@ def trace_model(
             "make that code traceable: no Python control flow on tensor values (torch.where "
             "or torch.cond instead of if/else on a tensor)"
         ) from export_exc
-
-
-@contextlib.contextmanager
-def _training_grad_mode() -> Iterator[None]:
-    """Trace as training runs the model: grad enabled, outside inference mode, whatever the
-    caller's mode; the regions the model itself opens are then the only grad-disabled ones."""
-    with torch.inference_mode(False), torch.enable_grad():
-        yield
 
 
 @contextlib.contextmanager
@@ -161,6 +160,26 @@ def _flat_output(graph: fx.Graph) -> pytree.TreeSpec:
     return spec
 
 
+def split_leaves(leaves: Any) -> tuple[list[fx.Node], list[tuple[str, Any]]]:
+    """The output node's leaves as (its distinct node leaves, and each leaf as ("tensor", i),
+    the i-th of those, or ("const", value)): a value returned twice is sent once."""
+    nodes: list[fx.Node] = []
+    kinds: list[tuple[str, Any]] = []
+    for leaf in leaves:
+        if isinstance(leaf, fx.Node):
+            if leaf not in nodes:
+                nodes.append(leaf)
+            kinds.append(("tensor", nodes.index(leaf)))
+        else:
+            kinds.append(("const", leaf))
+    return nodes, kinds
+
+
+def fill_leaves(kinds: list[tuple[str, Any]], values: Any) -> list[Any]:
+    """The output's leaves again, from `split_leaves`' kinds and the values of its node leaves."""
+    return [values[v] if kind == "tensor" else v for kind, v in kinds]
+
+
 def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
     sig = inspect.signature(model.forward)
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
@@ -189,32 +208,12 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return Traced(gm, "fx", list(tensor_names), spec, flatten)
 
 
-class _Proxy(fx.Proxy):
-    """fx's Proxy has no `__iadd__`, so Python runs `y += 1` as `y = y + 1`. That is the same
-    computation, except under no_grad: there the in-place form leaves y needing a gradient and
-    the other does not. In grad-disabled code the in-place form is recorded as written."""
-
-
-def _in_place_operator(op: Any) -> Any:
-    def method(self: _Proxy, other: Any) -> Any:
-        if torch.is_grad_enabled():
-            return NotImplemented  # Python falls back to the out-of-place operator
-        return self.tracer.create_proxy("call_function", op, (self, other), {})
-
-    return method
-
-
-for _name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior", "ixor",
-              "ilshift", "irshift", "imatmul"):
-    setattr(_Proxy, f"__{_name}__", _in_place_operator(getattr(operator, _name)))
-
-
 class _Tracer(fx.Tracer):
     # Buffers become graph values, so `self.rope_cos[:T]` with a traced T is traceable.
     proxy_buffer_attributes = True
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
-        return _Proxy(node, self)
+        return GradModeProxy(node, self)
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
@@ -239,7 +238,7 @@ class _Tracer(fx.Tracer):
 _TRACE_CODE = fx.Tracer.trace.__code__
 _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 _SITE = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib"))
-_GRAPHSPLIT = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_GRAPHSPLIT = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # the package
 _OWN = (os.path.dirname(os.path.realpath(torch.__file__)) + os.sep, _GRAPHSPLIT)
 
 
@@ -276,6 +275,12 @@ def _source_from_stack_trace(text: str | None) -> SourceLine | None:
     return None
 
 
+def _bake(placeholder: fx.Node, value: Any) -> None:
+    """Every use of an input the graph is specialized to reads its value instead."""
+    for user in list(placeholder.users):
+        user.replace_input_with(placeholder, value)
+
+
 def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:
     """Replace placeholders of concrete (non-tensor) inputs by their values."""
     by_name: dict[str, Any] = {}
@@ -294,15 +299,10 @@ def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:
             graph.erase_node(node)
     for node in list(graph.nodes):
         if node.op == "placeholder" and node.name in by_name:
-            value = by_name[node.name]
-            for user in list(node.users):
-                user.args = fx.node.map_arg(user.args, lambda n, v=value, p=node: v if n is p else n)
-                user.kwargs = fx.node.map_arg(user.kwargs, lambda n, v=value, p=node: v if n is p else n)
+            _bake(node, by_name[node.name])
     # drop now-unused comparisons left from specialization checks, then the placeholders
     for node in reversed(list(graph.nodes)):
-        if node.op == "call_function" and not node.users and node.target in (
-            __import__("operator").eq,
-        ):
+        if node.op == "call_function" and not node.users and node.target is operator.eq:
             graph.erase_node(node)
     for node in list(graph.nodes):
         if node.op == "placeholder" and node.name in by_name:
@@ -352,15 +352,13 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         if isinstance(value, torch.Tensor):
             keep.append(i)
         else:  # a non-tensor input: export specialized the graph to it
-            for user in list(ph.users):
-                user.args = fx.node.map_arg(user.args, lambda n, v=value, p=ph: v if n is p else n)
-                user.kwargs = fx.node.map_arg(user.kwargs, lambda n, v=value, p=ph: v if n is p else n)
+            _bake(ph, value)
             graph.erase_node(ph)
     _flat_output(graph)  # already flat: the structure is export's out_spec
-    _inline_grad_regions(gm)
+    inline_grad_regions(gm)
     for node in graph.nodes:
         info(node).source = _source_from_stack_trace(node.meta.get("stack_trace"))
-    _mark_inference_mode(gm, type(model).__name__)
+    mark_inference_mode(gm, type(model).__name__)
     spec = out_spec
     for name in ("_guards_fn",):
         if hasattr(gm, name):
@@ -373,88 +371,3 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         return [flat[i] for i in keep]
 
     return Traced(gm, "export", names, spec, flatten)
-
-
-# torch.export records `with torch.no_grad():` (and enable_grad, set_grad_enabled) as
-# wrap_with_set_grad_enabled(enabled, submodule, *operands) -> tuple
-_SET_GRAD_REGION = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
-
-
-def _inline_grad_regions(gm: fx.GraphModule) -> None:
-    """Replace each of export's grad-mode regions by its nodes, each marked with the region's mode.
-
-    The region call runs correctly as it is, but as one opaque node no pass can split, shard
-    or cost; inlined, the frozen ops are ordinary nodes and passes/grad_mode.py keeps their mode.
-    """
-    graph = gm.graph
-    for node in list(graph.nodes):
-        if node.op != "call_function" or _SET_GRAD_REGION is None or node.target is not _SET_GRAD_REGION:
-            continue
-        enabled, sub_node, *operands = node.args
-        sub = gm.get_submodule(str(sub_node.target))
-        _inline_grad_regions(sub)  # regions inside it first: their nodes keep their own mode
-        env: dict[fx.Node, Any] = {}
-        feed = iter(operands)
-        results: Any = ()
-        with graph.inserting_before(node):
-            for n in sub.graph.nodes:
-                if n.op == "placeholder":
-                    env[n] = next(feed)
-                elif n.op == "output":
-                    results = fx.node.map_arg(n.args[0], env.__getitem__)
-                elif n.op == "get_attr":
-                    env[n] = graph.get_attr(_adopt(gm, sub, str(n.target)))
-                else:
-                    new = graph.node_copy(n, env.__getitem__)
-                    inner = n.meta.get(META_KEY)
-                    new.meta[META_KEY] = NodeInfo(grad_enabled=inner.grad_enabled if inner is not None else bool(enabled))
-                    env[n] = new
-        for user in list(node.users):
-            if user.op != "call_function" or user.target is not operator.getitem:
-                raise GraphsplitError(f"internal: export's grad-mode region {node.name} is used whole by {user.name}")
-            user.replace_all_uses_with(results[user.args[1]])
-            graph.erase_node(user)
-        graph.erase_node(node)
-        if not sub_node.users:
-            graph.erase_node(sub_node)
-            if not any(n.op == "get_attr" and n.target == sub_node.target for n in graph.nodes):
-                gm.delete_submodule(str(sub_node.target))
-    gm.recompile()
-
-
-def _adopt(gm: fx.GraphModule, sub: nn.Module, target: str) -> str:
-    """Give the parent a region's attribute (a lifted constant) under a fresh name."""
-    owner_name, _, leaf = target.rpartition(".")
-    owner = sub.get_submodule(owner_name) if owner_name else sub
-    value = getattr(owner, leaf)
-    i = 0
-    while hasattr(gm, f"_grad_region_attr{i}"):
-        i += 1
-    name = f"_grad_region_attr{i}"
-    if isinstance(value, nn.Module):
-        gm.add_submodule(name, value)
-    elif isinstance(value, nn.Parameter):
-        gm.register_parameter(name, value)
-    elif leaf in owner._buffers:
-        gm.register_buffer(name, value, persistent=leaf not in owner._non_persistent_buffers_set)
-    else:
-        setattr(gm, name, value)
-    return name
-
-
-def _mark_inference_mode(gm: fx.GraphModule, model_name: str) -> None:
-    """export keeps no node for `torch.inference_mode()`, but the values it made there are
-    inference tensors: their ops ran grad-disabled. A grad toggle export left in the graph
-    as a plain call (not a region) cannot be kept per node: refused."""
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if node.target in (torch._C._set_grad_enabled, torch.set_grad_enabled):
-            where = info(node).source
-            raise GraphsplitError(
-                f"{model_name} switches grad mode at {where or 'an unknown line'} in a way graphsplit cannot "
-                "keep per operation; write it as a `with torch.no_grad():` (or enable_grad) block"
-            )
-        values = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
-        if values and all(v.is_inference() for v in values):
-            info(node).grad_enabled = False

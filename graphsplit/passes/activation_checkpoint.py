@@ -44,7 +44,7 @@ import torch.fx as fx
 
 from ..analysis.recompute import mutates
 from ..errors import GraphsplitError
-from ..ir.meta import NodeInfo, block_of, info
+from ..ir.meta import META_KEY, NodeInfo, block_of, info
 from ..ir.optable import OpKind
 from ..ops.activation_checkpoint import CheckpointRegion
 from ..plan import Plan
@@ -216,22 +216,22 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int) -> None:
     with gm.graph.inserting_before(region[0]):
         call = gm.graph.call_module(name, tuple(inputs))
     call.meta = {k: v for k, v in region[0].meta.items() if k in ("nn_module_stack",)}
-    call.meta["graphsplit"] = NodeInfo(kind=OpKind.CHECKPOINT, value="container", module=info(region[0]).module,
+    call.meta[META_KEY] = NodeInfo(kind=OpKind.CHECKPOINT, value="container", module=info(region[0]).module,
                                        stage=stage, flops=sum(info(n).flops for n in region))
-    call.meta["graphsplit"].extra.update(
+    call.meta[META_KEY].extra.update(
         region=[n.name for n in region], unit=found.unit, policy="selective" if found.selective else "full",
         modules=list(dict.fromkeys(info(n).module for n in region)))
     with gm.graph.inserting_before(call.next):  # in order, right after the call
         reads = []
         for i, o in enumerate(outputs):
             r = gm.graph.call_function(operator.getitem, (call, i))
-            r.meta = {"graphsplit": NodeInfo(**{**info(o).__dict__, "kind": OpKind.GETITEM, "flops": 0, "bytes_moved": 0})}
+            r.meta = {META_KEY: NodeInfo(**{**info(o).__dict__, "kind": OpKind.GETITEM, "flops": 0, "bytes_moved": 0})}
             reads.append(r)
     outside = dict(zip(outputs, reads))
     with gm.graph.inserting_before((reads[-1] if reads else call).next):  # keeps the copies in order
         for n in needed:  # the size chain, again, on the region's outputs
             copy = gm.graph.node_copy(n, lambda a: outside.get(a, a))
-            copy.meta = {"graphsplit": NodeInfo(**{**info(n).__dict__})}
+            copy.meta = {META_KEY: NodeInfo(**{**info(n).__dict__})}
             outside[n] = copy
     for o, r in outside.items():
         o.replace_all_uses_with(r, delete_user_cb=lambda u: u not in members)

@@ -54,8 +54,7 @@ class _Caster:
         for value in list(node.all_input_nodes):
             new = self.cast(value, dtype, node)
             if new is not value:
-                node.args = fx.node.map_arg(node.args, lambda n, v=value, w=new: w if n is v else n)
-                node.kwargs = fx.node.map_arg(node.kwargs, lambda n, v=value, w=new: w if n is v else n)
+                node.replace_input_with(value, new)
 
 
 def autocast_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:

@@ -70,9 +70,7 @@ def keep_grad_modes(gm: fx.GraphModule) -> int:
                 continue
             if arg not in detached:
                 detached[arg] = _detach(graph, arg, node)
-            new = detached[arg]
-            node.args = fx.node.map_arg(node.args, lambda a, old=arg, new=new: new if a is old else a)
-            node.kwargs = fx.node.map_arg(node.kwargs, lambda a, old=arg, new=new: new if a is old else a)
+            node.replace_input_with(arg, detached[arg])
         if self_arg is not None and self_arg in detached and _in_place(node):
             # `h.add_(1)` returns h itself: later readers of the result get the original tensor
             # (with its autograd history), the mutation having gone through the shared storage

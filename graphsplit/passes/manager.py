@@ -83,6 +83,8 @@ def run_passes(
         start = time.perf_counter()
         try:
             out, result = fn(gm, inp, results)
+            if isinstance(out, fx.GraphModule):
+                out.graph.lint()  # a malformed graph is this pass's failure, not a later one's
         except GraphsplitError:
             raise
         except Exception as exc:
@@ -90,7 +92,6 @@ def run_passes(
             raise GraphsplitError(f"pass {name} failed (after {after}): {type(exc).__name__}: {exc}") from exc
         if not isinstance(out, fx.GraphModule):
             raise GraphsplitError(f"pass {name} returned {type(out).__name__}, not a GraphModule")
-        out.graph.lint()
         timings[name] = time.perf_counter() - start
         results = results.adding(result)
         done.append(name)

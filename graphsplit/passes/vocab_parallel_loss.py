@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 from ..analysis.shapes import annotate
 from ..ir.meta import info
 from ..ir.sharding import S, Shard
+from ..ir.trace import fill_leaves, split_leaves
 from ..ops import tp as tpops
 from .manager import PassInput, PassResults
 from .tensor_parallel import parallelize_loss
@@ -38,7 +39,7 @@ class _Loss(nn.Module):
         self.leaves = leaves
 
     def rebuild(self, tensors: list[Any]) -> Any:
-        return pytree.tree_unflatten([tensors[v] if kind == "tensor" else v for kind, v in self.leaves], self.spec)
+        return pytree.tree_unflatten(fill_leaves(self.leaves, tensors), self.spec)
 
 
 def trace_loss(loss_fn: Callable[[Any, Any], torch.Tensor], spec: pytree.TreeSpec, leaves: list[tuple[str, Any]], n_tensors: int) -> fx.GraphModule:
@@ -69,16 +70,7 @@ def vocab_parallel_loss_pass(
     if inp.plan.tp == 1 or loss is None or loss.target is None or loss.out_spec is None:
         return gm, None
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    leaves = list(output.args[0])
-    tensor_leaves: list[fx.Node] = []
-    kinds: list[tuple[str, Any]] = []
-    for leaf in leaves:
-        if isinstance(leaf, fx.Node):
-            if leaf not in tensor_leaves:
-                tensor_leaves.append(leaf)
-            kinds.append(("tensor", tensor_leaves.index(leaf)))
-        else:
-            kinds.append(("const", leaf))
+    tensor_leaves, kinds = split_leaves(output.args[0])
     # the leaves tensor_parallel gathered along their last dim (an LM head's logits)
     candidates = {
         i: leaf for i, leaf in enumerate(tensor_leaves)

@@ -121,7 +121,7 @@ class Walker:
             current = moved.get(value, value)
             new = self.redistribute.to(current, need, node)
             if new is not current:
-                _replace_input(node, current, new)
+                node.replace_input_with(current, new)
                 moved[value] = new
         if decision.edit is not None:
             node.target = decision.edit.target
@@ -137,12 +137,12 @@ class Walker:
             if decision.then is not None:
                 last = self._then(node, last, decision.then)
             for user in users:
-                _replace_input(user, node, last)
+                user.replace_input_with(node, last)
         elif decision.then is not None:
             users = list(node.users)
             last = self._then(node, node, decision.then)
             for user in users:
-                _replace_input(user, node, last)
+                user.replace_input_with(node, last)
 
     def _shard_param(self, node: fx.Node, layout: Shard) -> None:
         """Record the parameter `node` reads as sharded, unless it already is otherwise."""
@@ -183,8 +183,3 @@ class Walker:
             return insert_node(self.graph, operator.floordiv, (size, self.tp), before=at, owner=at,
                                kind=OpKind.SHAPE, value="scalar")
         raise GraphsplitError(f"cannot rewrite the size {size!r} of {at.name} for tensor parallelism")
-
-
-def _replace_input(node: fx.Node, old: fx.Node, new: fx.Node) -> None:
-    node.args = fx.node.map_arg(node.args, lambda n: new if n is old else n)
-    node.kwargs = fx.node.map_arg(node.kwargs, lambda n: new if n is old else n)

@@ -6,16 +6,16 @@ import torch.fx as fx
 
 from ....ir.optable import OpKind
 from ....ir.sharding import Replicate
-from ..decision import Decision, LayoutView, register
+from ..decision import Decision, LayoutView, register, replicated
 from ..spellings import describe
 
 
 @register(OpKind.OTHER)
 def unknown(node: fx.Node, view: LayoutView) -> Decision:
     """Not known to keep a shard: gather first (correct, and reported when it gathers)."""
-    sharded = view.sharded_inputs(node)
-    reason = f"{describe(node)} is not known to keep a shard" if sharded else None
-    return Decision(view.whole(node), inputs=tuple((a, Replicate()) for a in sharded), reason=reason)
+    if not view.sharded_inputs(node):
+        return Decision(view.whole(node))
+    return replicated(node, view, f"{describe(node)} is not known to keep a shard")
 
 
 @register(OpKind.OUTPUT)
