@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from .errors import GraphsplitError
 
@@ -59,18 +61,14 @@ class LoadedModel:
         constructor. Each parameter is moved to meta as it is registered, so memory
         peaks at one parameter, and initializers then run on meta for free.
         """
-        original = nn.Module.register_parameter
 
-        def to_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-            if param is not None and param.device.type != "meta":
-                param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
-            original(module, name, param)
+        def to_meta(module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter | None:
+            if param.device.type == "meta":
+                return None  # kept as it is
+            return nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
 
-        nn.Module.register_parameter = to_meta  # type: ignore[method-assign]
-        try:
+        with parameter_registration(to_meta):
             return self._call_builder()
-        finally:
-            nn.Module.register_parameter = original  # type: ignore[method-assign]
 
     def _call_builder(self) -> nn.Module:
         try:
@@ -84,6 +82,21 @@ class LoadedModel:
                 f"{self.factory}() in {self.path} returned {type(model).__name__}, not an nn.Module"
             )
         return model
+
+
+RegistrationHook = Callable[[nn.Module, str, nn.Parameter], nn.Parameter | None]
+
+
+@contextmanager
+def parameter_registration(hook: RegistrationHook) -> Iterator[None]:
+    """Inside, every parameter a module registers passes through `hook(module, name, param)`,
+    whose answer (if not None) is registered instead: torch's global registration hook, so
+    no torch class is patched."""
+    handle = register_module_parameter_registration_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _where(exc: BaseException) -> str:

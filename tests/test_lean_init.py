@@ -47,3 +47,18 @@ def test_run_uses_lean_init_and_falls_back_when_it_cannot():
     cmp = run_training(str(MODELS / "init_reads.py"), Plan(pp=2), RunOptions(steps=2, check=True), echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("built once here" in line for line in lines)
+
+
+def test_parameters_are_swapped_through_torchs_registration_hook_not_a_patch():
+    from torch.nn.modules import module as torch_module
+
+    original = torch.nn.Module.register_parameter
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    shell = loaded.build_buffers_only()  # parameters on meta, buffers real: the constructor ran on CPU
+    assert all(p.device.type == "meta" for p in shell.parameters())
+    full = loaded.build("cpu", seed=0)
+    buffers = dict(full.named_buffers())
+    assert buffers and all(torch.equal(b, buffers[n]) for n, b in shell.named_buffers())
+    lean_build(loaded, 0, set())
+    assert torch.nn.Module.register_parameter is original
+    assert not torch_module._global_parameter_registration_hooks, "the hooks are removed afterwards"

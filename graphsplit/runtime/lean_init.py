@@ -8,8 +8,9 @@ tensor of the same size and strides, thrown away), so the random stream the
 kept parameters see is the one the whole model's build sees, and their values
 are identical. Memory: the kept parameters, the buffers, and one scratch tensor.
 
-Which parameter a `register_parameter` call creates is found by a first build
-on `meta`: the n-th call there names the n-th call here (constructors are
+Parameters are swapped as they are registered (torch's parameter registration
+hook). Which parameter a registration creates is found by a first build on
+`meta`: the n-th registration there names the n-th one here (constructors are
 deterministic). If init code reads a sink (a value that would depend on a
 dropped tensor), `LeanInitUnsupported` is raised and the caller builds the
 whole model instead.
@@ -17,16 +18,17 @@ whole model instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from ..errors import GraphsplitError
-from ..loader import LoadedModel
+from ..loader import LoadedModel, parameter_registration
 
 aten = torch.ops.aten
 
@@ -38,9 +40,6 @@ _RANDOM_FILLS = {
 }
 
 
-_DRAW = [True]  # False: a dry run that only finds out whether lean init works for a model
-
-
 class LeanInitUnsupported(Exception):
     """The model's init code reads a parameter this rank does not keep."""
 
@@ -49,19 +48,20 @@ class _Sink(torch.Tensor):
     """A parameter this rank does not keep: shape, dtype and strides, no data."""
 
     @staticmethod
-    def __new__(cls, like: torch.Tensor) -> _Sink:
+    def __new__(cls, like: torch.Tensor, draw: bool) -> _Sink:
         return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
             cls, like.shape, strides=like.stride(), dtype=like.dtype, device="cpu", requires_grad=like.requires_grad)
 
-    def __init__(self, like: torch.Tensor) -> None:
+    def __init__(self, like: torch.Tensor, draw: bool) -> None:
         self.meta = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device="meta")
+        self.draw = draw  # False: a dry run that only finds out whether lean init works, drawing nothing
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         target = args[0] if args else None
         if func in _RANDOM_FILLS and isinstance(target, _Sink):
-            if _DRAW[0]:
+            if target.draw:
                 scratch = torch.empty_strided(target.shape, target.stride(), dtype=target.dtype)
                 func(scratch, *args[1:], **kwargs)  # draw the numbers the real fill would draw
             return target
@@ -75,7 +75,8 @@ class _Sink(torch.Tensor):
         if _is_view(func):  # a view of a dropped tensor is dropped too
             metas = tree_map_only(_Sink, lambda s: s.meta, args)
             out = func(*metas, **kwargs)
-            return _Sink(out) if isinstance(out, torch.Tensor) else out
+            source = next(a for a in tree_leaves(args) if isinstance(a, _Sink))
+            return _Sink(out, source.draw) if isinstance(out, torch.Tensor) else out
         raise LeanInitUnsupported(f"init code calls {func} on a parameter this rank does not hold")
 
 
@@ -85,26 +86,20 @@ def _is_view(func: Any) -> bool:
 
 
 @contextmanager
-def _registrations(decide: Any) -> Iterator[None]:
-    """Route every `register_parameter` call through `decide(index, module, name, param) -> param`."""
-    original = nn.Module.register_parameter
-    count = [0]
+def _registrations(decide: Callable[[int, nn.Module, str, nn.Parameter], nn.Parameter]) -> Iterator[None]:
+    """Route every parameter registration through `decide(index, module, name, param) -> param`,
+    `index` counting the registrations so far."""
+    count = itertools.count()
 
-    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None:
-            param = decide(count[0], module, name, param)
-        count[0] += 1
-        original(module, name, param)
+    def register(module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter:
+        return decide(next(count), module, name, param)
 
-    nn.Module.register_parameter = register  # type: ignore[method-assign]
-    try:
+    with parameter_registration(register):
         yield
-    finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
 def _names_by_call(loaded: LoadedModel) -> tuple[dict[int, str], dict[str, tuple[int, ...]]]:
-    """Build on meta: the n-th register_parameter call -> the name its tensor ends up with."""
+    """Build on meta: the n-th parameter registration -> the name its tensor ends up with."""
     calls: dict[int, nn.Parameter] = {}
 
     def note(index: int, module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter:
@@ -121,24 +116,23 @@ def _names_by_call(loaded: LoadedModel) -> tuple[dict[int, str], dict[str, tuple
 def lean_init_works(loaded: LoadedModel) -> bool:
     """Whether `lean_build` can run this model's constructor: a dry run with every parameter a sink
     (no parameter memory, no random draws)."""
-    _DRAW[0] = False
     try:
-        lean_build(loaded, 0, set())
+        lean_build(loaded, 0, set(), draw=False)
     except LeanInitUnsupported:
         return False
-    finally:
-        _DRAW[0] = True
     return True
 
 
-def lean_build(loaded: LoadedModel, seed: int, keep: set[str]) -> dict[str, torch.Tensor]:
-    """The kept parameters and every buffer, valued as in `loaded.build("cpu", seed)`, under every name."""
+def lean_build(loaded: LoadedModel, seed: int, keep: set[str], draw: bool = True) -> dict[str, torch.Tensor]:
+    """The kept parameters and every buffer, valued as in `loaded.build("cpu", seed)`, under every name.
+
+    `draw=False`: random fills of dropped parameters draw nothing (a dry run: the values are not used)."""
     names, shapes = _names_by_call(loaded)
 
     def decide(index: int, module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter:
         if names.get(index) in keep or isinstance(param, _Sink):
             return param  # kept, or a sink registered again under a tied name
-        return nn.Parameter(_Sink(param.detach()), requires_grad=param.requires_grad)
+        return nn.Parameter(_Sink(param.detach(), draw), requires_grad=param.requires_grad)
 
     torch.manual_seed(seed)
     with _registrations(decide):
