@@ -49,38 +49,41 @@ class OpKind(enum.Enum):
     transpose, split, ...). Passes invent the last kinds for the nodes they insert.
     """
 
-    #                    value                traits                   autocast
-    INPUT = ("input", Trait.NONE, None)
-    OUTPUT = ("output", Trait.NONE, None)
-    PARAM = ("param", Trait.NONE, None)
-    LINEAR = ("linear", _C, Precision.LOW)
-    EMBEDDING = ("embedding", _C, None)
-    CONV = ("conv", _C, Precision.LOW)
-    MATMUL = ("matmul", _C | _PS, Precision.LOW)
-    ATTENTION = ("attention", _C | _PS, Precision.LOW)
-    NORM = ("norm", _NS, Precision.FP32)
-    VIEW = ("view", _PS | _NS | _LO, None)
-    GETITEM = ("getitem", _PS | _LO, None)
-    SHAPE = ("shape", _PS, None)  # a size query: its family is also sizes of a sharded value
-    ASSERT = ("assert", Trait.NONE, None)
-    OTHER = ("other", Trait.NONE, None)  # nothing known: a shard is gathered before it
-    # families: how a shard flows through the ops classify calls OTHER
-    IDENTITY = ("identity", _PS | _LO, None)  # clone, detach, to, dropout: the layout of its first input
-    POINTWISE = ("pointwise", _PS | _NS, None)
-    TRANSPOSE = ("transpose", _PS | _NS | _LO, None)
-    SPLIT = ("split", _PS | _NS, None)
-    CAT = ("cat", _PS | _NS, None)
-    STACK = ("stack", _PS | _NS, None)
-    EXPAND = ("expand", _PS | _NS, None)
-    REPEAT_INTERLEAVE = ("repeat_interleave", _PS | _NS, None)
-    SLICE = ("slice", _PS | _NS, None)
-    SOFTMAX = ("softmax", _PS | _NS, Precision.FP32)
-    REDUCTION = ("reduction", _NS, Precision.UPCAST)
-    CROSS_ENTROPY = ("cross_entropy", Trait.NONE, Precision.UPCAST)
+    # member          = (label,               traits,              autocast)
+    INPUT             = ("input",             Trait.NONE,          None)
+    OUTPUT            = ("output",            Trait.NONE,          None)
+    PARAM             = ("param",             Trait.NONE,          None)
+    LINEAR            = ("linear",            _C,                  Precision.LOW)
+    EMBEDDING         = ("embedding",         _C,                  None)
+    CONV              = ("conv",              _C,                  Precision.LOW)
+    MATMUL            = ("matmul",            _C | _PS,            Precision.LOW)
+    ATTENTION         = ("attention",         _C | _PS,            Precision.LOW)
+    NORM              = ("norm",              _NS,                 Precision.FP32)
+    VIEW              = ("view",              _PS | _NS | _LO,     None)
+    GETITEM           = ("getitem",           _PS | _LO,           None)
+    # a size query (as a family: x.size(), x.shape, numel, which answer global sizes)
+    SHAPE             = ("shape",             _PS,                 None)
+    ASSERT            = ("assert",            Trait.NONE,          None)
+    # nothing known: a shard is gathered before it
+    OTHER             = ("other",             Trait.NONE,          None)
+    # families: how a shard flows through the ops classify calls OTHER (IDENTITY: clone,
+    # detach, to, dropout, whose output has the layout of their first input)
+    IDENTITY          = ("identity",          _PS | _LO,           None)
+    POINTWISE         = ("pointwise",         _PS | _NS,           None)
+    TRANSPOSE         = ("transpose",         _PS | _NS | _LO,     None)
+    SPLIT             = ("split",             _PS | _NS,           None)
+    CAT               = ("cat",               _PS | _NS,           None)
+    STACK             = ("stack",             _PS | _NS,           None)
+    EXPAND            = ("expand",            _PS | _NS,           None)
+    REPEAT_INTERLEAVE = ("repeat_interleave", _PS | _NS,           None)
+    SLICE             = ("slice",             _PS | _NS,           None)
+    SOFTMAX           = ("softmax",           _PS | _NS,           Precision.FP32)
+    REDUCTION         = ("reduction",         _NS,                 Precision.UPCAST)
+    CROSS_ENTROPY     = ("cross_entropy",     Trait.NONE,          Precision.UPCAST)
     # kinds of the nodes passes insert
-    COLLECTIVE = ("collective", Trait.NONE, None)
-    CAST = ("cast", Trait.NONE, None)
-    CHECKPOINT = ("checkpoint", Trait.NONE, None)
+    COLLECTIVE        = ("collective",        Trait.NONE,          None)
+    CAST              = ("cast",              Trait.NONE,          None)
+    CHECKPOINT        = ("checkpoint",        Trait.NONE,          None)
 
     def __init__(self, label: str, traits: Trait, precision: Precision | None) -> None:
         self.label = label

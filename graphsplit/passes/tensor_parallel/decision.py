@@ -6,8 +6,16 @@ It reads layouts, shapes and parameter shardings through the `LayoutView` and
 never edits the graph; `walker.py` applies its decision, moving inputs to the
 layouts the rule asks for through `redistribute.py`.
 
-    >>> decide(add_node, view)            # x: S(2), y: R broadcast over dim 2
-    Decision(out=Shard(dim=2), inputs=((y, BROADCAST),))
+    @register(OpKind.SOFTMAX)
+    def softmax(node, view):
+        have = view.layout(node.args[0])
+        if isinstance(have, Shard) and <softmax dim> != have.dim:
+            return Decision(have)                 # keeps the shard, no collective
+        return replicated(node, view, "softmax over the sharded dim")   # gather first
+
+`x + b` with x: S(2) of [2, 4, 8] and b: R of [4, 1] decides
+`Decision(out=Shard(dim=2), inputs=((b, BROADCAST),))` (tests/test_tp_rules.py
+holds such rows for every family).
 """
 
 from __future__ import annotations

@@ -83,6 +83,9 @@ def parallelize_loss(loss_gm: fx.GraphModule, tp: int, input_layouts: dict[int, 
 
 
 class Walker:
+    """Walks one graph (the model's or the loss's) for `tp` ranks; collects the parameter
+    shardings it decided and what it left whole."""
+
     def __init__(self, gm: fx.GraphModule, tp: int) -> None:
         self.gm = gm
         self.graph = gm.graph
@@ -112,6 +115,7 @@ class Walker:
             self.apply(node, rule(node, self.view))
 
     def apply(self, node: fx.Node, decision: Decision) -> None:
+        """Carry out a rule's decision for `node`: the only graph edits the pass makes."""
         if decision.reason:
             self.left_whole.append(LeftWhole(info(node).module or "<root>", node.name, decision.reason))
         for param, layout in decision.params:
@@ -131,16 +135,13 @@ class Walker:
             node = replace_node(node, decision.swap.target, self._resolve(decision.swap.args, node, moved))
         if decision.out is not None:
             info(node).sharding = decision.out
-        if isinstance(decision.out, Partial):  # summed where it is made: no consumer sees a partial sum
+        partial = isinstance(decision.out, Partial)
+        if partial or decision.then is not None:
             users = list(node.users)
-            last = self.redistribute.reduce_after(node)
+            # a partial sum is summed where it is made (Megatron's g): no consumer sees one
+            last = self.redistribute.reduce_after(node) if partial else node
             if decision.then is not None:
                 last = self._then(node, last, decision.then)
-            for user in users:
-                user.replace_input_with(node, last)
-        elif decision.then is not None:
-            users = list(node.users)
-            last = self._then(node, node, decision.then)
             for user in users:
                 user.replace_input_with(node, last)
 
