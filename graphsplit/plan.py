@@ -14,6 +14,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import GraphsplitError
@@ -167,6 +168,21 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """A plan file: what `graphsplit plan --out` writes (the plan under "plan", the prediction beside
+        it), or a bare plan object as `to_json()` writes it."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise GraphsplitError(f"cannot read plan file {path}: {exc}; give a file written by graphsplit plan --out") from None
+        if isinstance(data, dict) and isinstance(data.get("plan"), dict):
+            data = data["plan"]
+        if not isinstance(data, dict):
+            raise GraphsplitError(f"plan file {path} holds no plan object; give a file written by graphsplit plan --out")
+        return cls.from_dict(data)
 
 
 def _overrides(value: Any) -> tuple[tuple[str, str], ...]:

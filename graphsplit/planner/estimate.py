@@ -1,0 +1,184 @@
+"""One plan's memory per rank and step time, from the per-stage sums of the model's profile.
+
+Memory per rank, in the sources' five parts plus communication buffers:
+
+- parameters: fp32 (the optimizer's master copy; autocast casts inside the graph).
+  FSDP (as graphsplit applies it: one `fully_shard` unit per stage, driven by
+  torch.distributed.pipelining, which keeps the unit unsharded from its first
+  backward to the step's last) holds its 1/dp shard plus the whole unit gathered.
+- gradients: fp32, one per parameter; FSDP accumulates them unsharded until the last
+  micro-batch's backward reduce-scatters them.
+- optimizer state: AdamW's two fp32 moments (1/dp of them under FSDP); SGD none.
+- activations: the bytes one stage-chunk keeps for backward under the plan's
+  checkpoint policy, times the chunks the schedule keeps in flight on that rank
+  (schedules.py); with checkpointing, the largest region's recompute on top.
+- outputs and loss: the last stage's outputs of the micro-batches in flight, and the
+  loss's own buffers (a cross-entropy keeps its log-softmax).
+- communication buffers: DDP's gradient buckets, the pipeline's send/receive buffers.
+
+Step time: each stage's forward, backward (twice the forward: two matmuls per
+matmul) and recompute, every op priced by a roofline against the hardware
+(FLOPs at the matmul or the vector rate, bytes at the memory bandwidth); the tp
+collectives of a micro-batch on the tp group's link; the pipeline's sends; the
+schedule's bubble; the dp gradient all-reduce (DDP) or all-gather + reduce-scatter
+(FSDP) on the dp group's link, overlapped with the last micro-batch's backward; and
+the optimizer's pass over its state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..plan import Plan
+from .hardware import Hardware
+from .schedules import bubble_fraction, in_flight_chunks
+
+FP32 = 4
+ADAMW_STATES = 2  # exp_avg, exp_avg_sq
+DDP_BUCKET_BYTES = 25 * 2**20  # torch's default bucket_cap_mb
+DDP_BUCKETS_IN_FLIGHT = 2
+
+
+@dataclass(frozen=True)
+class StageSums:
+    """One pipeline stage on one tp rank, for one micro-batch of the plan's size."""
+
+    param_bytes: int  # fp32 parameters it holds (a tied copy counts on every stage holding it)
+    saved_bytes: int  # kept for backward by one forward under the plan's checkpoint policy
+    recompute_peak: int  # the largest checkpoint region's activations, live while it is recomputed
+    output_bytes: int  # the stage's outputs (the model's, on the last stage) and the loss's buffers
+    send_bytes: int  # what it sends to the next stage (activations; their gradients come back)
+    forward_seconds: float  # one forward
+    recompute_seconds: float  # what backward recomputes
+    tp_seconds: float  # its tp collectives, forward and backward
+
+
+@dataclass
+class Estimate:
+    """What one plan costs, for its busiest rank."""
+
+    plan: Plan
+    memory: dict[str, int]  # parameters, gradients, optimizer_state, activations, outputs_and_loss,
+    #                         communication_buffers, total
+    step_seconds: float
+    samples_per_second: float
+    tokens_per_second: float | None
+    mfu: float
+    bubble: float
+    time: dict[str, float] = field(default_factory=dict)  # seconds per step by kind
+    busiest_rank: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": plan_fields(self.plan),
+            "memory": dict(self.memory),
+            "step_seconds": self.step_seconds,
+            "samples_per_second": self.samples_per_second,
+            "tokens_per_second": self.tokens_per_second,
+            "mfu": self.mfu,
+            "bubble": self.bubble,
+            "time": dict(self.time),
+            "busiest_pp_rank": self.busiest_rank,
+        }
+
+
+def plan_fields(plan: Plan) -> dict[str, Any]:
+    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "fsdp": plan.fsdp, "microbatches": plan.num_microbatches,
+            "schedule": plan.schedule, "stages_per_rank": plan.stages_per_rank, "checkpoint": plan.checkpoint,
+            "autocast": plan.autocast}
+
+
+def ring_seconds(nbytes: float, ranks: int, bandwidth: float, latency: float, steps_factor: float) -> float:
+    """A ring collective over `ranks`: `steps_factor` x (ranks - 1) / ranks of the bytes cross each link
+    (2 for all-reduce, 1 for all-gather or reduce-scatter), plus one latency per step."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return steps_factor * (ranks - 1) / ranks * nbytes / bandwidth + steps_factor * (ranks - 1) * latency
+
+
+def group_link(hw: Hardware, span: int) -> tuple[float, float]:
+    """(bandwidth, latency) of a group whose ranks lie `span` apart in the world: inside one node or not."""
+    if span <= hw.gpus_per_node:
+        return hw.intra_node_bandwidth * hw.link_efficiency, hw.intra_node_latency
+    return hw.inter_node_bandwidth * hw.link_efficiency, hw.inter_node_latency
+
+
+def estimate(plan: Plan, stages: list[StageSums], hw: Hardware, samples: int, tokens_per_sample: int | None,
+             model_flops_per_sample: float, optimizer: str = "adamw") -> Estimate:
+    """Memory of the busiest rank and the step time of `plan`, whose stages are `stages` (in order).
+
+    `samples`: the global batch; `model_flops_per_sample`: the untouched model's forward FLOPs for one
+    sample (MFU counts forward + backward, 3x, and no recompute, as the sources do)."""
+    m, v, pp, tp, dp = plan.num_microbatches, plan.stages_per_rank, plan.pp, plan.tp, plan.dp
+    ranks: list[list[int]] = [[] for _ in range(pp)]
+    for s in range(len(stages)):
+        ranks[plan.stage_rank(s)].append(s)
+    # the mesh is (dp, pp, tp), tp fastest: tp groups are contiguous, pp neighbours tp apart, dp replicas tp*pp apart
+    tp_bw, tp_lat = group_link(hw, tp)
+    pp_bw, pp_lat = group_link(hw, tp * 2) if pp > 1 else (1.0, 0.0)
+    dp_bw, dp_lat = group_link(hw, tp * pp * dp) if dp > 1 else (1.0, 0.0)
+    share = max(1.0, plan.world_size / hw.shared_cores) if hw.shared_cores else 1.0  # CPU ranks sharing cores
+
+    best: tuple[int, dict[str, int]] | None = None
+    stage_times = []
+    for r, held in enumerate(ranks):
+        params = sum(stages[s].param_bytes for s in held)
+        chunks = in_flight_chunks(plan.schedule, pp, m, v, r)
+        per_chunk = max(stages[s].saved_bytes for s in held)
+        acts = chunks * per_chunk + max(stages[s].recompute_peak for s in held)
+        last = plan.num_stages - 1 in held
+        out_chunks = in_flight_chunks(plan.schedule, pp, m, 1, r) if pp > 1 else 1
+        outputs = stages[-1].output_bytes * out_chunks if last else 0
+        states = ADAMW_STATES if optimizer == "adamw" else 0
+        if plan.fsdp:
+            memory = {"parameters": params // dp + params, "gradients": params,
+                      "optimizer_state": states * params // dp}
+        else:
+            memory = {"parameters": params, "gradients": params, "optimizer_state": states * params}
+        buffers = 2 * max(stages[s].send_bytes for s in held) if pp > 1 else 0
+        if dp > 1 and not plan.fsdp:
+            buffers += min(params, DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES)
+        memory.update(activations=acts, outputs_and_loss=outputs, communication_buffers=buffers)
+        memory["total"] = sum(memory.values())
+        if best is None or memory["total"] > best[1]["total"]:
+            best = (r, memory)
+        per_mb = 0.0
+        for s in held:
+            st = stages[s]
+            pp_send = (st.send_bytes / pp_bw + pp_lat) * 2 if pp > 1 and s < plan.num_stages - 1 else 0.0
+            per_mb += (3 * st.forward_seconds + st.recompute_seconds) * share + st.tp_seconds + pp_send
+        stage_times.append((per_mb, params, held))
+    assert best is not None
+    bottleneck = max(t for t, _, _ in stage_times)
+    bubble = bubble_fraction(plan.schedule, pp, m, v)
+    pipeline = bottleneck * m / (1 - bubble) if bubble < 1 else float("inf")
+    grads = max(p for _, p, _ in stage_times)
+    if dp > 1 and plan.fsdp:
+        dp_comm = ring_seconds(grads, dp, dp_bw, dp_lat, 1) * 2  # gather once, reduce-scatter once
+    elif dp > 1:
+        dp_comm = ring_seconds(grads, dp, dp_bw, dp_lat, 2)
+    else:
+        dp_comm = 0.0
+    last_backward = 2 * max(t for t, _, _ in stage_times) / 3
+    exposed_dp = max(0.0, dp_comm - last_backward)
+    opt_bytes = grads * (7 if optimizer == "adamw" else 3) / (dp if plan.fsdp else 1)
+    optimizer_seconds = opt_bytes / (hw.memory_bandwidth * hw.memory_efficiency) * share
+    step = pipeline + exposed_dp + optimizer_seconds
+    model_flops = 3 * model_flops_per_sample * samples
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(plan.autocast or "", "float32")
+    peak = hw.peak_flops.get(dtype, hw.peak_flops["float32"])
+    mfu = model_flops / (step * plan.world_size * peak) if step > 0 else 0.0
+    comm_tp = sum(stages[s].tp_seconds for s in ranks[0]) * m
+    return Estimate(
+        plan=plan,
+        memory=best[1],
+        step_seconds=step,
+        samples_per_second=samples / step if step > 0 else 0.0,
+        tokens_per_second=samples * tokens_per_sample / step if tokens_per_sample and step > 0 else None,
+        mfu=mfu,
+        bubble=bubble,
+        time={"compute_and_tp": pipeline * (1 - bubble), "bubble": pipeline * bubble, "tp_collectives": comm_tp,
+              "dp_exposed": exposed_dp, "dp_collectives": dp_comm, "optimizer": optimizer_seconds},
+        busiest_rank=best[0],
+    )

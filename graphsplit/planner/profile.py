@@ -1,0 +1,398 @@
+"""The model's profile: what every op costs, per sample, for each tp degree and precision.
+
+The model is built on meta and traced once. Deep models are folded (fold.py): the
+head, two blocks and the tail are compiled instead of all of them. Each variant
+(tp degree x fp32 or low precision) runs the passes that change what an op costs
+(grad mode, tensor parallel, vocab-parallel loss, autocast) on that graph at one
+and at two samples per micro-batch, is unfolded back to the whole sequence of ops,
+and becomes an `OpTable`: per op, FLOPs, bytes moved, bytes kept for backward and
+output bytes, each as `per_sample * b + constant` (weights are read whatever the
+batch), which parameters it reads and which collectives it runs; per cut, the bytes
+live across it. A plan's micro-batch size then prices every op without compiling
+again, and the pipeline cut is the compiler's own (`balanced_cuts`) on the same costs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from ..analysis.collectives import node_collectives
+from ..analysis.recompute import recomputable
+from ..analysis.shapes import annotate, meta_copy
+from ..compile import PASSES, check_call
+from ..errors import GraphsplitError
+from ..ir.meta import META_KEY, block_of, canonical_names, info
+from ..ir.optable import OpKind
+from ..ir.sharding import local_shape
+from ..ir.trace import trace_model
+from ..loader import LoadedModel
+from ..passes.manager import LossInput, PassInput, run_passes
+from ..passes.tensor_parallel import TensorParallelResult
+from ..plan import Plan
+from ..runtime.microbatch import split_microbatches
+from .fold import Fold, Unfolding, fold
+
+# the passes that change what an op costs; the rest (sync-bn, cuts, checkpoint regions) are priced here
+COST_PASSES = ("grad_mode", "tensor_parallel", "vocab_parallel_loss", "autocast")
+SELECTIVE_KINDS = frozenset({OpKind.LINEAR, OpKind.MATMUL, OpKind.ATTENTION, OpKind.CONV})
+
+
+@dataclass
+class OpTable:
+    """One variant of the whole op sequence; pairs are (per sample, constant)."""
+
+    tp: int
+    low: bool
+    flops: tuple[np.ndarray, np.ndarray]
+    bytes: tuple[np.ndarray, np.ndarray]
+    kept: list[tuple[int, ...]]  # per op: the storages it keeps for backward (ids into `storage`)
+    storage: tuple[np.ndarray, np.ndarray]  # per storage id: its bytes
+    out: tuple[np.ndarray, np.ndarray]  # the op's output
+    live: tuple[np.ndarray, np.ndarray]  # per cut 0..n: bytes live across it
+    blocked: np.ndarray  # per cut: a container is live across it
+    low_rate: np.ndarray  # bool: runs at the low-precision matmul rate
+    compute: np.ndarray  # bool: a matmul-class op (selective checkpointing keeps its output)
+    block: np.ndarray  # the repeated block each op lies in (index into `blocks`), -1 outside
+    blocks: list[str]
+    block_inputs: dict[int, tuple[tuple[int, int], tuple[int, int]]]  # block -> ((stream), (shared)) bytes pairs
+    params: list[tuple[str, ...]]  # per op: the parameters it reads (canonical names)
+    param_bytes: dict[str, int]  # per tp rank, as stored (fp32)
+    collectives: list[tuple[int, str, str, int, int]]  # (op, direction, kind, bytes per sample, constant)
+    output: tuple[int, int]  # the model's output tensors on the last stage
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.params)
+
+    def at(self, pair: tuple[np.ndarray, np.ndarray], b: int) -> np.ndarray:
+        return pair[0] * b + pair[1]
+
+    def saved(self, ops: Any, b: int) -> int:
+        """Bytes the ops `ops` (indices) keep for backward when they run in one stage: each storage once."""
+        found = {k for i in ops for k in self.kept[i]}
+        if not found:
+            return 0
+        index = np.fromiter(found, dtype=np.int64)
+        return int((self.storage[0][index] * b + self.storage[1][index]).sum())
+
+
+@dataclass
+class _Source:
+    """What a table is compiled from: the (folded) traced graph and its example micro-batches."""
+
+    base: fx.GraphModule
+    fold: Fold | None
+    inputs: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]  # two and four samples
+    losses: tuple[LossInput | None, LossInput | None]
+
+
+@dataclass
+class ModelProfile:
+    """Everything the search prices plans from; a variant's table is built when a plan first needs it."""
+
+    batch: int  # samples in the global batch (example_inputs)
+    tokens_per_sample: int | None
+    model_flops_per_sample: float
+    max_stages: int
+    has_blocks: bool
+    variants: dict[tuple[int, bool], OpTable | str]  # (tp, low precision) -> its table, or why it cannot be
+    folded: bool
+    source: _Source = field(repr=False, default=None)  # type: ignore[assignment]
+    hardware: Any = None  # set by the search
+
+    def table(self, plan: Plan) -> OpTable:
+        key = (plan.tp, plan.autocast is not None)
+        if key not in self.variants:
+            src = self.source
+            try:
+                self.variants[key] = build_table(src.base, src.fold, key[0], key[1], *src.inputs, *src.losses)
+            except GraphsplitError as exc:
+                self.variants[key] = f"tp={plan.tp}: {exc}"
+        found = self.variants[key]
+        if isinstance(found, str):
+            raise GraphsplitError(found)
+        return found
+
+    def stages(self, plan: Plan) -> list[Any]:
+        from .stages import stage_sums
+
+        return stage_sums(self.table(plan), plan, self.batch, self.hardware)
+
+
+def _inputs_of(flat: Sequence[Any], samples: int) -> tuple[torch.Tensor, ...]:
+    """The example inputs cut (or repeated) to `samples` along the batch dim."""
+    one = split_microbatches(tuple(flat), flat_batch(flat))[0]
+    return tuple(torch.cat([t] * samples) if isinstance(t, torch.Tensor) and t.dim() else t for t in one)
+
+
+def flat_batch(flat: Sequence[Any]) -> int:
+    for t in flat:
+        if isinstance(t, torch.Tensor) and t.dim():
+            return int(t.shape[0])
+    raise GraphsplitError("no batched tensor among example_inputs()")
+
+
+def _compile(base: fx.GraphModule, plan: Plan, inputs: tuple[torch.Tensor, ...], loss: LossInput | None
+             ) -> tuple[fx.GraphModule, dict[str, Any]]:
+    gm = copy.deepcopy(base)
+    for node in gm.graph.nodes:  # a graph's deep copy shares node.meta's values: each compile writes its own
+        ni = info(node)
+        node.meta[META_KEY] = dataclasses.replace(ni, extra=dict(ni.extra))
+    annotate(gm, inputs)
+    run = run_passes(gm, PassInput(plan, inputs, None, loss), [p for p in PASSES if p[0] in COST_PASSES])
+    tp = run.results.get(TensorParallelResult)
+    return run.gm, dict(tp.param_shardings) if tp else {}
+
+
+def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], shardings: dict[str, Any], tp: int
+                  ) -> dict[str, list[tuple[str, int, int]]]:
+    """What each node keeps for backward, as (the node that first kept the storage, its index among the
+    storages that node first kept, bytes): one entry per distinct storage, parameters excluded. Measured
+    on meta with saved_tensors_hooks, as analysis/memory.py measures a stage."""
+    module = meta_copy(gm, shardings, tp)
+    params = {p.untyped_storage()._cdata for p in module.parameters()}
+    first: dict[int, tuple[str, int, int]] = {}
+    counts: dict[str, int] = {}
+    kept: dict[str, list[tuple[str, int, int]]] = {}
+    current = [""]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata in params:
+            return t
+        key = first.get(storage._cdata)
+        if key is None:
+            index = counts.get(current[0], 0)
+            counts[current[0]] = index + 1
+            key = first[storage._cdata] = (current[0], index, storage.nbytes())
+        mine = kept.setdefault(current[0], [])
+        if key not in mine:
+            mine.append(key)
+        return t
+
+    class Run(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            current[0] = n.name
+            return super().run_node(n)
+
+    args = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=t.is_floating_point())
+                 for t in inputs)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        Run(module).run(*args)
+    return kept
+
+
+def _node_params(gm: fx.GraphModule, node: fx.Node, names: dict[int, str], recomp: set[fx.Node],
+                 memo: dict[fx.Node, tuple[str, ...]]) -> tuple[str, ...]:
+    """The parameters a stage holding `node` must hold: those it reads, and those behind the values it
+    recomputes for itself (a weight's bf16 cast made before the cut is made again after it)."""
+    if node in memo:
+        return memo[node]
+    found: list[str] = []
+    for a in node.all_input_nodes:
+        if a.op == "get_attr":
+            try:
+                found.append(names[id(gm.get_parameter(str(a.target)))])
+            except (AttributeError, KeyError):
+                pass
+        elif a in recomp:
+            found += _node_params(gm, a, names, recomp, memo)
+    if node.op == "call_module":
+        found += [names[id(p)] for p in gm.get_submodule(str(node.target)).parameters() if id(p) in names]
+    memo[node] = tuple(dict.fromkeys(found))
+    return memo[node]
+
+
+@dataclass
+class _Measured:
+    """One compile of one variant at one micro-batch size, seen as the whole op sequence."""
+
+    unf: Unfolding
+    gm: fx.GraphModule
+    shardings: dict[str, Any]
+    flops: np.ndarray
+    bytes: np.ndarray
+    out: np.ndarray
+    live: np.ndarray
+    blocked: np.ndarray
+    kept: list[list[tuple[tuple[str, int, int], int]]]  # per op: (storage key, bytes) of what it keeps
+
+
+def _measure(base: fx.GraphModule, fold_: Fold | None, plan: Plan, inputs: tuple[torch.Tensor, ...],
+             loss: LossInput | None) -> _Measured:
+    gm, shardings = _compile(base, plan, inputs, loss)
+    saved = saved_by_node(gm, inputs, shardings, plan.tp)
+    unf = Unfolding(gm, fold_)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    n = len(unf)
+    live = np.zeros(n + 2, dtype=np.int64)
+    blocked = np.zeros(n + 2, dtype=np.int64)
+    for node, _copy, start, end in unf.intervals(recomputable(gm.graph)):
+        ni = info(node)
+        if ni.value == "tensor":
+            live[start] += ni.out_bytes
+            live[end + 1] -= ni.out_bytes
+        elif ni.value == "container":
+            blocked[start] += 1
+            blocked[end + 1] -= 1
+    kept = []
+    for op in unf.sequence:
+        mine = []
+        for first, index, nbytes in saved.get(op[0].name, []):
+            source, copy = unf.value(by_name[first], op) if first in by_name else (None, 0)
+            mine.append(((source.name if source is not None else first, copy, index), nbytes))
+        kept.append(mine)
+    ops = [node for node, _ in unf.sequence]
+    return _Measured(
+        unf=unf, gm=gm, shardings=shardings,
+        flops=np.array([info(x).flops for x in ops], dtype=np.int64),
+        bytes=np.array([info(x).bytes_moved for x in ops], dtype=np.int64),
+        out=np.array([info(x).out_bytes for x in ops], dtype=np.int64),
+        live=np.cumsum(live)[: n + 1], blocked=np.cumsum(blocked)[: n + 1] > 0, kept=kept,
+    )
+
+
+def _linear(two: np.ndarray, four: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(per sample, constant) from the values at two and four samples per micro-batch (not one: at one
+    sample some ops keep a view where they keep a copy at any other size)."""
+    per_sample = (four - two) // 2
+    return per_sample, two - 2 * per_sample
+
+
+def _pair(two: int, four: int) -> tuple[int, int]:
+    return (four - two) // 2, two - (four - two)
+
+
+def build_table(base: fx.GraphModule, fold_: Fold | None, tp: int, low: bool, inputs1: tuple[torch.Tensor, ...],
+                inputs2: tuple[torch.Tensor, ...], loss1: LossInput | None, loss2: LossInput | None) -> OpTable:
+    plan = Plan(tp=tp, autocast="bf16" if low else None)
+    a = _measure(base, fold_, plan, inputs1, loss1)
+    b = _measure(base, fold_, plan, inputs2, loss2)
+    if len(a.unf) != len(b.unf):
+        raise GraphsplitError("internal: the profile compiled differently at two batch sizes")
+    names = canonical_names(a.gm)
+    param_bytes: dict[str, int] = {}
+    for name, p in a.gm.named_parameters():
+        sharding = a.shardings.get(name)
+        shape = local_shape(tuple(p.shape), sharding, tp) if sharding is not None else tuple(p.shape)
+        param_bytes[name] = int(np.prod(shape, dtype=np.int64)) * p.element_size()
+    n = len(a.unf)
+    block_names: list[str] = []
+    block_index: dict[str, int] = {}
+    params: list[tuple[str, ...]] = []
+    blocks = np.full(n, -1, dtype=np.int64)
+    collectives: list[tuple[int, str, str, int, int]] = []
+    recomp, memo = recomputable(a.gm.graph), {}
+    lows = np.zeros(n, dtype=bool)
+    compute = np.zeros(n, dtype=bool)
+    for i, ((node, k), (node2, _)) in enumerate(zip(a.unf.sequence, b.unf.sequence)):
+        ni = info(node)
+        module = fold_.block_name(ni.module, k) if fold_ is not None and k else ni.module
+        block = block_of(module)
+        if block is not None:
+            if block not in block_index:
+                block_index[block] = len(block_names)
+                block_names.append(block)
+            blocks[i] = block_index[block]
+        here = list(_node_params(a.gm, node, names, recomp, memo))
+        if fold_ is not None and k:
+            for name in here:
+                param_bytes.setdefault(fold_.block_name(name, k), param_bytes[name])
+            here = [fold_.block_name(name, k) for name in here]
+        params.append(tuple(here))
+        lows[i] = ni.tensor is not None and ni.tensor.dtype in (torch.bfloat16, torch.float16)
+        compute[i] = ni.kind in SELECTIVE_KINDS
+        for direction, kind in node_collectives(node):
+            src, src2 = (node, node2) if kind == "all_gather" else (node.args[0], node2.args[0])
+            collectives.append((i, direction, kind, *_pair(info(src).out_bytes, info(src2).out_bytes)))
+    # what each block reads from outside it: the stream (the block before's output, read by this block
+    # alone) and the values the head shares with every block (read by several: masks, rotary tables)
+    readers: dict[tuple[fx.Node, int], set[int]] = {}
+    for i, op in enumerate(a.unf.sequence):
+        if blocks[i] < 0:
+            continue
+        for src in op[0].all_input_nodes:
+            value = a.unf.value(src, op)
+            j = a.unf.position.get(value, -1)
+            if src.op != "get_attr" and info(src).value == "tensor" and (j < 0 or blocks[j] != blocks[i]):
+                readers.setdefault(value, set()).add(int(blocks[i]))
+    totals = {bi: [[0, 0], [0, 0]] for bi in range(len(block_names))}
+    same = dict(zip(a.gm.graph.nodes, b.gm.graph.nodes))
+    for (src, _), consumers in readers.items():
+        per_sample, constant = _pair(info(src).out_bytes, info(same[src]).out_bytes)
+        kind = 0 if len(consumers) == 1 else 1
+        for bi in consumers:
+            totals[bi][kind][0] += per_sample
+            totals[bi][kind][1] += constant
+    block_inputs = {bi: ((st[0], st[1]), (sh[0], sh[1])) for bi, (st, sh) in totals.items()}
+    # what each op keeps, as storage ids (one storage kept by several ops of a stage counts once there)
+    ids: dict[tuple[str, int, int], int] = {}
+    kept_ids: list[tuple[int, ...]] = []
+    kept_bytes: dict[int, tuple[int, int]] = {}
+    for mine_a, mine_b in zip(a.kept, b.kept):
+        row = []
+        for (key, two), (_, four) in zip(mine_a, mine_b):
+            kid = ids.setdefault(key, len(ids))
+            kept_bytes[kid] = _pair(two, four)
+            row.append(kid)
+        kept_ids.append(tuple(row))
+    storage = np.array([kept_bytes[i] for i in range(len(ids))], dtype=np.int64).reshape(-1, 2)
+    outputs = next(x for x in reversed(a.gm.graph.nodes) if x.op == "output").all_input_nodes
+    output = _pair(sum(info(x).out_bytes for x in outputs), sum(info(same[x]).out_bytes for x in outputs))
+    return OpTable(
+        tp=tp, low=low,
+        flops=_linear(a.flops, b.flops), bytes=_linear(a.bytes, b.bytes), kept=kept_ids,
+        storage=(storage[:, 0], storage[:, 1]),
+        out=_linear(a.out, b.out), live=_linear(a.live, b.live), blocked=a.blocked | b.blocked,
+        low_rate=lows, compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs,
+        params=params, param_bytes=param_bytes, collectives=collectives, output=output,
+    )
+
+
+def tokens_per_sample(flat: Sequence[Any]) -> int | None:
+    """The sequence length when the model reads token ids (an integer input of 2 or more dims)."""
+    for t in flat:
+        if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() >= 2:
+            return int(t.shape[1])
+    return None
+
+
+def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,)) -> ModelProfile:
+    """Trace `loaded` once; build the tables of `tp_degrees` in fp32 and low precision now (the rest
+    when a plan needs them)."""
+    model = loaded.build("meta")
+    check_call(model, loaded.args, loaded.kwargs, loaded.path)
+    traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path)
+    flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
+    batch = flat_batch(flat)
+    losses: tuple[LossInput | None, LossInput | None] = (None, None)
+    if loaded.loss_fn is not None and loaded.target is not None:
+        one = split_microbatches(loaded.target, batch)[0]
+        two, four = (torch.utils._pytree.tree_map_only(torch.Tensor, lambda t, k=k: torch.cat([t] * k), one)
+                     for k in (2, 4))
+        losses = (LossInput(loaded.loss_fn, two, traced.out_spec), LossInput(loaded.loss_fn, four, traced.out_spec))
+    found = fold(traced.gm)
+    base, fold_ = found if found is not None else (traced.gm, None)
+    source = _Source(base, fold_, (_inputs_of(flat, 2), _inputs_of(flat, 4)), losses)
+    profile = ModelProfile(batch=batch, tokens_per_sample=tokens_per_sample(flat), model_flops_per_sample=0.0,
+                           max_stages=1, has_blocks=False, variants={}, folded=fold_ is not None, source=source)
+    reference = profile.table(Plan())  # raises when the model cannot be compiled at all
+    for tp in tp_degrees:
+        for low in (False, True):
+            try:
+                profile.table(Plan(tp=tp, autocast="bf16" if low else None))
+            except GraphsplitError:
+                pass  # recorded: plans with this tp are left out with the reason
+    profile.model_flops_per_sample = float(reference.flops[0].sum())
+    profile.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
+    profile.has_blocks = bool((reference.block >= 0).any())
+    return profile

@@ -1,0 +1,144 @@
+"""The search: every plan worth considering, priced from one profile of the model.
+
+Candidates: tp within a node (dividing the devices and the model's heads),
+pp up to the model's places to cut, dp the rest; DDP or FSDP; micro-batch counts
+that divide each replica's batch; the schedules torch.distributed.pipelining
+runs (interleaved ones with 2 or 4 stages per rank); checkpoint none, selective,
+blocks or every:2; autocast none, bf16 or fp16. Nothing is compiled per
+candidate: each is priced from the profile's per-op sums (profile.py), so the
+search over tens of thousands of plans takes seconds. Plans that cannot work are
+counted with the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import GraphsplitError
+from ..plan import Plan
+from .estimate import Estimate, estimate
+from .hardware import Hardware
+
+SCHEDULE_CHOICES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
+                                                 ("interleaved-1f1b", 4), ("looped-bfs", 2))
+CHECKPOINT_CHOICES = ("none", "selective", "blocks", "every:2")
+AUTOCAST_CHOICES: tuple[str | None, ...] = (None, "bf16", "fp16")
+# memory graphsplit does not model (the CUDA context, allocator fragmentation) is left free
+USABLE_FRACTION = 0.95
+
+
+@dataclass
+class SearchResult:
+    fits: bool
+    plans: list[Estimate]  # best first
+    closest: Estimate | None  # the plan needing the least memory, when nothing fits
+    too_large: str | None  # which memory part dominates it
+    devices_needed: int | None
+    considered: int
+    left_out: Counter[str] = field(default_factory=Counter)  # reason -> count
+    search_seconds: float = 0.0
+
+    def to_dict(self, top: int = 10) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "fits": self.fits,
+            "plans": [e.to_dict() for e in self.plans[:top]],
+            "considered": self.considered,
+            "left_out": dict(self.left_out),
+            "search_seconds": self.search_seconds,
+        }
+        if not self.fits:
+            out.update(closest=self.closest.to_dict() if self.closest else None, too_large=self.too_large,
+                       devices_needed=self.devices_needed)
+        return out
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_blocks: bool,
+               left_out: Counter[str]) -> Iterator[Plan]:
+    """Every plan shape for `gpus` devices; the ones that cannot work are counted in `left_out`."""
+    for tp in divisors(min(gpus, gpus_per_node)):
+        for pp in divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            if batch % dp:
+                left_out[f"batch {batch} cannot be shared by dp={dp} replicas"] += 1
+                continue
+            per_replica = batch // dp
+            schedules = [("1f1b", 1)] if pp == 1 else list(SCHEDULE_CHOICES)
+            for (schedule, v), m in itertools.product(schedules, divisors(per_replica)):
+                if pp * v > max_stages:
+                    left_out[f"too few places to cut for {pp * v} stages"] += 1
+                    continue
+                if pp > 1 and m < pp:
+                    left_out["fewer micro-batches than pipeline stages"] += 1
+                    continue
+                if pp == 1 and m > 1:
+                    continue  # no pipeline: micro-batches only cost time
+                if v > 1 and m % pp:
+                    left_out["an interleaved schedule needs micro-batches divisible by pp"] += 1
+                    continue
+                checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
+                for checkpoint, autocast, fsdp in itertools.product(checkpoints, AUTOCAST_CHOICES,
+                                                                    (False, True) if dp > 1 else (False,)):
+                    yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, microbatches=m if pp > 1 else None,
+                               schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast)
+
+
+def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node: int | None = None,
+           optimizer: str = "adamw", top: int = 10) -> SearchResult:
+    """Price every candidate for `gpus` devices of `gpu_memory` bytes; the ones that fit, fastest first."""
+    start = time.perf_counter()
+    per_node = gpus_per_node or hw.gpus_per_node
+    left_out: Counter[str] = Counter()
+    fitting: list[Estimate] = []
+    closest: Estimate | None = None
+    considered = 0
+    budget = gpu_memory * USABLE_FRACTION
+    for plan in candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out):
+        considered += 1
+        try:
+            stages = profile.stages(plan)
+        except GraphsplitError as exc:
+            left_out[str(exc)] += 1
+            continue
+        est = estimate(plan, stages, hw, profile.batch, profile.tokens_per_sample, profile.model_flops_per_sample,
+                       optimizer)
+        if est.memory["total"] <= budget:
+            fitting.append(est)
+        elif closest is None or est.memory["total"] < closest.memory["total"]:
+            closest = est
+    fitting.sort(key=lambda e: (e.step_seconds, e.memory["total"], e.plan.autocast == "fp16"))
+    result = SearchResult(bool(fitting), fitting, None if fitting else closest, None, None, considered, left_out)
+    if not fitting and closest is not None:
+        parts = {k: v for k, v in closest.memory.items() if k != "total"}
+        result.too_large = max(parts, key=parts.__getitem__)
+        result.devices_needed = _devices_needed(profile, gpus, gpu_memory, hw, per_node, optimizer)
+    result.search_seconds = time.perf_counter() - start
+    return result
+
+
+def _devices_needed(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, per_node: int, optimizer: str) -> int | None:
+    """The fewest devices (doubling from `gpus`) on which some plan fits, by memory alone."""
+    n = gpus * 2
+    budget = gpu_memory * USABLE_FRACTION
+    while n <= 2**20:
+        for plan in candidates(n, per_node, profile.batch, profile.max_stages, profile.has_blocks, Counter()):
+            if plan.autocast == "fp16" or (plan.dp > 1 and not plan.fsdp) or plan.checkpoint not in ("blocks", "none"):
+                continue  # the leanest variants decide whether anything fits
+            try:
+                stages = profile.stages(plan)
+            except GraphsplitError:
+                continue
+            est = estimate(plan, stages, hw, profile.batch, profile.tokens_per_sample,
+                           profile.model_flops_per_sample, optimizer)
+            if est.memory["total"] <= budget:
+                return n
+        n *= 2
+    return None
