@@ -59,16 +59,15 @@ def main() -> None:
     for step in range(done + 1, done + args.steps + 1):
         loss = module.train_step(*inputs, target=target)
         if step == done + 1 and args.dump is not None:
-            tp_rank = dist.get_rank() % args.tp  # the mesh is (dp, pp, tp), tp fastest
             # elements this rank stores vs its tp shards' whole size (FSDP keeps 1/dp of them)
             held = sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in module.parameters())
             whole = sum(p.numel() for p in module.parameters())
-            torch.save({"grads": module.grads(), "loss": loss, "tp_rank": tp_rank, "held": held, "whole": whole},
+            torch.save({"grads": module.grads(), "loss": loss, "tp_rank": module.tp_rank, "held": held, "whole": whole},
                        args.dump / f"rank{dist.get_rank()}.pt")
         losses.append(loss)
         module.optimizer_step(optimizer)  # optimizer.step(), through the loss scaler under fp16
         optimizer.zero_grad(set_to_none=True)
-        if loss is not None and dist.get_rank() % args.tp == 0 and dist.get_rank() < args.pp * args.tp:  # one printer
+        if loss is not None and module.tp_rank == 0 and module.dp_rank == 0:  # one printer
             print(f"step {step} loss {loss.item():.6f}", flush=True)
     if args.save is not None:  # every rank writes its blocks, under the original parameter names
         module.save_checkpoint(args.save, optimizer, step=done + args.steps)

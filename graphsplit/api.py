@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -17,6 +17,9 @@ from .ir.program import Program
 from .loader import LoadedModel, load_model
 from .plan import Plan
 from .report.summary import summarize
+
+if TYPE_CHECKING:
+    from .backends.rank import RankProgram
 
 
 @dataclass
@@ -64,19 +67,29 @@ class PipelinedModule(nn.Module):
     `.parameters()`: step any optimizer over them.
     """
 
-    def __init__(self, pipeline: Any, persistent: set[str] | None = None, aliases: dict[str, str] | None = None) -> None:
+    def __init__(self, rank: RankProgram) -> None:
         super().__init__()
-        self.pipeline = pipeline
-        # the original model's state_dict names (checkpoints skip non-persistent buffers) and tied aliases
-        self._persistent = persistent or set()
-        self._aliases = aliases or {}
-        self.program: Program = pipeline.program
-        self.stages = nn.ModuleDict({str(k): v for k, v in sorted(pipeline.modules.items())})
+        self.rank_program = rank
+        self.pipeline = rank.pipeline
+        self.program: Program = rank.program
+        self.stages = nn.ModuleDict({str(k): v for k, v in sorted(rank.modules.items())})
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's place on the mesh's dp axis (its data-parallel replica)."""
+        return self.rank_program.dp_rank
+
+    @property
+    def tp_rank(self) -> int:
+        """This process's place on the mesh's tp axis (which shard of each sharded tensor it holds)."""
+        return self.rank_program.tp_rank
 
     def train_step(self, *args: Any, target: Any = None, **kwargs: Any) -> torch.Tensor | None:
+        from .runtime.training import default_target
+
         inputs = self.program.traced.flatten_inputs(args, kwargs)
         if target is None:
-            target = torch.zeros(inputs[0].shape[0], device=inputs[0].device)
+            target = default_target(inputs)
         loss, output = self.pipeline.step(inputs, target)
         # vocab-parallel cross-entropy keeps logits sharded: there is no whole output to show
         whole = output is not None and not self.program.sharded_outputs
@@ -97,33 +110,12 @@ class PipelinedModule(nn.Module):
     def save_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None, step: int = 0) -> None:
         """Every rank calls this: a torch.distributed.checkpoint folder under the original model's names,
         loadable at any other plan (and by `graphsplit export-weights`); written whole or not at all."""
-        from .runtime.dcp.state import save_checkpoint
-
-        state = self._checkpoint_state(optimizer)
-        record = {"plan": self.program.plan.to_dict(), "model": "parallelize()", "aliases": self._aliases,
-                  "optimizer": type(optimizer).__name__.lower() if optimizer is not None else None}
-        save_checkpoint(directory, state, step, record)
+        self.rank_program.save_checkpoint(directory, optimizer, step, self.rank_program.record("parallelize()", optimizer))
 
     def load_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> int:
         """Every rank calls this: fill this rank's tensors (and `optimizer`'s state) from a checkpoint
         written at any plan (or the newest in a `run --save` folder); returns the step it was saved at."""
-        from .runtime.dcp.record import read_info
-        from .runtime.dcp.series import resolve_checkpoint
-        from .runtime.dcp.state import init_optimizer_state, load_checkpoint
-
-        directory = resolve_checkpoint(directory)
-        if optimizer is not None:
-            init_optimizer_state(optimizer)
-        same_world = read_info(directory).get("plan") == self.program.plan.to_dict()
-        return load_checkpoint(directory, self._checkpoint_state(optimizer), same_world)
-
-    def _checkpoint_state(self, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-        from .runtime.dcp.state import rank_state, scaler_state
-
-        tp_rank = self.pipeline.mesh.get_local_rank("tp")
-        state = rank_state(self.program, self.pipeline.modules, optimizer, tp_rank, self._persistent)
-        state.update(scaler_state(self.pipeline.scaler))
-        return state
+        return self.rank_program.load_checkpoint(directory, optimizer)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise GraphsplitError("a pipelined model trains through train_step(*inputs, target=...), not forward()")
@@ -147,23 +139,13 @@ def parallelize(
     tensors); a model built on `meta` is initialized per module with its own
     `reset_parameters()`, seeded by module name.
     """
-    from .backends.torch_distributed import (
-        DistributedPipeline,
-        init_distributed,
-        make_mesh,
-        materialize_rank,
-    )
+    from .backends.rank import assemble_rank
     from .runtime.dcp.record import model_names
     from .runtime.materialize import model_tensors
-    from .runtime.training import make_loss
 
     args, kwargs = (example_inputs, {}) if isinstance(example_inputs, tuple) else ((), dict(example_inputs))
-    device = init_distributed(timeout_s)
-    mesh = make_mesh(plan, device)
     program = compile_program(model, args, kwargs, plan, loss_fn=loss_fn, target=example_target, global_batch=False).program
     on_meta = any(t.device.type == "meta" for t in model.parameters())
     source = None if on_meta else model_tensors(model)
-    modules = materialize_rank(program, mesh, device, source)
-    persistent, aliases = model_names(model)
-    pipeline = DistributedPipeline(program, modules, make_loss(program, loss_fn), mesh, device)
-    return PipelinedModule(pipeline, persistent, aliases)
+    rank = assemble_rank(program, lambda stages: source, loss_fn, model_names(model), timeout_s)
+    return PipelinedModule(rank)

@@ -4,7 +4,7 @@ loss, output and every parameter's gradient (fp32, atol 1e-5 scaled by magnitude
 import pytest
 
 from graphsplit import Plan
-from graphsplit.backends.local import check_locally
+from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
 
 from .conftest import EXAMPLES, MODELS
@@ -15,6 +15,7 @@ PLANS = {
     "pp4": Plan(pp=4),
     "pp2x2-interleaved": Plan(pp=2, schedule="interleaved-1f1b", stages_per_rank=2),
 }
+MORE = [("llama.py", Plan(pp=2, checkpoint="selective")), ("llama.py", Plan(pp=2)), ("bert.py", Plan(pp=2))]
 
 
 @pytest.mark.parametrize("plan_name", list(PLANS))
@@ -24,6 +25,12 @@ def test_local_pipeline_matches_untouched_model(path, plan_name):
     assert len(program.stages) == PLANS[plan_name].num_stages
     assert cmp.ok, cmp.failures
     assert any(k.startswith("grad") for k in cmp.max_diff)
+
+
+@pytest.mark.parametrize("name, plan", MORE, ids=[f"{n.removesuffix('.py')}-pp{p.pp}-{p.checkpoint}" for n, p in MORE])
+def test_more_models_and_checkpoint_policies(name, plan):
+    _, cmp = check_locally(load_model(str(EXAMPLES / name)), plan)
+    assert cmp.ok, cmp.failures
 
 
 def test_the_check_catches_an_unsummed_tied_gradient(monkeypatch):

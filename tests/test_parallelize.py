@@ -11,8 +11,7 @@ import torch
 from graphsplit import Plan
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
-from graphsplit.launch.launcher import RunOptions, reference_train
-from graphsplit.launch.parity import compare, missing_grads, reference_step
+from graphsplit.launch.parity import compare, missing_grads, reference_step, reference_train
 from graphsplit.loader import load_model
 from graphsplit.runtime.dcp.state import export_weights
 
@@ -21,26 +20,35 @@ from .conftest import EXAMPLES
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("dp, pp, tp, fsdp", [(1, 2, 1, False), (1, 2, 2, False), (2, 2, 2, False), (2, 2, 2, True)])
-def test_parallelize_in_a_torchrun_script(tmp_path, dp, pp, tp, fsdp):
-    world = dp * pp * tp
-    steps = 5
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-        str(EXAMPLES / "train_parallelize.py"), "--model", "gpt", "--dp", str(dp), "--pp", str(pp), "--tp", str(tp),
-        "--steps", str(steps), "--dump", str(tmp_path), *(["--fsdp"] if fsdp else []),
-    ]
+def _torchrun(world: int, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+           str(EXAMPLES / "train_parallelize.py"), "--model", "gpt", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "step 2 loss" in r.stdout
+    return r
 
+
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def fsdp_3d(tmp_path_factory):
+    """One FSDP dp2 x pp2 x tp2 run of the example script (8 processes) that both tests below read:
+    step 1 dumped per rank, the loss curve, and a checkpoint after the last step."""
+    folder = tmp_path_factory.mktemp("fsdp_3d")
+    r = _torchrun(8, "--dp", "2", "--pp", "2", "--tp", "2", "--fsdp", "--steps", str(STEPS), "--dump", str(folder),
+                  "--save", str(folder / "c"))
+    assert "step 2 loss" in r.stdout
+    return folder
+
+
+def _matches_untouched_model(folder, dp, pp, tp, fsdp):
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     model = loaded.build("cpu", seed=0)
     plan = Plan(dp=dp, pp=pp, tp=tp, fsdp=fsdp)
     ref = reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, dp * plan.num_microbatches)
     program = compile_loaded(loaded, plan).program
-    dumps = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    dumps = [torch.load(folder / f"rank{r}.pt") for r in range(plan.world_size)]
     for d in dumps:  # FSDP: each rank stores about 1/dp of its shards (dim 0 split, so not exactly)
         assert d["held"] <= (0.6 * d["whole"] if fsdp else d["whole"]) and d["held"] > 0.4 * d["whole"]
     losses = [d["loss"] for d in dumps if d["loss"] is not None]
@@ -57,32 +65,33 @@ def test_parallelize_in_a_torchrun_script(tmp_path, dp, pp, tp, fsdp):
     assert compare(losses[0], None, {}, ref).ok
 
     # the AdamW loss curve of the untouched model, trained on the same micro-batches
-    curve = torch.load(next(tmp_path.glob("losses*.pt")))
-    fresh = loaded.build("cpu", seed=0)
-    _, ref_curve = reference_train(fresh, loaded, plan, RunOptions(steps=steps, optimizer="adamw", lr=1e-3))
+    curve = torch.load(next(folder.glob("losses*.pt")))
+    _, ref_curve = reference_train(loaded.build("cpu", seed=0), loaded, plan, STEPS, "adamw", 1e-3)
     assert curve == pytest.approx(ref_curve, rel=1e-4)
 
 
-def _torchrun(world: int, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           str(EXAMPLES / "train_parallelize.py"), "--model", "gpt", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
+@pytest.mark.timeout(300)
+def test_parallelize_in_a_torchrun_script(tmp_path):
+    _torchrun(4, "--pp", "2", "--tp", "2", "--steps", str(STEPS), "--dump", str(tmp_path))
+    _matches_untouched_model(tmp_path, 1, 2, 2, False)
 
 
 @pytest.mark.timeout(400)
-def test_parallelize_checkpoint_written_at_one_plan_resumes_at_another(tmp_path):
-    """FSDP dp2 x pp2 x tp2 saves after 2 steps; pp2 x tp2 on 4 processes goes on for 2 more: the loss curve
-    is the untouched model's, and the checkpoint exports to a file the untouched model loads."""
-    _torchrun(8, "--dp", "2", "--pp", "2", "--tp", "2", "--fsdp", "--steps", "2", "--save", str(tmp_path / "c"))
-    r = _torchrun(4, "--pp", "2", "--tp", "2", "--steps", "2", "--resume", str(tmp_path / "c"))
+def test_parallelize_3d_with_fsdp(fsdp_3d):
+    _matches_untouched_model(fsdp_3d, 2, 2, 2, True)
+
+
+@pytest.mark.timeout(400)
+def test_parallelize_checkpoint_written_at_one_plan_resumes_at_another(fsdp_3d, tmp_path):
+    """The FSDP dp2 x pp2 x tp2 run saved after its last step; pp2 x tp2 on 4 processes goes on for 2 more:
+    the loss curve is the untouched model's, and the checkpoint exports to a file the untouched model loads."""
+    r = _torchrun(4, "--pp", "2", "--tp", "2", "--steps", "2", "--resume", str(fsdp_3d / "c"))
     got = {int(a): float(b) for a, b in re.findall(r"step (\d+) loss (\S+)", r.stdout)}
-    assert sorted(got) == [3, 4]
+    assert sorted(got) == [STEPS + 1, STEPS + 2]
 
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     plan = Plan(dp=2, pp=2, tp=2)
-    _, ref_curve = reference_train(loaded.build("cpu", seed=0), loaded, plan, RunOptions(steps=4, optimizer="adamw", lr=1e-3))
-    assert [got[3], got[4]] == pytest.approx(ref_curve[2:], rel=1e-4)
-    names = export_weights(tmp_path / "c", tmp_path / "w.safetensors")
+    _, ref_curve = reference_train(loaded.build("cpu", seed=0), loaded, plan, STEPS + 2, "adamw", 1e-3)
+    assert [got[STEPS + 1], got[STEPS + 2]] == pytest.approx(ref_curve[STEPS:], rel=1e-4)
+    names = export_weights(fsdp_3d / "c", tmp_path / "w.safetensors")
     assert set(names) == set(loaded.build("meta").state_dict())

@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 
 from graphsplit import Plan
 from graphsplit.cli import main
-from graphsplit.launch.launcher import RunOptions, reference_train, run_training
-from graphsplit.launch.parity import reference_step
+from graphsplit.launch.launcher import RunOptions, run_training
+from graphsplit.launch.parity import reference_step, reference_train
 from graphsplit.loader import load_model
 from graphsplit.ops.sync_bn import DataParallelBatchNorm
 from graphsplit.runtime.dcp.state import export_weights
@@ -61,7 +61,7 @@ def test_sync_bn_matches_batchnorm_over_the_joined_replicas(tmp_path):
     export_weights(tmp_path / "ckpt", tmp_path / "w.safetensors")
     saved = load_file(tmp_path / "w.safetensors")
     model = loaded.build("cpu", seed=0)
-    reference_train(model, loaded, plan, RunOptions(steps=3))
+    reference_train(model, loaded, plan, 3)
     buffers = dict(model.named_buffers())
     assert any(k.endswith("running_var") for k in saved)
     for name, value in buffers.items():

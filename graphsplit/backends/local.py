@@ -1,17 +1,25 @@
-"""local backend: every stage in one process, with the pipeline's semantics.
+"""local backend: every stage and every tp shard in one process, with the real semantics.
 
 The batch is cut into the same micro-batches `torch.distributed.pipelining`
 makes; each runs through the stages in order, the loss of each is
 back-propagated, and gradients are summed then divided by the number of
 micro-batches (the schedules' `scale_grads`). Copies of a tied parameter
-held by several stages get the sum of their gradients. It is the fast
-reference for tests and for `transform --check`.
+held by several stages get the sum of their gradients.
+
+With tp > 1 each tp rank is a thread holding its own shards of every stage
+(and its own copy of the vocab-parallel loss graph); their communicators are
+bound to one `ThreadHub` (threads.py), so every collective runs, with the values
+and the count a process group would give. It is the fast reference for tests and
+for `transform --check`: no process is started.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import copy
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,11 +27,15 @@ import torch.nn as nn
 
 from ..errors import GraphsplitError
 from ..ir.program import Program
-from ..runtime.microbatch import merge_outputs, split_microbatches
-from ..runtime.training import sync_tied_grads
+from ..ops import tp as tpops
+from ..runtime.microbatch import gather_outputs, merge_outputs, split_microbatches
+from ..runtime.training import LossFn, make_loss, named_grads, sync_tied_grads
+from .threads import ThreadHub, ThreadLink, run_ranks
 
 
 class LocalPipeline:
+    """One tp rank's stages (all of them), run in order over the micro-batches."""
+
     def __init__(
         self,
         program: Program,
@@ -64,36 +76,62 @@ class LocalPipeline:
         sync_tied_grads(self.program, dict(enumerate(self.stages)))
         return torch.stack(losses).mean(), merge_outputs(outputs)
 
+    def grads(self) -> dict[str, torch.Tensor]:
+        """The gradients under the original model's parameter names (this tp rank's shards)."""
+        return named_grads(self.program, dict(enumerate(self.stages)))
 
-def check_locally(loaded: Any, plan: Any, fixed_cuts: tuple[str, ...] | None = None) -> tuple[Program, Any]:
-    """Compile `loaded` (a LoadedModel) under `plan`, run step 1 of every stage in this
-    process, and compare loss, output and gradients with the untouched model."""
-    from ..compile import compile_loaded
-    from ..launch.parity import compare, missing_grads, reference_step
-    from ..runtime.materialize import materialize_stage, model_tensors
-    from ..runtime.training import default_loss, make_loss
 
-    if plan.tp > 1:
-        raise GraphsplitError("the local backend runs pipeline stages only; check tensor parallelism with run --check")
-    model = loaded.build("cpu", seed=plan.seed)
-    program = compile_loaded(loaded, plan, fixed_cuts).program
-    source = model_tensors(model)
-    stages = [materialize_stage(s, "cpu", source) for s in program.stages]
-    pipe = LocalPipeline(program, stages, make_loss(program, loaded.loss_fn))
-    target = loaded.target
-    inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
-    if target is None:
-        target = torch.zeros(inputs[0].shape[0])
-    loss, out = pipe.step(inputs, target)
-    grads: dict[str, torch.Tensor] = {}
-    for st, module in zip(program.stages, stages):
-        for local, canonical in st.param_sources.items():
-            g = module.get_parameter(local).grad
-            if g is not None:
-                grads[f"{canonical}"] = g
-    ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss, plan.num_microbatches)
-    cmp = compare(loss, program.unflatten_output(out), grads, ref)
-    missing = missing_grads(ref, set(grads))
-    if missing:
-        cmp.failures.append(f"no stage produced a gradient for {', '.join(missing[:5])}")
-    return program, cmp
+@dataclass
+class LocalRankStep:
+    """One tp rank's result of a step."""
+
+    tp_rank: int
+    loss: torch.Tensor
+    output: Any  # the last stage's raw output, vocab-sharded tensors gathered
+    grads: dict[str, torch.Tensor]  # this rank's shards, by original name
+
+
+class LocalProgram:
+    """A whole program in this process: one `LocalPipeline` per tp rank, a thread each when tp > 1."""
+
+    def __init__(self, program: Program, source: Mapping[str, torch.Tensor], user_loss: LossFn | None) -> None:
+        from ..runtime.materialize import materialize_stages
+
+        plan = program.plan
+        if plan.dp > 1:
+            raise GraphsplitError("the local backend runs pipeline stages and tp shards, not dp replicas; "
+                                  "check data parallelism with run --check")
+        self.program = program
+        self.hub = ThreadHub(plan.tp) if plan.tp > 1 else None
+        self.ranks: list[LocalPipeline] = []
+        self.loss_graphs: list[nn.Module | None] = []
+        self.comms: list[tpops.TPComm] = []  # each rank's, for gathering a sharded output to show it
+        for rank in range(plan.tp):
+            stages = list(materialize_stages(program, range(len(program.stages)), "cpu", source, rank).values())
+            loss_graph = copy.deepcopy(program.loss_gm) if program.loss_gm is not None else None
+            comm = tpops.TPComm(plan.tp)
+            if self.hub is not None:
+                link = ThreadLink(self.hub, rank)
+                for module in (*stages, *([loss_graph] if loss_graph is not None else []), comm):
+                    tpops.bind_tp(module, link)
+            self.ranks.append(LocalPipeline(program, stages, make_loss(program, user_loss, loss_graph)))
+            self.loss_graphs.append(loss_graph)
+            self.comms.append(comm)
+
+    def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> list[LocalRankStep]:
+        """One forward + backward on every tp rank; their results in rank order."""
+
+        def run(rank: int) -> LocalRankStep:
+            pipe = self.ranks[rank]
+            loss, output = pipe.step(inputs, target)
+            whole = gather_outputs(self.program, output, self.comms[rank])
+            return LocalRankStep(rank, loss, whole, pipe.grads())
+
+        if self.hub is None:
+            return [run(0)]
+        return run_ranks(self.hub, run)
+
+    def counts(self, rank: int) -> Counter[tuple[str, str]]:
+        """The collectives tp rank `rank` ran so far, per (direction, kind), its loss graph's included."""
+        modules = [*self.ranks[rank].stages, *([g] if (g := self.loss_graphs[rank]) is not None else [])]
+        return sum((c.counts for m in modules for c in tpops.tp_comms(m)), Counter())

@@ -8,6 +8,9 @@ over the dp axis (gradients averaged by bucketed all-reduces during the last
 micro-batch's backward) or, with `fsdp`, FSDP2-sharded over it (ZeRO-3). gloo on CPU, nccl on CUDA.
 Copies of a tied parameter on several pp ranks get the sum of their
 gradients through one all-reduce per parameter on a group of just those ranks.
+
+parallelize.py sets these up, one `apply_*` step at a time; `DistributedPipeline`
+is what they make: it runs a step, the optimizer step and reports gradients.
 """
 
 from __future__ import annotations
@@ -19,16 +22,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.pipelining as pipelining
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor
 
 from ..ir.program import Program
-from ..ops import tp as tpops
-from ..ops.sync_bn import bind_dp_group
-from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
-from ..runtime.training import LossFn, sync_tied_grads
+from ..ops.tp import TPComm
+from ..plan import Plan
+from ..runtime.training import named_grads, sync_tied_grads
+from .local import LocalPipeline
 
 DEFAULT_TIMEOUT_S = 120.0
 MESH_AXES = ("dp", "pp", "tp")
@@ -47,18 +48,6 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return device
-
-
-def materialize_rank(program: Program, mesh: DeviceMesh, device: torch.device, source: Any) -> dict[int, nn.Module]:
-    """This rank's stage modules: its pp rank's stages, its tp rank's shards."""
-    from ..runtime.materialize import materialize_stage
-
-    plan = program.plan
-    pp_rank, tp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("tp")
-    return {
-        s: materialize_stage(program.stages[s], device, source, plan.seed, program.param_shardings, tp_rank, plan.tp)
-        for s in plan.stages_of_rank(pp_rank)
-    }
 
 
 def make_mesh(plan: Plan, device: torch.device, collective_timeout_s: float | None = None) -> DeviceMesh:
@@ -109,83 +98,39 @@ def stage_examples(program: Program) -> list[tuple[tuple[torch.Tensor, ...], tup
 
 
 class DistributedPipeline:
-    """This rank's stages and the schedule that drives them."""
+    """This rank's stages and the schedule that drives them (built by parallelize.py's `parallelize_stages`)."""
 
     def __init__(
         self,
         program: Program,
-        stage_modules: Mapping[int, nn.Module],
-        loss_fn: LossFn,
+        modules: dict[int, nn.Module],
         mesh: DeviceMesh,
-        device: torch.device,
+        schedule: Any,
+        tied_groups: Mapping[str, dist.ProcessGroup],
+        scaler: Any,
+        output_comm: TPComm,
     ) -> None:
         self.program = program
-        self.plan = plan = program.plan
-        self.modules = dict(stage_modules)
+        self.plan = program.plan
+        self.modules = modules
         self.mesh = mesh
-        self.device = device
-        self.pp_rank = mesh.get_local_rank("pp")
-        pp_group = mesh.get_group("pp")
-        tp_group = mesh.get_group("tp") if plan.tp > 1 else None
-        for module in (*self.modules.values(), *([program.loss_gm] if program.loss_gm is not None else [])):
-            tpops.bind_tp_group(module, tp_group)
-        self.tp_comm = tpops.TPComm(plan.tp)  # for gathering a sharded output to show it
-        self.tp_comm.bind(tp_group)
-        if plan.sync_bn and plan.dp > 1:
-            for module in self.modules.values():
-                bind_dp_group(module, mesh.get_group("dp"))
-        if plan.fsdp:
-            self._shard_over_dp()
-        self.is_first = 0 in self.modules
-        self.is_last = plan.num_stages - 1 in self.modules
-        self._tied_groups = self._make_tied_groups()
-        # what the schedule runs: plain dp wraps each stage in DDP over the dp axis (bucketed all-reduces
-        # overlapped with the last micro-batch's backward); FSDP reduce-scatters during backward itself
-        self.runners: dict[int, nn.Module] = dict(self.modules)
-        if plan.dp > 1 and not plan.fsdp:
-            self.runners = {s: self._replicate(m) for s, m in self.modules.items()}
-        self.loss_group = mesh.get_group("dp") if plan.dp > 1 else None
-        self.scaler = self._grad_scaler() if plan.autocast == "fp16" else None
+        self.schedule = schedule  # a pipelining schedule, or with one stage a LocalPipeline
+        self.tied_groups = dict(tied_groups)
+        self.scaler = scaler  # fp16: the world's loss scaler
+        self.tp_comm = output_comm  # for gathering a sharded output to show it
+        self.is_first = 0 in modules
+        self.is_last = self.plan.num_stages - 1 in modules
+        self.loss_group = mesh.get_group("dp") if self.plan.dp > 1 else None
         self._scale_used = 1.0
-        if self.scaler is not None:
-            unscaled = loss_fn
 
-            def loss_fn(output: Any, target: Any) -> torch.Tensor:  # noqa: F811 - the scaled objective
-                return self.scaler.scale(unscaled(output, target))
-        if plan.num_stages == 1:
-            # No pipeline: run the micro-batches directly. (A one-stage schedule would cost an
-            # extra forward on step 1 for its shape inference, collectives included.)
-            from .local import LocalPipeline
+    def _dtensor(self) -> tuple[type, ...]:
+        """The type FSDP makes parameters and gradients, imported only under FSDP (DTensor takes
+        a second or more to import, in every process)."""
+        if not self.plan.fsdp:
+            return ()
+        from torch.distributed.tensor import DTensor
 
-            self.single = LocalPipeline(program, [self.runners[0]], loss_fn)
-            return
-        self.single = None
-        examples = stage_examples(program)
-        self.stages = [
-            pipelining.PipelineStage(module, index, plan.num_stages, device, group=pp_group,
-                                     input_args=examples[index][0], output_args=examples[index][1])
-            for index, module in sorted(self.runners.items())
-        ]
-        cls = getattr(pipelining, SCHEDULES[plan.schedule])
-        common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
-        if plan.schedule in MULTI_STAGE_SCHEDULES:
-            self.schedule = cls(self.stages, **common)
-        else:
-            (only,) = self.stages
-            self.schedule = cls(only, **common)
-
-    def _grad_scaler(self) -> Any:
-        """fp16: one loss scale for the whole world; an overflow on any rank skips the step everywhere.
-
-        `ShardedGradScaler` all-reduces its found-inf flags over the process group it is
-        given: here every rank (all pp stages, tp shards and dp replicas), so all ranks
-        agree to step or to skip, and all keep the same scale.
-        """
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        scaler = ShardedGradScaler(device=self.device.type, process_group=dist.group.WORLD)
-        scaler.scale(torch.ones((), device=self.device))  # creates the scale on ranks that never see a loss
-        return scaler
+        return (DTensor,)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Step `optimizer` (through the loss scaler with fp16); False when an fp16 overflow skipped it."""
@@ -197,52 +142,9 @@ class DistributedPipeline:
         self.scaler.update()
         return self.scaler.get_scale() >= before  # the scale backs off exactly when the step was skipped
 
-    def _replicate(self, module: nn.Module) -> nn.Module:
-        """DDP over the dp axis. Buffers are not broadcast from replica 0 at each forward: each
-        replica keeps its own BatchNorm statistics, or all share global ones with --sync-bn."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        if not any(p.requires_grad for p in module.parameters()):
-            return module  # nothing to average
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, process_group=self.mesh.get_group("dp"),
-                                       broadcast_buffers=False)
-
-    def _shard_over_dp(self) -> None:
-        """ZeRO-3: FSDP2 `fully_shard` each stage module over the mesh's dp axis.
-
-        Parameters (already this tp rank's shards) become DTensors sharded on dim 0 over
-        the dp replicas; FSDP gathers them around each forward and backward and
-        reduce-scatters the gradients (averaged over dp). The pipelining stage drives
-        FSDP's last-backward hooks across micro-batches.
-        """
-        from torch.distributed.fsdp import fully_shard
-
-        dp_mesh = self.mesh["dp"]
-        for module in self.modules.values():
-            fully_shard(module, mesh=dp_mesh)
-
-    def _make_tied_groups(self) -> dict[str, dist.ProcessGroup | None]:
-        """One group per tied parameter over the pp ranks holding it (every rank calls new_group)."""
-        groups: dict[str, dist.ProcessGroup | None] = {}
-        grid = self.mesh.mesh  # global ranks, shape (dp, pp, tp)
-        me = dist.get_rank()
-        for name in sorted(self.program.shared_params):
-            pp_ranks = sorted({self.plan.stage_rank(s) for s in self.program.shared_params[name]})
-            if len(pp_ranks) < 2:
-                continue
-            for d in range(grid.shape[0]):
-                for t in range(grid.shape[2]):
-                    ranks = [int(grid[d, r, t]) for r in pp_ranks]
-                    group = dist.new_group(ranks)
-                    if me in ranks:
-                        groups[name] = group
-        return groups
-
     def process_groups(self) -> list[dist.ProcessGroup]:
         """Every group this rank's collectives run on, the default group aside (timeouts are set per group)."""
-        groups = [self.mesh.get_group(axis) for axis in MESH_AXES]
-        return groups + [g for g in self._tied_groups.values() if g is not None]
+        return [self.mesh.get_group(axis) for axis in MESH_AXES] + list(self.tied_groups.values())
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
@@ -255,8 +157,8 @@ class DistributedPipeline:
         """One training step's forward and backward; (mean loss, merged output) on the last stage."""
         if self.scaler is not None:
             self._scale_used = self.scaler.get_scale()
-        if self.single is not None:
-            loss, output = self.single.step(inputs, target)
+        if isinstance(self.schedule, LocalPipeline):
+            loss, output = self.schedule.step(inputs, target)
         else:
             loss, output = self._pipeline_step(inputs, target)
         if loss is not None and self.scaler is not None:
@@ -275,10 +177,12 @@ class DistributedPipeline:
             kwargs["target"] = target
         output = self.schedule.step(*args, **kwargs)
 
+        dtensor = self._dtensor()
+
         def reduce(name: str, tensor: torch.Tensor) -> None:
-            group = self._tied_groups.get(name)
+            group = self.tied_groups.get(name)
             if group is not None:  # under FSDP each copy is sharded alike: sum the local shards
-                dist.all_reduce(tensor.to_local() if isinstance(tensor, DTensor) else tensor, group=group)
+                dist.all_reduce(tensor.to_local() if isinstance(tensor, dtensor) else tensor, group=group)
 
         sync_tied_grads(self.program, self.modules, reduce)
         if not self.is_last:
@@ -287,12 +191,11 @@ class DistributedPipeline:
 
     def grads(self) -> dict[str, torch.Tensor]:
         """This rank's gradients under the original model's parameter names."""
-        found: dict[str, torch.Tensor] = {}
-        for index, module in self.modules.items():
-            for local, canonical in self.program.stages[index].param_sources.items():
-                g = module.get_parameter(local).grad
-                if isinstance(g, DTensor):  # FSDP: gather the dp shards (every dp rank calls this)
-                    g = g.full_tensor()
-                if g is not None:  # fp16: before the optimizer step they are still scaled
-                    found[canonical] = (g.detach() / self._scale_used if self.scaler is not None else g.detach()).cpu()
+        dtensor = self._dtensor()
+        found = named_grads(self.program, self.modules)
+        for name, g in found.items():
+            if isinstance(g, dtensor):  # FSDP: gather the dp shards (every dp rank calls this, in one order)
+                g = g.full_tensor()
+            # fp16: before the optimizer step they are still scaled
+            found[name] = (g.detach() / self._scale_used if self.scaler is not None else g.detach()).cpu()
         return found

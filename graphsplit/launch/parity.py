@@ -1,25 +1,41 @@
-"""Parity: the untouched model against the transformed program.
+"""Parity: the untouched model against the transformed program, in one module.
 
 `reference_step` runs the original model in one process on the micro-batches
 the pipeline sees, accumulating gradients the way the schedules do (summed
-over micro-batches, then divided by their number). `compare` checks outputs,
-loss and gradients with fp32 tolerances scaled by magnitude:
-|a - b| <= atol * max(1, max|b|).
+over micro-batches, then divided by their number); `reference_train` does so
+for every step, with the optimizer. `compare` checks outputs, loss and gradients
+with fp32 tolerances scaled by magnitude: |a - b| <= atol * max(1, max|b|).
+`check_ranks` compares what each rank of a program reports of its first step
+(its gradients against the matching slice of the original gradients), whether
+the ranks were processes (`check_run`, from their dumps) or the local backend's
+threads (`check_locally`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import json
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from ..errors import GraphsplitError
+from ..ir.program import Program
+from ..ir.sharding import shard_tensor
+from ..loader import LoadedModel
+from ..plan import Plan
 from ..runtime.microbatch import merge_outputs, split_microbatches
+from ..runtime.training import default_loss, default_target, make_optimizer
 
 ATOL = 1e-5
+LOSS_CURVE_RTOL = 1e-4
+# bf16 matmuls keep 8 bits of mantissa: loss and outputs agree with fp32 to about 1e-2, and
+# gradients are not compared element by element (they are reported)
+LOW_PRECISION_ATOL = 5e-2
 
 
 @dataclass
@@ -155,3 +171,147 @@ def missing_grads(ref: StepResult, got: set[str]) -> list[str]:
         for names in ref.aliases
         if any(n in ref.grads for n in names) and not any(n in got for n in names)
     ]
+
+
+def reference_train(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, optimizer: str = "sgd",
+                    lr: float = 0.01, resume: str | None = None, first_step: int = 1,
+                    skipped: Collection[int] = ()) -> tuple[StepResult, list[float]]:
+    """The first step's result and the loss of every step for the untouched model, from the checkpoint
+    `resume` if given (`skipped`: steps whose optimizer step the program skipped, fp16 overflows)."""
+    loss_fn = loaded.loss_fn or default_loss
+    target = loaded.target if loaded.target is not None else default_target((*loaded.args, *loaded.kwargs.values()))
+    opt = make_optimizer(optimizer, list(model.parameters()), lr)
+    if resume:
+        from ..runtime.dcp.state import load_whole_model
+
+        load_whole_model(resume, model, opt)
+    first, losses = None, []
+    for step in range(first_step, first_step + steps):
+        # dp replicas x micro-batches, in order: the pieces the program's ranks see
+        result = reference_step(model, loaded.args, loaded.kwargs, target, loss_fn, plan.dp * plan.num_microbatches,
+                                replicas=plan.dp if plan.sync_bn else 1)
+        first = first or result
+        losses.append(float(result.loss))
+        if step not in skipped:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert first is not None, "at least one step"
+    return first, losses
+
+
+def reference_with_weights(loaded: LoadedModel, weights: str, plan: Plan) -> nn.Module:
+    """The untouched model (one process) holding a weights file's values."""
+    from ..runtime.weights import open_weights
+
+    model = loaded.build("cpu", seed=plan.seed)
+    state = open_weights(weights)
+    wanted = dict(model.named_parameters(remove_duplicate=False))
+    missing = [n for n in wanted if n not in state and not any(wanted[n] is wanted[m] and m in state for m in wanted)]
+    if missing:
+        raise GraphsplitError(f"the weights file has no tensor {missing[0]!r} ({len(missing)} missing); "
+                              "save it from this model with torch.save(model.state_dict()) or safetensors")
+    model.load_state_dict({k: state[k] for k in state}, strict=False)
+    return model
+
+
+@dataclass
+class RankStep:
+    """What one rank reports of its first step: its gradients (its tp shards, by original name) and,
+    on the last stage, the loss and the whole output (sharded outputs gathered)."""
+
+    rank: int
+    stages: tuple[int, ...]  # the stages it holds
+    grads: dict[str, torch.Tensor]
+    loss: torch.Tensor | None = None
+    output: Any = None
+    tp_rank: int = 0
+    dp_rank: int = 0
+
+
+def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, grads: bool = True) -> Comparison:
+    """Every rank's step 1 against the untouched model's: the loss, the output (the dp replicas'
+    shares joined in order), and (`grads`) each rank's gradients against the matching slice of the
+    original ones, every parameter it holds having one exactly when the original has one."""
+    plan = program.plan
+    low = plan.autocast is not None
+    loss, replica_outputs = None, {}
+    for r in ranks:
+        if r.loss is not None:
+            loss = r.loss
+            if r.tp_rank == 0:
+                replica_outputs[r.dp_rank] = r.output
+    output = None
+    if replica_outputs:  # each dp replica computed its share of the batch
+        output = program.unflatten_output(merge_outputs([replica_outputs[d] for d in sorted(replica_outputs)]))
+    cmp = compare(loss, output, {}, first, atol=LOW_PRECISION_ATOL if low else ATOL)
+    for r in ranks if grads else ():
+        def shard(name: str, full: torch.Tensor, tp_rank: int = r.tp_rank) -> torch.Tensor:
+            return shard_tensor(full, program.param_sharding(name), tp_rank, plan.tp)
+
+        held = {c for s in r.stages for c in program.stages[s].param_sources.values()}
+        sub = compare(None, None, r.grads, first, atol=float("inf") if low else ATOL, expected=shard, held=held)
+        cmp.max_diff.update({f"{k} (rank {r.rank})": v for k, v in sub.max_diff.items()})
+        cmp.failures.extend(f"rank {r.rank}: {f}" for f in sub.failures)
+    missing = missing_grads(first, {k for r in ranks for k in r.grads})
+    if missing and grads:
+        cmp.failures.append(f"no rank produced a gradient for {', '.join(sorted(missing)[:5])}")
+    return cmp
+
+
+def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] | None = None) -> tuple[Program, Comparison]:
+    """Compile `loaded` under `plan`, run step 1 of every stage and tp shard in this process (the
+    local backend), and compare loss, output and every shard's gradients with the untouched model."""
+    from ..backends.local import LocalProgram
+    from ..compile import compile_loaded
+    from ..runtime.materialize import model_tensors
+
+    model = loaded.build("cpu", seed=plan.seed)
+    program = compile_loaded(loaded, plan, fixed_cuts).program
+    local = LocalProgram(program, model_tensors(model), loaded.loss_fn)
+    inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
+    target = loaded.target if loaded.target is not None else default_target(inputs)
+    everything = tuple(range(len(program.stages)))
+    ranks = [RankStep(s.tp_rank, everything, s.grads, s.loss, s.output, s.tp_rank) for s in local.step(inputs, target)]
+    ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss, plan.num_microbatches)
+    return program, check_ranks(program, ranks, ref)
+
+
+def check_run(program: Program, folder: Path, reference: tuple[StepResult, list[float]], echo: Callable[[str], None],
+              first_step: int = 1, grads: bool = True) -> Comparison:
+    """`run --check`: the ranks' dumps of step 1 and the loss curve in `folder` against the reference,
+    reported through `echo`. `grads=False`: the first step overflowed in fp16, its gradients are
+    infinite by definition and are not compared (the loss curve still is)."""
+    plan = program.plan
+    first, ref_losses = reference
+    ranks = [RankStep(**torch.load(p, weights_only=False)) for p in sorted(folder.glob("rank*.pt"))]
+    cmp = check_ranks(program, ranks, first, grads)
+    low = plan.autocast is not None
+    curve_rtol = LOW_PRECISION_ATOL if low else LOSS_CURVE_RTOL
+    curve = json.loads((folder / "losses.json").read_text())
+    worst_curve = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve, ref_losses))
+    if not worst_curve <= curve_rtol:
+        cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {curve_rtol:g}")
+    loss = next(r.loss for r in ranks if r.loss is not None)
+    echo(f"check: untouched model in one process vs graphsplit dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} pp={plan.pp} tp={plan.tp}, "
+         f"same {plan.dp * plan.num_microbatches} micro-batches")
+    echo(f"  loss step {first_step:<4}{float(first.loss):.6f} (reference) vs {float(loss):.6f}")
+    out_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("output")]
+    grad_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("grad")]
+    echo(f"  output        max scaled difference {max(out_diffs, default=0.0):.3g}")
+    if grads:
+        n_grads = sum(len(r.grads) for r in ranks)
+        echo(f"  gradients     {n_grads} tensors on {len(ranks)} ranks, max scaled difference {max(grad_diffs, default=0.0):.3g}")
+    else:
+        echo(f"  gradients     not compared: step {first_step} overflowed in fp16 (its gradients are infinite)")
+    echo(f"  loss curve    {len(curve)} steps, max relative difference {worst_curve:.3g}")
+    worst = cmp.worst
+    if cmp.ok:
+        atol = LOW_PRECISION_ATOL if low else ATOL
+        rule = f"{plan.autocast} autocast: loss and outputs within {atol:g}, gradients reported" if low else \
+            f"fp32 atol {ATOL:g} scaled by magnitude"
+        echo(f"check passed: largest difference {worst[1]:.3g} ({worst[0]}); {rule}")
+    else:
+        for f in cmp.failures[:20]:
+            echo(f"  MISMATCH {f}")
+        echo(f"check FAILED: {len(cmp.failures)} mismatch(es); largest difference {worst[1]:.3g} ({worst[0]})")
+    return cmp

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import sys
 from collections import ChainMap
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,11 @@ import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, RankReporter, set_collective_timeout
+
+if TYPE_CHECKING:
+    from ..backends.rank import TensorSource
+    from ..ir.program import Program
+    from ..loader import LoadedModel
 
 
 @dataclass
@@ -56,89 +62,72 @@ class RunSpec:
         return cls(**json.loads(path.read_text()))
 
 
-def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
-
-
-
-
 def _to(device: torch.device, value: Any) -> Any:
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)
 
 
+def _tensor_source(spec: RunSpec, loaded: LoadedModel, program: Program) -> TensorSource:
+    """Where this rank's tensors come from: the plan's seed through the model's own constructor,
+    keeping only this rank's parameters (lean init), or a weights file mapped into memory."""
+
+    def tensors(stages: Sequence[int]) -> Mapping[str, torch.Tensor] | None:
+        if spec.lean_init:
+            from ..runtime.lean_init import lean_build
+
+            keep = {c for s in stages for c in program.stages[s].param_sources.values()}
+            return lean_build(loaded, program.plan.seed, keep)
+        if not spec.weights:
+            return None
+        from ..runtime.weights import open_weights
+
+        source = open_weights(spec.weights)
+        if spec.user_weights:  # the user's file holds no non-persistent buffer: the constructor makes them
+            buffers = dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False))
+            return ChainMap(source, buffers)  # type: ignore[arg-type]
+        return source
+
+    return tensors
+
+
 def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
-    from ..backends.torch_distributed import (
-        DistributedPipeline,
-        init_distributed,
-        make_mesh,
-        materialize_rank,
-    )
+    from ..backends.rank import assemble_rank
     from ..compile import compile_loaded
     from ..loader import load_model
     from ..plan import Plan
-    from ..runtime.dcp import record, series
-    from ..runtime.dcp import state as dcp_state
+    from ..runtime.dcp.record import model_names
     from ..runtime.microbatch import gather_outputs, split_microbatches
-    from ..runtime.training import make_loss
-    from ..runtime.weights import open_weights
+    from ..runtime.training import default_target, make_optimizer
+    from .parity import RankStep
 
     plan = Plan.from_dict(spec.plan)
     reporter = reporter or RankReporter(None)
-    device = init_distributed(spec.timeout_s)
-    reporter.join_diagnosis_group()
-    mesh = make_mesh(plan, device, spec.collective_timeout_s)
     loaded = load_model(spec.model)
     fixed = tuple(spec.fixed_cuts) if spec.fixed_cuts is not None else None
     program = compile_loaded(loaded, plan, fixed).program
-    source = open_weights(spec.weights) if spec.weights else None
-    if source is not None and spec.user_weights:
-        buffers = dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False))
-        source = ChainMap(source, buffers)  # type: ignore[arg-type]
-    if spec.lean_init:
-        from ..runtime.lean_init import lean_build
-
-        keep = {c for s in plan.stages_of_rank(mesh.get_local_rank("pp")) for c in program.stages[s].param_sources.values()}
-        source = lean_build(loaded, plan.seed, keep)
-    modules = materialize_rank(program, mesh, device, source)
-    del source
-    reporter.setup_done(spec.timeout_s)
-    pipe = DistributedPipeline(program, modules, make_loss(program, loaded.loss_fn), mesh, device)
+    rank = assemble_rank(program, _tensor_source(spec, loaded, program), loaded.loss_fn, model_names(loaded.build("meta")),
+                         spec.timeout_s, spec.collective_timeout_s, observer=reporter)
+    pipe = rank.pipeline
     optimizer = make_optimizer(spec.optimizer, pipe.parameters(), spec.lr)
-    tp_rank = mesh.get_local_rank("tp")
-    persistent, aliases = record.model_names(loaded.build("meta"))
-    done = 0
-    if spec.resume_dir:
-        dcp_state.init_optimizer_state(optimizer)
-        state = dcp_state.rank_state(program, modules, optimizer, tp_rank, persistent)
-        state.update(dcp_state.scaler_state(pipe.scaler))
-        same_world = record.read_info(spec.resume_dir).get("plan") == plan.to_dict()
-        done = dcp_state.load_checkpoint(spec.resume_dir, state, same_world)
+    done = rank.load_checkpoint(spec.resume_dir, optimizer) if spec.resume_dir else 0
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
-    target = loaded.target if loaded.target is not None else torch.zeros(inputs[0].shape[0])
-    dp_rank = mesh.get_local_rank("dp")
+    target = loaded.target if loaded.target is not None else default_target(inputs)
     if plan.dp > 1:  # this replica's share of the global batch
-        inputs = split_microbatches(inputs, plan.dp)[dp_rank]
-        target = split_microbatches(target, plan.dp)[dp_rank]
-    inputs, target = _to(device, inputs), _to(device, target)
-    prints_loss = pipe.is_last and dp_rank == 0 and tp_rank == 0
+        inputs = split_microbatches(inputs, plan.dp)[rank.dp_rank]
+        target = split_microbatches(target, plan.dp)[rank.dp_rank]
+    inputs, target = _to(rank.device, inputs), _to(rank.device, target)
+    prints_loss = pipe.is_last and rank.dp_rank == 0 and rank.tp_rank == 0
     losses: list[float] = []
     skipped: list[int] = []  # fp16 steps an overflow skipped (every rank agrees)
     set_collective_timeout(pipe.process_groups(), spec.collective_timeout_s)
     last = done + spec.steps
+    record = rank.record(spec.model, spec.optimizer)
 
     def save(step: int) -> None:
         """Checkpoint `step-<step>` in the --save folder; every rank takes part."""
         reporter.where = f"while saving step {step}"
         # every rank writes its blocks: the slowest writer may take long, so set-up's timeout again
         set_collective_timeout(pipe.process_groups(), spec.timeout_s)
-        record = {"plan": plan.to_dict(), "model": spec.model, "optimizer": spec.optimizer, "aliases": aliases}
-        state = dcp_state.rank_state(program, modules, optimizer, tp_rank, persistent)
-        state.update(dcp_state.scaler_state(pipe.scaler))
-        folder = series.save_series(spec.save_dir, state, step, record, spec.keep_last, keep=spec.resume_dir)
+        folder = rank.save_series(spec.save_dir, optimizer, step, record, spec.keep_last, keep=spec.resume_dir)
         set_collective_timeout(pipe.process_groups(), spec.collective_timeout_s)
         if dist.get_rank() == 0:
             print(f"saved step {step} to {folder}", flush=True)
@@ -148,9 +137,9 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         loss, output = pipe.step(inputs, target)
         if step == done + 1 and spec.dump_dir:
             whole = gather_outputs(program, output, pipe.tp_comm)
-            dump = {"grads": pipe.grads(), "loss": loss, "output": _to(torch.device("cpu"), whole),
-                    "tp_rank": mesh.get_local_rank("tp"), "dp_rank": dp_rank}
-            torch.save(dump, Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
+            dump = RankStep(dist.get_rank(), tuple(sorted(rank.modules)), pipe.grads(), loss,
+                            _to(torch.device("cpu"), whole), rank.tp_rank, rank.dp_rank)
+            torch.save(vars(dump), Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
         stepped = pipe.optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         if not stepped:

@@ -14,15 +14,16 @@ the last argument of each is the graph's communicator, `self.tp_comm` (a `TPComm
 - `vocab_parallel_cross_entropy(logits, target, ignore_index, reduction, comm)`
 
 A `TPComm` is a module of the graph, so each rank's copy of a stage holds its own:
-unbound (no process group) it simulates rank 0 of `tp` ranks with exact shapes and
-no communication (the meta analysis); a backend binds it to its tp group
-(`bind_tp_group`). It counts the collectives it runs, per (direction, kind).
+unbound it simulates rank 0 of `tp` ranks with exact shapes and no communication
+(the meta analysis); a backend binds it to a link: its tp process group
+(`bind_tp_group`), or, in the local backend, a hub shared by one thread per tp
+rank (backends/threads.py). It counts the collectives it runs, per (direction, kind).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -32,21 +33,54 @@ import torch.nn as nn
 COMM_ATTR = "tp_comm"  # the attribute of a graph module that holds its communicator
 
 
+class TPLink(Protocol):
+    """How a communicator's collectives travel between the tp ranks: a process group
+    (`GroupLink`) or threads of one process (`backends/threads.py`'s `ThreadLink`).
+
+    Both take a contiguous tensor the caller owns and return a tensor no other rank
+    aliases; `all_gather` returns every rank's tensor, in rank order."""
+
+    size: int
+    rank: int
+
+    def all_reduce(self, x: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor: ...
+
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]: ...
+
+
+class GroupLink:
+    """Collectives over a `torch.distributed` process group (one rank per process)."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    def all_reduce(self, x: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:
+        dist.all_reduce(x, op=op, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x, group=self.group)
+        return parts
+
+
 class TPComm(nn.Module):
     """The tp ranks one graph's collectives run over.
 
     Unbound: rank 0 of `tp`, collectives shaped but not run (all-reduce returns its
-    input, all-gather repeats it). Bound to a process group: the real collectives.
+    input, all-gather repeats it). Bound to a link: the real collectives, counted.
     """
 
     def __init__(self, tp: int) -> None:
         super().__init__()
         self.tp = tp
-        self.group: dist.ProcessGroup | None = None
+        self.link: TPLink | None = None
         self.counts: Counter[tuple[str, str]] = Counter()
 
-    def bind(self, group: dist.ProcessGroup | None) -> None:
-        self.group = group
+    def bind(self, link: TPLink | None) -> None:
+        self.link = link
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TPComm:
         # a copy starts unbound with no counts: a process group is not copied, and a copied
@@ -54,38 +88,38 @@ class TPComm(nn.Module):
         return TPComm(self.tp)
 
     def extra_repr(self) -> str:
-        return f"tp={self.tp}, bound={self.group is not None}"
+        return f"tp={self.tp}, bound={self.link is not None}"
+
+    @property
+    def bound(self) -> bool:
+        return self.link is not None
 
     @property
     def size(self) -> int:
-        return dist.get_world_size(self.group) if self.group is not None else self.tp
+        return self.link.size if self.link is not None else self.tp
 
     @property
     def rank(self) -> int:
-        return dist.get_rank(self.group) if self.group is not None else 0
+        return self.link.rank if self.link is not None else 0
 
     def all_reduce(self, x: torch.Tensor, direction: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
-        if self.group is None:
+        if self.link is None:
             return x
         self.counts[(direction, "all_reduce")] += 1
         if self.size == 1:
             return x
-        x = x.contiguous()
-        dist.all_reduce(x, op=op, group=self.group)
-        return x
+        return self.link.all_reduce(x.contiguous(), op)
 
     def all_gather(self, x: torch.Tensor, dim: int, direction: str | None) -> torch.Tensor:
         """`direction` None: outside autograd and not counted (showing a sharded output)."""
-        n = self.size
-        if self.group is None:
-            return torch.cat([x] * n, dim=dim)
+        if self.link is None:
+            return torch.cat([x] * self.size, dim=dim)
         if direction is not None:
             self.counts[(direction, "all_gather")] += 1
-        if n == 1:
+        if self.size == 1:
             return x
-        parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(n)]
-        dist.all_gather(parts, x.detach().contiguous() if direction is None else x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=dim)
+        x = x.detach() if direction is None else x
+        return torch.cat(self.link.all_gather(x.contiguous()), dim=dim)
 
     def local_slice(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         n = self.size
@@ -94,11 +128,16 @@ class TPComm(nn.Module):
         return x.chunk(n, dim=dim)[self.rank].contiguous()
 
 
-def bind_tp_group(module: nn.Module, group: dist.ProcessGroup | None) -> None:
-    """Bind every communicator inside `module` (its stages' graphs, checkpoint regions) to `group`."""
+def bind_tp(module: nn.Module, link: TPLink | None) -> None:
+    """Bind every communicator inside `module` (its stages' graphs, checkpoint regions) to `link`."""
     for sub in module.modules():
         if isinstance(sub, TPComm):
-            sub.bind(group)
+            sub.bind(link)
+
+
+def bind_tp_group(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Bind every communicator inside `module` to the process group `group` (None: unbind)."""
+    bind_tp(module, GroupLink(group) if group is not None else None)
 
 
 def tp_comms(module: nn.Module) -> list[TPComm]:
@@ -223,6 +262,6 @@ def vocab_parallel_cross_entropy(
 
 def gather_for_inspection(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
     """All-gather outside autograd (to show or check a sharded output), not counted."""
-    if comm.group is None or comm.size == 1:
+    if not comm.bound or comm.size == 1:
         return x
     return comm.all_gather(x, dim, None)

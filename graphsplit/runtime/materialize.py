@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import copy
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn as nn
 
 from ..errors import GraphsplitError
-from ..ir.program import StageProgram
+from ..ir.program import Program, StageProgram
 from ..ir.sharding import Layout, local_shape, shard_tensor
 from ..passes.grad_mode import params_without_grad
 
@@ -83,6 +83,19 @@ def materialize_stage(
     for local in params_without_grad(module):
         module.get_parameter(local).requires_grad_(False)
     return module
+
+
+def materialize_stages(
+    program: Program,
+    indices: Iterable[int],
+    device: torch.device | str,
+    source: Mapping[str, torch.Tensor] | None,
+    tp_rank: int = 0,
+) -> dict[int, nn.Module]:
+    """The stage modules `indices` of `program` for tp rank `tp_rank`, by stage index."""
+    plan = program.plan
+    return {s: materialize_stage(program.stages[s], device, source, plan.seed, program.param_shardings, tp_rank, plan.tp)
+            for s in indices}
 
 
 def _find(source: Mapping[str, torch.Tensor], canonical: str, local: str) -> str | None:

@@ -1,8 +1,8 @@
-"""The objective a pipeline's last stage computes, and the gradients of tied copies."""
+"""The objective a pipeline's last stage computes, the optimizer, and the gradients of tied copies."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -23,14 +23,27 @@ def default_loss(output: Any, target: Any = None) -> torch.Tensor:
     return sum(t.float().square().mean() for t in floats)  # type: ignore[return-value]
 
 
-def make_loss(program: Program, user_loss: LossFn | None) -> LossFn:
-    """The last stage's raw output -> the user's output structure -> their loss."""
+def default_target(inputs: Iterable[Any]) -> torch.Tensor:
+    """The stand-in target when the model file defines none (`default_loss` ignores it): one zero
+    per example, so it splits into micro-batches as the batch does."""
+    for value in inputs:
+        if isinstance(value, torch.Tensor) and value.dim():
+            return torch.zeros(value.shape[0], device=value.device)
+    raise GraphsplitError("no batched tensor among example_inputs()")
+
+
+def make_loss(program: Program, user_loss: LossFn | None, loss_graph: nn.Module | None = None) -> LossFn:
+    """The last stage's raw output -> the user's output structure -> their loss.
+
+    `loss_graph`: this rank's copy of `program.loss_gm` (the loss rewritten for
+    vocab-sharded logits), where ranks share a process; by default the program's own."""
     fn = user_loss or default_loss
+    graph = loss_graph if loss_graph is not None else program.loss_gm
 
     def loss(stage_output: Any, target: Any) -> torch.Tensor:
-        if program.loss_gm is not None:  # the loss rewritten for vocab-sharded logits
+        if graph is not None:
             outs = (stage_output,) if isinstance(stage_output, torch.Tensor) else tuple(stage_output)
-            value = program.loss_gm(*outs, target)
+            value = graph(*outs, target)
         else:
             value = fn(program.unflatten_output(stage_output), target)
         if not isinstance(value, torch.Tensor) or value.dim() != 0:
@@ -38,6 +51,27 @@ def make_loss(program: Program, user_loss: LossFn | None) -> LossFn:
         return value
 
     return loss
+
+
+def make_optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """The optimizers `run` offers, by name."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
+
+
+def named_grads(program: Program, stages: Mapping[int, nn.Module]) -> dict[str, torch.Tensor]:
+    """The gradients the modules of `stages` (by stage index) hold, under the original model's
+    parameter names (a tp rank's shards); a parameter without one is left out."""
+    found: dict[str, torch.Tensor] = {}
+    for index, module in stages.items():
+        for local, canonical in program.stages[index].param_sources.items():
+            g = module.get_parameter(local).grad
+            if g is not None:
+                found[canonical] = g
+    return found
 
 
 def sync_tied_grads(

@@ -1,0 +1,157 @@
+"""This rank's stage modules made distributed, one concern per step, as torchtitan's
+`parallelize_*` functions read:
+
+    apply_tp        the graphs' tp communicators bound to the mesh's tp group
+    apply_sync_bn   synchronized BatchNorm layers bound to the dp group
+    apply_fsdp      FSDP2 `fully_shard` over the dp axis (ZeRO-3)
+    tied_groups     one group per tied parameter over the pp ranks holding a copy
+    apply_ddp       DistributedDataParallel over the dp axis (plain dp)
+    grad_scaler     fp16: one loss scale for the whole world
+    build_schedule  `torch.distributed.pipelining`'s schedule over the pp axis
+
+Each is a free function of (modules, mesh, plan); every process group comes from
+the mesh handed in. `parallelize_stages` calls them in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from ..ir.program import Program
+from ..ops import tp as tpops
+from ..ops.sync_bn import bind_dp_group
+from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
+from ..runtime.training import LossFn
+from .local import LocalPipeline
+from .torch_distributed import DistributedPipeline, stage_examples
+
+
+def apply_tp(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> tpops.TPComm:
+    """Bind every tp communicator inside `modules` to the mesh's tp group. Returns one more
+    communicator on that group, for gathering a sharded output to show it."""
+    group = mesh.get_group("tp") if plan.tp > 1 else None
+    shown = tpops.TPComm(plan.tp)
+    for module in (*modules, shown):
+        tpops.bind_tp_group(module, group)
+    return shown
+
+
+def apply_sync_bn(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> None:
+    """--sync-bn: BatchNorm statistics over the dp replicas (a no-op without dp)."""
+    if plan.sync_bn and plan.dp > 1:
+        for module in modules:
+            bind_dp_group(module, mesh.get_group("dp"))
+
+
+def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh) -> None:
+    """ZeRO-3: FSDP2 `fully_shard` each stage module over the mesh's dp axis.
+
+    Parameters (already this tp rank's shards) become DTensors sharded on dim 0 over
+    the dp replicas; FSDP gathers them around each forward and backward and
+    reduce-scatters the gradients (averaged over dp). The pipelining stage drives
+    FSDP's last-backward hooks across micro-batches.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    for module in modules:
+        fully_shard(module, mesh=mesh["dp"])
+
+
+def tied_groups(program: Program, mesh: DeviceMesh) -> dict[str, dist.ProcessGroup]:
+    """One group per tied parameter over the pp ranks holding a copy, per (dp, tp) position; this
+    rank's groups by parameter name (every rank calls `new_group` for every group)."""
+    groups: dict[str, dist.ProcessGroup] = {}
+    grid = mesh.mesh  # global ranks, shape (dp, pp, tp)
+    me = dist.get_rank()
+    for name in sorted(program.shared_params):
+        pp_ranks = sorted({program.plan.stage_rank(s) for s in program.shared_params[name]})
+        if len(pp_ranks) < 2:
+            continue
+        for d in range(grid.shape[0]):
+            for t in range(grid.shape[2]):
+                ranks = [int(grid[d, r, t]) for r in pp_ranks]
+                group = dist.new_group(ranks)
+                if me in ranks:
+                    groups[name] = group
+    return groups
+
+
+def apply_ddp(modules: Mapping[int, nn.Module], mesh: DeviceMesh, device: torch.device) -> dict[int, nn.Module]:
+    """Plain dp: each stage in DDP over the dp axis (bucketed all-reduces overlapped with the last
+    micro-batch's backward). Buffers are not broadcast from replica 0 at each forward: each replica
+    keeps its own BatchNorm statistics, or all share global ones with --sync-bn. Returns what the
+    schedule runs, by stage."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [device.index] if device.type == "cuda" else None
+    return {
+        s: DistributedDataParallel(m, device_ids=device_ids, process_group=mesh.get_group("dp"), broadcast_buffers=False)
+        if any(p.requires_grad for p in m.parameters()) else m  # nothing to average
+        for s, m in modules.items()
+    }
+
+
+def grad_scaler(device: torch.device) -> Any:
+    """fp16: one loss scale for the whole world; an overflow on any rank skips the step everywhere.
+
+    `ShardedGradScaler` all-reduces its found-inf flags over the process group it is
+    given: here every rank (all pp stages, tp shards and dp replicas), so all ranks
+    agree to step or to skip, and all keep the same scale.
+    """
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    scaler = ShardedGradScaler(device=device.type, process_group=dist.group.WORLD)
+    scaler.scale(torch.ones((), device=device))  # creates the scale on ranks that never see a loss
+    return scaler
+
+
+def build_schedule(program: Program, runners: Mapping[int, nn.Module], loss_fn: LossFn, mesh: DeviceMesh,
+                   device: torch.device) -> Any:
+    """The pipeline schedule over the pp axis driving this rank's stages.
+
+    One stage: no pipeline, the micro-batches run directly (a one-stage schedule would
+    cost an extra forward on step 1 for its shape inference, collectives included)."""
+    import torch.distributed.pipelining as pipelining
+
+    plan = program.plan
+    if plan.num_stages == 1:
+        return LocalPipeline(program, [runners[0]], loss_fn)
+    examples = stage_examples(program)
+    stages = [
+        pipelining.PipelineStage(module, index, plan.num_stages, device, group=mesh.get_group("pp"),
+                                 input_args=examples[index][0], output_args=examples[index][1])
+        for index, module in sorted(runners.items())
+    ]
+    cls = getattr(pipelining, SCHEDULES[plan.schedule])
+    common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    if plan.schedule in MULTI_STAGE_SCHEDULES:
+        return cls(stages, **common)
+    (only,) = stages
+    return cls(only, **common)
+
+
+def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_fn: LossFn, mesh: DeviceMesh,
+                       device: torch.device) -> DistributedPipeline:
+    """This rank's materialized stage modules -> the pipeline that trains them."""
+    plan = program.plan
+    loss_graphs = [program.loss_gm] if program.loss_gm is not None else []
+    output_comm = apply_tp([*modules.values(), *loss_graphs], mesh, plan)
+    apply_sync_bn(modules.values(), mesh, plan)
+    if plan.fsdp:
+        apply_fsdp(modules.values(), mesh)
+    tied = tied_groups(program, mesh)
+    runners = apply_ddp(modules, mesh, device) if plan.dp > 1 and not plan.fsdp else dict(modules)
+    scaler = grad_scaler(device) if plan.autocast == "fp16" else None
+    objective = loss_fn
+    if scaler is not None:
+        def objective(output: Any, target: Any) -> torch.Tensor:
+            return scaler.scale(loss_fn(output, target))
+
+    schedule = build_schedule(program, runners, objective, mesh, device)
+    return DistributedPipeline(program, dict(modules), mesh, schedule, tied, scaler, output_comm)
