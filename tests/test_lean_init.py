@@ -38,12 +38,9 @@ def test_init_code_that_reads_a_dropped_tensor_is_detected():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_run_uses_lean_init_and_falls_back_when_it_cannot():
+def test_run_falls_back_when_lean_init_cannot():
+    """(tests/test_distributed.py's runs use lean init: each checks for its line.)"""
     lines: list[str] = []
-    cmp = run_training(str(EXAMPLES / "gpt.py"), Plan(tp=2, pp=2), RunOptions(steps=2, check=True), echo=lines.append)
-    assert cmp is not None and cmp.ok, "\n".join(lines)
-    assert any("keeping only its own parameters" in line for line in lines)
-    lines.clear()
     cmp = run_training(str(MODELS / "init_reads.py"), Plan(pp=2), RunOptions(steps=2, check=True), echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("built once here" in line for line in lines)
