@@ -23,7 +23,6 @@ import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from ..errors import GraphsplitError
 from ..ir.program import Program
 from ..ir.sharding import shard_tensor
 from ..loader import LoadedModel
@@ -201,15 +200,11 @@ def reference_train(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: in
 
 def reference_with_weights(loaded: LoadedModel, weights: str, plan: Plan) -> nn.Module:
     """The untouched model (one process) holding a weights file's values."""
-    from ..runtime.weights import open_weights
+    from ..runtime.weights import check_weights, open_weights
 
     model = loaded.build("cpu", seed=plan.seed)
     state = open_weights(weights)
-    wanted = dict(model.named_parameters(remove_duplicate=False))
-    missing = [n for n in wanted if n not in state and not any(wanted[n] is wanted[m] and m in state for m in wanted)]
-    if missing:
-        raise GraphsplitError(f"the weights file has no tensor {missing[0]!r} ({len(missing)} missing); "
-                              "save it from this model with torch.save(model.state_dict()) or safetensors")
+    check_weights(state, model, weights)  # every parameter under one of its names: tied ones load through it
     model.load_state_dict({k: state[k] for k in state}, strict=False)
     return model
 
