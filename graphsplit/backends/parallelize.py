@@ -10,7 +10,8 @@
     build_schedule  `torch.distributed.pipelining`'s schedule over the pp axis
 
 Each is a free function of (modules, mesh, plan); every process group comes from
-the mesh handed in. `parallelize_stages` calls them in order.
+the mesh handed in (the loss scaler's is the default group, which the whole mesh
+spans). `parallelize_stages` calls them in order.
 """
 
 from __future__ import annotations
