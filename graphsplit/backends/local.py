@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
 from ..ir.program import Program
@@ -120,10 +121,14 @@ class LocalProgram:
 
     def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> list[LocalRankStep]:
         """One forward + backward on every tp rank; their results in rank order."""
+        # each rank its own batch, as each process has: a model writing into its input in place must
+        # not change another rank's (copied before any rank starts)
+        batches = [(inputs, target)] + [pytree.tree_map_only(torch.Tensor, torch.clone, (inputs, target))
+                                        for _ in range(len(self.ranks) - 1)]
 
         def run(rank: int) -> LocalRankStep:
             pipe = self.ranks[rank]
-            loss, output = pipe.step(inputs, target)
+            loss, output = pipe.step(*batches[rank])
             whole = gather_outputs(self.program, output, self.comms[rank])
             return LocalRankStep(rank, loss, whole, pipe.grads())
 
