@@ -53,6 +53,8 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "selective; the last matching one wins, e.g. --checkpoint-module 'h.0=none'."),
         click.option("--autocast", type=click.Choice(["bf16", "fp16"]), default=None,
                      help="Mixed precision: matmuls in this dtype, parameters, norms and the loss in fp32."),
+        click.option("--plan", "plan_file", type=click.Path(path_type=Path), default=None,
+                     help="A plan file (what graphsplit plan --out writes) instead of the flags above."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -64,8 +66,14 @@ _PLAN_KEYS = ("pp", "tp", "dp", "fsdp", "sync_bn", "microbatches", "schedule", "
 
 
 def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
+    plan_file = kwargs.pop("plan_file", None)
     given = {k: kwargs.pop(k) for k in _PLAN_KEYS}
     given = {k: v for k, v in given.items() if v is not None and v != ()}
+    if plan_file is not None:
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise GraphsplitError(f"--plan {plan_file} is a whole plan; drop {flags} or drop --plan")
+        return Plan.load(plan_file), True
     if "checkpoint_overrides" in given:
         given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])
     if "split_at" in given:
@@ -312,6 +320,53 @@ def advise(model: str, gpus: int, gpu_memory: str, nodes: int, as_json: bool) ->
     else:
         click.echo(f"nothing fits {gpus} x {gpu_memory}; closest: {line(result['closest'])}")
         click.echo(f"it would take about {result['devices_needed']} devices")
+
+
+@main.command("plan")
+@click.argument("model")
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Devices available in all.")
+@click.option("--gpu-memory", "gpu_memory", default=None,
+              help="Memory of one device, e.g. 80GiB (default: the hardware profile's).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="Devices per node: tp stays inside one (default: the hardware profile's).")
+@click.option("--hardware", default="h100", show_default=True,
+              help="h100, h200, a100, cpu (this machine, measured) or a profile JSON file.")
+@click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Plans to show.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--out", "out", type=click.Path(path_type=Path), default=None,
+              help="Write the best plan (and its prediction) here, for transform/run --plan and Plan.load.")
+def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: int | None, hardware: str,
+                 optimizer: str, top: int, as_json: bool, out: Path | None) -> None:
+    """Which plan to run: search tp, pp, dp, DDP or FSDP, micro-batches, schedule, checkpointing and
+    precision for GPUS devices, and rank the plans that fit by predicted step time."""
+    from .loader import load_model
+    from .planner import load_hardware, plan_model
+    from .report.advise import parse_bytes
+    from .report.planning import render, write_plan_file
+
+    try:
+        hw = load_hardware(hardware)
+        memory = parse_bytes(gpu_memory) if gpu_memory is not None else hw.memory_bytes
+        loaded = load_model(model)
+        result, profile = plan_model(loaded, gpus, memory, hw, gpus_per_node, optimizer)
+        context = {"model": str(loaded.path), "gpus": gpus, "gpu_memory": memory, "hardware": hw.name}
+        if out is not None and result.fits:
+            write_plan_file(out, result, context)
+    except GraphsplitError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        click.echo(json.dumps({**context, "batch": profile.batch, **result.to_dict(top)}, indent=2))
+    else:
+        render(result, f"{loaded.path.name}: {gpus} x {hw.name}, {memory / 2**30:.1f} GiB each; global batch "
+                       f"{profile.batch}" + (f" x {profile.tokens_per_sample} tokens" if profile.tokens_per_sample else ""),
+               top)
+    if out is not None:
+        if not result.fits:
+            click.echo(f"error: no plan fits, so nothing was written to {out}", err=True)
+            sys.exit(1)
+        click.echo(f"wrote {out}", err=True)
 
 
 @main.command()

@@ -52,7 +52,7 @@ def saved_bytes(
         return t
 
     regions = [m for m in module.modules() if isinstance(m, CheckpointRegion)] if checkpointing else []
-    kept_outputs = _KeptOutputs(note) if any(m.selective for m in regions) else contextlib.nullcontext()
+    kept_outputs = KeptOutputs(note) if any(m.selective for m in regions) else contextlib.nullcontext()
     hooks = []
     for m in regions:
         hooks.append(m.register_forward_pre_hook(
@@ -72,7 +72,7 @@ def saved_bytes(
     return sum(seen.values())
 
 
-class _KeptOutputs(TorchDispatchMode):
+class KeptOutputs(TorchDispatchMode):
     """Inside a selective region, notes the outputs of the ops whose outputs it keeps."""
 
     def __init__(self, note: Any) -> None:

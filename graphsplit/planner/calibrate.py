@@ -39,6 +39,18 @@ def matmul_flops(dtype: torch.dtype) -> float:
     return max(rates)
 
 
+def op_overhead() -> float:
+    """Seconds one tiny op costs while autograd records it: eager dispatch, which a small model's step is
+    mostly made of."""
+    x = torch.ones(4, requires_grad=True)
+
+    def ops() -> None:
+        for _ in range(200):
+            torch.add(x, x)
+
+    return _best(ops, 5) / 200
+
+
 def memory_bandwidth() -> float:
     x = torch.randn(32 * 2**20 // 4)
     out = torch.empty_like(x)
@@ -86,6 +98,7 @@ def calibrate() -> dict:
         pass
     fp32, bf16 = matmul_flops(torch.float32), matmul_flops(torch.bfloat16)
     bandwidth = memory_bandwidth()
+    overhead = op_overhead()
     link, latency = gloo_link()
     cores = os.cpu_count() or 1
     where = f"measured by python -m graphsplit.planner.calibrate on {datetime.date.today()} ({cpu}, {cores} cores)"
@@ -94,7 +107,7 @@ def calibrate() -> dict:
         "memory_bytes": int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
         "peak_flops": {"float32": fp32, "bfloat16": bf16, "float16": bf16},
         "memory_bandwidth": bandwidth,
-        "gpus_per_node": cores,
+        "gpus_per_node": max(8, cores),
         "intra_node_bandwidth": link,
         "inter_node_bandwidth": link,
         "intra_node_latency": latency,
@@ -102,12 +115,13 @@ def calibrate() -> dict:
         "matmul_efficiency": 1.0,
         "memory_efficiency": 1.0,
         "link_efficiency": 1.0,
+        "op_overhead": overhead,
         "shared_cores": cores,
         "sources": {
             "memory_bytes": "this machine's physical memory (sysconf)",
             "peak_flops": f"{where}: best square matmul (512-2048) in one thread; float16 taken as bfloat16",
             "memory_bandwidth": f"{where}: a 32 MiB elementwise add, bytes read and written per second",
-            "gpus_per_node": "the cores of this machine: graphsplit run starts every rank on it",
+            "gpus_per_node": "one machine: graphsplit run starts every rank on it (8, or its cores if more)",
             "intra_node_bandwidth": f"{where}: gloo all_reduce of 16 MiB between two processes over loopback",
             "inter_node_bandwidth": "the same loopback link: one machine",
             "intra_node_latency": f"{where}: gloo all_reduce of one float",
@@ -115,6 +129,7 @@ def calibrate() -> dict:
             "matmul_efficiency": "1: the measured rates are achieved rates",
             "memory_efficiency": "1: measured",
             "link_efficiency": "1: measured",
+            "op_overhead": f"{where}: torch.add of 4 floats recorded by autograd, per call",
             "shared_cores": "ranks beyond this many share the cores (each runs one thread)",
         },
     }

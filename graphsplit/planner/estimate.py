@@ -2,19 +2,20 @@
 
 Memory per rank, in the sources' five parts plus communication buffers:
 
-- parameters: fp32 (the optimizer's master copy; autocast casts inside the graph).
-  FSDP (as graphsplit applies it: one `fully_shard` unit per stage, driven by
-  torch.distributed.pipelining, which keeps the unit unsharded from its first
-  backward to the step's last) holds its 1/dp shard plus the whole unit gathered.
-- gradients: fp32, one per parameter; FSDP accumulates them unsharded until the last
-  micro-batch's backward reduce-scatters them.
+- parameters: fp32 (the optimizer's master copy; autocast casts inside the graph);
+  FSDP keeps 1/dp of them.
+- gradients: fp32, one per parameter; FSDP keeps 1/dp of them.
 - optimizer state: AdamW's two fp32 moments (1/dp of them under FSDP); SGD none.
 - activations: the bytes one stage-chunk keeps for backward under the plan's
   checkpoint policy, times the chunks the schedule keeps in flight on that rank
   (schedules.py); with checkpointing, the largest region's recompute on top.
 - outputs and loss: the last stage's outputs of the micro-batches in flight, and the
   loss's own buffers (a cross-entropy keeps its log-softmax).
-- communication buffers: DDP's gradient buckets, the pipeline's send/receive buffers.
+- communication buffers: DDP's gradient buckets, the pipeline's send/receive buffers;
+  FSDP (as graphsplit applies it: one `fully_shard` unit per stage, driven by
+  torch.distributed.pipelining, which keeps the unit unsharded from its first backward
+  to the step's last) gathers the whole unit's parameters and accumulates its gradients
+  unsharded until the last micro-batch's backward reduce-scatters them.
 
 Step time: each stage's forward, backward (twice the forward: two matmuls per
 matmul) and recompute, every op priced by a roofline against the hardware
@@ -30,9 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..plan import Plan
 from .hardware import Hardware
-from .schedules import bubble_fraction, in_flight_chunks
+from .schedules import bubble_fraction, in_flight, in_flight_chunks
 
 FP32 = 4
 ADAMW_STATES = 2  # exp_avg, exp_avg_sq
@@ -41,17 +44,18 @@ DDP_BUCKETS_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
-class StageSums:
-    """One pipeline stage on one tp rank, for one micro-batch of the plan's size."""
+class Stages:
+    """A plan's pipeline stages on one tp rank, for one micro-batch of the plan's size: arrays by stage."""
 
-    param_bytes: int  # fp32 parameters it holds (a tied copy counts on every stage holding it)
-    saved_bytes: int  # kept for backward by one forward under the plan's checkpoint policy
-    recompute_peak: int  # the largest checkpoint region's activations, live while it is recomputed
-    output_bytes: int  # the stage's outputs (the model's, on the last stage) and the loss's buffers
-    send_bytes: int  # what it sends to the next stage (activations; their gradients come back)
-    forward_seconds: float  # one forward
-    recompute_seconds: float  # what backward recomputes
-    tp_seconds: float  # its tp collectives, forward and backward
+    param_bytes: np.ndarray  # fp32 parameters it holds (a tied copy counts on every stage holding it)
+    kept_param_bytes: np.ndarray  # what it keeps of them between steps: all, or FSDP's first dp shard
+    saved_bytes: np.ndarray  # kept for backward by one forward under the plan's checkpoint policy
+    recompute_peak: np.ndarray  # the largest checkpoint region's activations, live while it is recomputed
+    send_bytes: np.ndarray  # what it sends to the next stage (activations; their gradients come back)
+    forward_seconds: np.ndarray  # one forward
+    recompute_seconds: np.ndarray  # what backward recomputes
+    tp_seconds: np.ndarray  # its tp collectives, forward and backward
+    output_bytes: int  # the last stage's outputs and the loss's buffers
 
 
 @dataclass
@@ -68,6 +72,7 @@ class Estimate:
     bubble: float
     time: dict[str, float] = field(default_factory=dict)  # seconds per step by kind
     busiest_rank: int = 0
+    per_rank: dict[str, list[int]] = field(default_factory=dict)  # each memory part, by pp rank
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,64 +109,59 @@ def group_link(hw: Hardware, span: int) -> tuple[float, float]:
     return hw.inter_node_bandwidth * hw.link_efficiency, hw.inter_node_latency
 
 
-def estimate(plan: Plan, stages: list[StageSums], hw: Hardware, samples: int, tokens_per_sample: int | None,
+def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_sample: int | None,
              model_flops_per_sample: float, optimizer: str = "adamw") -> Estimate:
-    """Memory of the busiest rank and the step time of `plan`, whose stages are `stages` (in order).
+    """Memory of the busiest rank and the step time of `plan`, whose stages are `st`.
 
     `samples`: the global batch; `model_flops_per_sample`: the untouched model's forward FLOPs for one
     sample (MFU counts forward + backward, 3x, and no recompute, as the sources do)."""
     m, v, pp, tp, dp = plan.num_microbatches, plan.stages_per_rank, plan.pp, plan.tp, plan.dp
-    ranks: list[list[int]] = [[] for _ in range(pp)]
-    for s in range(len(stages)):
-        ranks[plan.stage_rank(s)].append(s)
     # the mesh is (dp, pp, tp), tp fastest: tp groups are contiguous, pp neighbours tp apart, dp replicas tp*pp apart
     tp_bw, tp_lat = group_link(hw, tp)
     pp_bw, pp_lat = group_link(hw, tp * 2) if pp > 1 else (1.0, 0.0)
     dp_bw, dp_lat = group_link(hw, tp * pp * dp) if dp > 1 else (1.0, 0.0)
     share = max(1.0, plan.world_size / hw.shared_cores) if hw.shared_cores else 1.0  # CPU ranks sharing cores
 
-    best: tuple[int, dict[str, int]] | None = None
-    stage_times = []
-    for r, held in enumerate(ranks):
-        params = sum(stages[s].param_bytes for s in held)
-        chunks = in_flight_chunks(plan.schedule, pp, m, v, r)
-        per_chunk = max(stages[s].saved_bytes for s in held)
-        acts = chunks * per_chunk + max(stages[s].recompute_peak for s in held)
-        last = plan.num_stages - 1 in held
-        out_chunks = in_flight_chunks(plan.schedule, pp, m, 1, r) if pp > 1 else 1
-        outputs = stages[-1].output_bytes * out_chunks if last else 0
-        states = ADAMW_STATES if optimizer == "adamw" else 0
-        if plan.fsdp:
-            memory = {"parameters": params // dp + params, "gradients": params,
-                      "optimizer_state": states * params // dp}
-        else:
-            memory = {"parameters": params, "gradients": params, "optimizer_state": states * params}
-        buffers = 2 * max(stages[s].send_bytes for s in held) if pp > 1 else 0
-        if dp > 1 and not plan.fsdp:
-            buffers += min(params, DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES)
-        memory.update(activations=acts, outputs_and_loss=outputs, communication_buffers=buffers)
-        memory["total"] = sum(memory.values())
-        if best is None or memory["total"] > best[1]["total"]:
-            best = (r, memory)
-        per_mb = 0.0
-        for s in held:
-            st = stages[s]
-            pp_send = (st.send_bytes / pp_bw + pp_lat) * 2 if pp > 1 and s < plan.num_stages - 1 else 0.0
-            per_mb += (3 * st.forward_seconds + st.recompute_seconds) * share + st.tp_seconds + pp_send
-        stage_times.append((per_mb, params, held))
-    assert best is not None
-    bottleneck = max(t for t, _, _ in stage_times)
+    def by_rank(values: np.ndarray, how: str) -> np.ndarray:
+        """Stage s lies on pp rank s % pp: fold the stages of each rank together."""
+        grid = values.reshape(v, pp)
+        return grid.sum(axis=0) if how == "sum" else grid.max(axis=0)
+
+    params = by_rank(st.param_bytes, "sum")
+    acts = in_flight(plan.schedule, pp, m, v) * by_rank(st.saved_bytes, "max") + by_rank(st.recompute_peak, "max")
+    outputs = np.zeros(pp, dtype=np.int64)
+    outputs[(plan.num_stages - 1) % pp] = st.output_bytes * (in_flight_chunks(plan.schedule, pp, m, 1, pp - 1)
+                                                             if pp > 1 else 1)
+    states = ADAMW_STATES if optimizer == "adamw" else 0
+    kept = by_rank(st.kept_param_bytes, "sum")  # FSDP: the first dp rank's shards, the largest
+    parts = {"parameters": kept, "gradients": kept, "optimizer_state": states * kept}
+    buffers = 2 * by_rank(st.send_bytes, "max") if pp > 1 else np.zeros(pp, dtype=np.int64)
+    if dp > 1 and not plan.fsdp:
+        buffers = buffers + np.minimum(params, DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES)
+    if plan.fsdp:  # the gathered parameters and the unsharded gradients, from the first backward to the last
+        buffers = buffers + 2 * params
+    parts.update(activations=acts, outputs_and_loss=outputs, communication_buffers=buffers)
+    total = sum(parts.values())
+    busiest = int(np.argmax(total))
+    memory = {k: int(val[busiest]) for k, val in parts.items()}
+    memory["total"] = int(total[busiest])
+    per_rank = {k: [int(x) for x in val] for k, val in parts.items()}
+
+    sends = np.where(np.arange(plan.num_stages) < plan.num_stages - 1, (st.send_bytes / pp_bw + pp_lat) * 2, 0.0) \
+        if pp > 1 else np.zeros(plan.num_stages)
+    stage_time = (3 * st.forward_seconds + st.recompute_seconds) * share + st.tp_seconds + sends
+    per_mb = by_rank(stage_time, "sum")
+    bottleneck = float(per_mb.max())
     bubble = bubble_fraction(plan.schedule, pp, m, v)
     pipeline = bottleneck * m / (1 - bubble) if bubble < 1 else float("inf")
-    grads = max(p for _, p, _ in stage_times)
+    grads = float(params.max())
     if dp > 1 and plan.fsdp:
         dp_comm = ring_seconds(grads, dp, dp_bw, dp_lat, 1) * 2  # gather once, reduce-scatter once
     elif dp > 1:
         dp_comm = ring_seconds(grads, dp, dp_bw, dp_lat, 2)
     else:
         dp_comm = 0.0
-    last_backward = 2 * max(t for t, _, _ in stage_times) / 3
-    exposed_dp = max(0.0, dp_comm - last_backward)
+    exposed_dp = max(0.0, dp_comm - 2 * bottleneck / 3)  # overlapped with the last micro-batch's backward
     opt_bytes = grads * (7 if optimizer == "adamw" else 3) / (dp if plan.fsdp else 1)
     optimizer_seconds = opt_bytes / (hw.memory_bandwidth * hw.memory_efficiency) * share
     step = pipeline + exposed_dp + optimizer_seconds
@@ -169,10 +169,10 @@ def estimate(plan: Plan, stages: list[StageSums], hw: Hardware, samples: int, to
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(plan.autocast or "", "float32")
     peak = hw.peak_flops.get(dtype, hw.peak_flops["float32"])
     mfu = model_flops / (step * plan.world_size * peak) if step > 0 else 0.0
-    comm_tp = sum(stages[s].tp_seconds for s in ranks[0]) * m
+    comm_tp = float(by_rank(st.tp_seconds, "sum")[0]) * m
     return Estimate(
         plan=plan,
-        memory=best[1],
+        memory=memory,
         step_seconds=step,
         samples_per_second=samples / step if step > 0 else 0.0,
         tokens_per_second=samples * tokens_per_sample / step if tokens_per_sample and step > 0 else None,
@@ -180,5 +180,6 @@ def estimate(plan: Plan, stages: list[StageSums], hw: Hardware, samples: int, to
         bubble=bubble,
         time={"compute_and_tp": pipeline * (1 - bubble), "bubble": pipeline * bubble, "tp_collectives": comm_tp,
               "dp_exposed": exposed_dp, "dp_collectives": dp_comm, "optimizer": optimizer_seconds},
-        busiest_rank=best[0],
+        busiest_rank=busiest,
+        per_rank=per_rank,
     )

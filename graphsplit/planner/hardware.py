@@ -38,6 +38,8 @@ class Hardware:
     matmul_efficiency: float  # fraction of peak FLOP/s large matmuls reach
     memory_efficiency: float  # fraction of memory bandwidth memory-bound ops reach
     link_efficiency: float  # fraction of link bandwidth collectives reach
+    # seconds every op costs beyond its roofline time (eager dispatch, kernel launch)
+    op_overhead: float = 0.0
     # processes sharing `shared_cores` cores (a CPU machine running more ranks than cores): 0 = none
     shared_cores: int = 0
     sources: dict[str, str] = field(default_factory=dict)

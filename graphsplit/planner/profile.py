@@ -25,6 +25,7 @@ import torch
 import torch.fx as fx
 
 from ..analysis.collectives import node_collectives
+from ..analysis.memory import KeptOutputs
 from ..analysis.recompute import recomputable
 from ..analysis.shapes import annotate, meta_copy
 from ..compile import PASSES, check_call
@@ -34,15 +35,14 @@ from ..ir.optable import OpKind
 from ..ir.sharding import local_shape
 from ..ir.trace import trace_model
 from ..loader import LoadedModel
+from ..passes.autocast import autocast_pass
 from ..passes.manager import LossInput, PassInput, run_passes
 from ..passes.tensor_parallel import TensorParallelResult
 from ..plan import Plan
 from ..runtime.microbatch import split_microbatches
 from .fold import Fold, Unfolding, fold
 
-# the passes that change what an op costs; the rest (sync-bn, cuts, checkpoint regions) are priced here
-COST_PASSES = ("grad_mode", "tensor_parallel", "vocab_parallel_loss", "autocast")
-SELECTIVE_KINDS = frozenset({OpKind.LINEAR, OpKind.MATMUL, OpKind.ATTENTION, OpKind.CONV})
+SELECTIVE_KINDS = frozenset({OpKind.LINEAR, OpKind.MATMUL, OpKind.ATTENTION, OpKind.CONV})  # matmul-class
 
 
 @dataclass
@@ -56,6 +56,7 @@ class OpTable:
     kept: list[tuple[int, ...]]  # per op: the storages it keeps for backward (ids into `storage`)
     storage: tuple[np.ndarray, np.ndarray]  # per storage id: its bytes
     out: tuple[np.ndarray, np.ndarray]  # the op's output
+    selective: tuple[np.ndarray, np.ndarray]  # what selective checkpointing keeps of it (its matmul outputs)
     live: tuple[np.ndarray, np.ndarray]  # per cut 0..n: bytes live across it
     blocked: np.ndarray  # per cut: a container is live across it
     low_rate: np.ndarray  # bool: runs at the low-precision matmul rate
@@ -63,8 +64,10 @@ class OpTable:
     block: np.ndarray  # the repeated block each op lies in (index into `blocks`), -1 outside
     blocks: list[str]
     block_inputs: dict[int, tuple[tuple[int, int], tuple[int, int]]]  # block -> ((stream), (shared)) bytes pairs
+    reads: list[tuple[tuple[int, int, int, int], ...]]  # per op: (value id, producer position, bytes pair) it reads
     params: list[tuple[str, ...]]  # per op: the parameters it reads (canonical names)
     param_bytes: dict[str, int]  # per tp rank, as stored (fp32)
+    param_shapes: dict[str, tuple[int, ...]]  # per tp rank (FSDP shards dim 0 of these over dp)
     collectives: list[tuple[int, str, str, int, int]]  # (op, direction, kind, bytes per sample, constant)
     output: tuple[int, int]  # the model's output tensors on the last stage
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
@@ -74,7 +77,12 @@ class OpTable:
         return len(self.params)
 
     def at(self, pair: tuple[np.ndarray, np.ndarray], b: int) -> np.ndarray:
-        return pair[0] * b + pair[1]
+        """The values of `pair` (one of this table's per-sample + constant arrays) at `b` samples."""
+        key = ("at", id(pair[0]), b)
+        found = self.cache.get(key)
+        if found is None:
+            found = self.cache[key] = pair[0] * b + pair[1]
+        return found
 
     def saved(self, ops: Any, b: int) -> int:
         """Bytes the ops `ops` (indices) keep for backward when they run in one stage: each storage once."""
@@ -112,17 +120,17 @@ class ModelProfile:
     def table(self, plan: Plan) -> OpTable:
         key = (plan.tp, plan.autocast is not None)
         if key not in self.variants:
-            src = self.source
             try:
-                self.variants[key] = build_table(src.base, src.fold, key[0], key[1], *src.inputs, *src.losses)
+                for low, table in build_tables(self.source, plan.tp).items():
+                    self.variants[plan.tp, low] = table
             except GraphsplitError as exc:
-                self.variants[key] = f"tp={plan.tp}: {exc}"
+                self.variants[plan.tp, False] = self.variants[plan.tp, True] = f"tp={plan.tp}: {exc}"
         found = self.variants[key]
         if isinstance(found, str):
             raise GraphsplitError(found)
         return found
 
-    def stages(self, plan: Plan) -> list[Any]:
+    def stages(self, plan: Plan) -> Any:
         from .stages import stage_sums
 
         return stage_sums(self.table(plan), plan, self.batch, self.hardware)
@@ -141,28 +149,44 @@ def flat_batch(flat: Sequence[Any]) -> int:
     raise GraphsplitError("no batched tensor among example_inputs()")
 
 
-def _compile(base: fx.GraphModule, plan: Plan, inputs: tuple[torch.Tensor, ...], loss: LossInput | None
-             ) -> tuple[fx.GraphModule, dict[str, Any]]:
-    gm = copy.deepcopy(base)
-    for node in gm.graph.nodes:  # a graph's deep copy shares node.meta's values: each compile writes its own
+def _fresh_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A deep copy whose nodes have annotations of their own (a graph's deep copy shares node.meta's
+    values, so a compile of the copy would write into the original's)."""
+    copied = copy.deepcopy(gm)
+    for node in copied.graph.nodes:
         ni = info(node)
         node.meta[META_KEY] = dataclasses.replace(ni, extra=dict(ni.extra))
-    annotate(gm, inputs)
-    run = run_passes(gm, PassInput(plan, inputs, None, loss), [p for p in PASSES if p[0] in COST_PASSES])
-    tp = run.results.get(TensorParallelResult)
-    return run.gm, dict(tp.param_shardings) if tp else {}
+    return copied
+
+
+def _compiled(src: _Source, tp: int) -> dict[bool, tuple[fx.GraphModule, dict[str, Any]]]:
+    """The graph after the cost passes at two samples per micro-batch, in fp32 and in low precision:
+    tensor parallelism runs once, autocast on a copy of its result."""
+    gm = _fresh_copy(src.base)
+    annotate(gm, src.inputs[0])
+    plan = Plan(tp=tp)
+    inp = PassInput(plan, src.inputs[0], None, src.losses[0])
+    run = run_passes(gm, inp, [p for p in PASSES if p[0] in ("grad_mode", "tensor_parallel", "vocab_parallel_loss")])
+    found = run.results.get(TensorParallelResult)
+    shardings = dict(found.param_shardings) if found else {}
+    low, _ = autocast_pass(_fresh_copy(run.gm), dataclasses.replace(inp, plan=plan.replace(autocast="bf16")),
+                           run.results)
+    return {False: (run.gm, shardings), True: (low, shardings)}
 
 
 def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], shardings: dict[str, Any], tp: int
-                  ) -> dict[str, list[tuple[str, int, int]]]:
+                  ) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, int]]:
     """What each node keeps for backward, as (the node that first kept the storage, its index among the
-    storages that node first kept, bytes): one entry per distinct storage, parameters excluded. Measured
-    on meta with saved_tensors_hooks, as analysis/memory.py measures a stage."""
+    storages that node first kept, bytes): one entry per distinct storage, parameters excluded; and the
+    bytes of the outputs selective checkpointing would keep of each node (its matmul-class aten ops).
+    Measured on meta with saved_tensors_hooks and KeptOutputs, as analysis/memory.py measures a stage."""
     module = meta_copy(gm, shardings, tp)
     params = {p.untyped_storage()._cdata for p in module.parameters()}
     first: dict[int, tuple[str, int, int]] = {}
     counts: dict[str, int] = {}
     kept: dict[str, list[tuple[str, int, int]]] = {}
+    selective: dict[str, int] = {}
+    noted: set[int] = set()
     current = [""]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -179,6 +203,15 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
             mine.append(key)
         return t
 
+    alive: list[Any] = []  # a storage freed mid-run would hand its address to the next one
+
+    def note(t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        if storage._cdata not in noted:
+            noted.add(storage._cdata)
+            alive.append(storage)
+            selective[current[0]] = selective.get(current[0], 0) + storage.nbytes()
+
     class Run(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
             current[0] = n.name
@@ -186,9 +219,11 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
 
     args = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=t.is_floating_point())
                  for t in inputs)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    outputs = KeptOutputs(note)
+    outputs.enter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), outputs:
         Run(module).run(*args)
-    return kept
+    return kept, selective
 
 
 def _node_params(gm: fx.GraphModule, node: fx.Node, names: dict[int, str], recomp: set[fx.Node],
@@ -225,12 +260,13 @@ class _Measured:
     live: np.ndarray
     blocked: np.ndarray
     kept: list[list[tuple[tuple[str, int, int], int]]]  # per op: (storage key, bytes) of what it keeps
+    selective: np.ndarray  # per op: what selective checkpointing keeps of its outputs
 
 
-def _measure(base: fx.GraphModule, fold_: Fold | None, plan: Plan, inputs: tuple[torch.Tensor, ...],
-             loss: LossInput | None) -> _Measured:
-    gm, shardings = _compile(base, plan, inputs, loss)
-    saved = saved_by_node(gm, inputs, shardings, plan.tp)
+def _measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, tp: int,
+             inputs: tuple[torch.Tensor, ...]) -> _Measured:
+    """`gm` (compiled and annotated at `inputs`) seen as the whole op sequence."""
+    saved, selective = saved_by_node(gm, inputs, shardings, tp)
     unf = Unfolding(gm, fold_)
     by_name = {n.name: n for n in gm.graph.nodes}
     n = len(unf)
@@ -248,8 +284,8 @@ def _measure(base: fx.GraphModule, fold_: Fold | None, plan: Plan, inputs: tuple
     for op in unf.sequence:
         mine = []
         for first, index, nbytes in saved.get(op[0].name, []):
-            source, copy = unf.value(by_name[first], op) if first in by_name else (None, 0)
-            mine.append(((source.name if source is not None else first, copy, index), nbytes))
+            source, copy_ = unf.value(by_name[first], op) if first in by_name else (None, 0)
+            mine.append(((source.name if source is not None else first, copy_, index), nbytes))
         kept.append(mine)
     ops = [node for node, _ in unf.sequence]
     return _Measured(
@@ -258,6 +294,7 @@ def _measure(base: fx.GraphModule, fold_: Fold | None, plan: Plan, inputs: tuple
         bytes=np.array([info(x).bytes_moved for x in ops], dtype=np.int64),
         out=np.array([info(x).out_bytes for x in ops], dtype=np.int64),
         live=np.cumsum(live)[: n + 1], blocked=np.cumsum(blocked)[: n + 1] > 0, kept=kept,
+        selective=np.array([selective.get(x.name, 0) for x in ops], dtype=np.int64),
     )
 
 
@@ -272,19 +309,28 @@ def _pair(two: int, four: int) -> tuple[int, int]:
     return (four - two) // 2, two - (four - two)
 
 
-def build_table(base: fx.GraphModule, fold_: Fold | None, tp: int, low: bool, inputs1: tuple[torch.Tensor, ...],
-                inputs2: tuple[torch.Tensor, ...], loss1: LossInput | None, loss2: LossInput | None) -> OpTable:
-    plan = Plan(tp=tp, autocast="bf16" if low else None)
-    a = _measure(base, fold_, plan, inputs1, loss1)
-    b = _measure(base, fold_, plan, inputs2, loss2)
+def build_tables(src: _Source, tp: int) -> dict[bool, OpTable]:
+    """The fp32 and the low-precision table of one tp degree."""
+    return {low: build_table(gm, shardings, src, tp, low) for low, (gm, shardings) in _compiled(src, tp).items()}
+
+
+def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp: int, low: bool) -> OpTable:
+    """`gm` compiled at two samples: measured there and, annotated again, at four."""
+    fold_ = src.fold
+    four = _fresh_copy(gm)
+    annotate(four, src.inputs[1], param_shardings=shardings, tp=tp)
+    a = _measure(gm, shardings, fold_, tp, src.inputs[0])
+    b = _measure(four, shardings, fold_, tp, src.inputs[1])
     if len(a.unf) != len(b.unf):
         raise GraphsplitError("internal: the profile compiled differently at two batch sizes")
     names = canonical_names(a.gm)
     param_bytes: dict[str, int] = {}
+    param_shapes: dict[str, tuple[int, ...]] = {}
     for name, p in a.gm.named_parameters():
         sharding = a.shardings.get(name)
         shape = local_shape(tuple(p.shape), sharding, tp) if sharding is not None else tuple(p.shape)
         param_bytes[name] = int(np.prod(shape, dtype=np.int64)) * p.element_size()
+        param_shapes[name] = shape
     n = len(a.unf)
     block_names: list[str] = []
     block_index: dict[str, int] = {}
@@ -307,6 +353,7 @@ def build_table(base: fx.GraphModule, fold_: Fold | None, tp: int, low: bool, in
         if fold_ is not None and k:
             for name in here:
                 param_bytes.setdefault(fold_.block_name(name, k), param_bytes[name])
+                param_shapes.setdefault(fold_.block_name(name, k), param_shapes[name])
             here = [fold_.block_name(name, k) for name in here]
         params.append(tuple(here))
         lows[i] = ni.tensor is not None and ni.tensor.dtype in (torch.bfloat16, torch.float16)
@@ -314,6 +361,19 @@ def build_table(base: fx.GraphModule, fold_: Fold | None, tp: int, low: bool, in
         for direction, kind in node_collectives(node):
             src, src2 = (node, node2) if kind == "all_gather" else (node.args[0], node2.args[0])
             collectives.append((i, direction, kind, *_pair(info(src).out_bytes, info(src2).out_bytes)))
+    same = dict(zip(a.gm.graph.nodes, b.gm.graph.nodes))  # the node of the compile at four samples
+    # every tensor each op reads (parameters aside), with where it was made
+    value_ids: dict[tuple[fx.Node, int], int] = {}
+    reads: list[tuple[tuple[int, int, int, int], ...]] = []
+    for op in a.unf.sequence:
+        row = []
+        for src in op[0].all_input_nodes:
+            if src.op == "get_attr" or info(src).value != "tensor":
+                continue
+            value = a.unf.value(src, op)
+            vid = value_ids.setdefault(value, len(value_ids))
+            row.append((vid, a.unf.position.get(value, -1), *_pair(info(src).out_bytes, info(same[src]).out_bytes)))
+        reads.append(tuple(row))
     # what each block reads from outside it: the stream (the block before's output, read by this block
     # alone) and the values the head shares with every block (read by several: masks, rotary tables)
     readers: dict[tuple[fx.Node, int], set[int]] = {}
@@ -326,7 +386,6 @@ def build_table(base: fx.GraphModule, fold_: Fold | None, tp: int, low: bool, in
             if src.op != "get_attr" and info(src).value == "tensor" and (j < 0 or blocks[j] != blocks[i]):
                 readers.setdefault(value, set()).add(int(blocks[i]))
     totals = {bi: [[0, 0], [0, 0]] for bi in range(len(block_names))}
-    same = dict(zip(a.gm.graph.nodes, b.gm.graph.nodes))
     for (src, _), consumers in readers.items():
         per_sample, constant = _pair(info(src).out_bytes, info(same[src]).out_bytes)
         kind = 0 if len(consumers) == 1 else 1
@@ -352,9 +411,9 @@ def build_table(base: fx.GraphModule, fold_: Fold | None, tp: int, low: bool, in
         tp=tp, low=low,
         flops=_linear(a.flops, b.flops), bytes=_linear(a.bytes, b.bytes), kept=kept_ids,
         storage=(storage[:, 0], storage[:, 1]),
-        out=_linear(a.out, b.out), live=_linear(a.live, b.live), blocked=a.blocked | b.blocked,
-        low_rate=lows, compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs,
-        params=params, param_bytes=param_bytes, collectives=collectives, output=output,
+        out=_linear(a.out, b.out), selective=_linear(a.selective, b.selective), live=_linear(a.live, b.live), blocked=a.blocked | b.blocked,
+        low_rate=lows, compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs, reads=reads,
+        params=params, param_bytes=param_bytes, param_shapes=param_shapes, collectives=collectives, output=output,
     )
 
 
@@ -387,11 +446,10 @@ def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,)) -> Mode
                            max_stages=1, has_blocks=False, variants={}, folded=fold_ is not None, source=source)
     reference = profile.table(Plan())  # raises when the model cannot be compiled at all
     for tp in tp_degrees:
-        for low in (False, True):
-            try:
-                profile.table(Plan(tp=tp, autocast="bf16" if low else None))
-            except GraphsplitError:
-                pass  # recorded: plans with this tp are left out with the reason
+        try:
+            profile.table(Plan(tp=tp))
+        except GraphsplitError:
+            pass  # recorded: plans with this tp are left out with the reason
     profile.model_flops_per_sample = float(reference.flops[0].sum())
     profile.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
     profile.has_blocks = bool((reference.block >= 0).any())

@@ -19,6 +19,10 @@ and 1F1B; interleaving divides the fill and drain by v (Narayanan et al. 2021,
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 
 def in_flight_chunks(schedule: str, pp: int, microbatches: int, stages_per_rank: int, rank: int) -> int:
     """Stage-chunks (one local stage x one micro-batch) whose activations rank `rank` holds at its peak."""
@@ -37,6 +41,15 @@ def in_flight_chunks(schedule: str, pp: int, microbatches: int, stages_per_rank:
     if schedule == "looped-bfs":
         return m * v
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+@functools.cache
+def in_flight(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> np.ndarray:
+    """`in_flight_chunks` of every rank, as an array indexed by pp rank (read-only: it is cached)."""
+    found = np.array([in_flight_chunks(schedule, pp, microbatches, stages_per_rank, r) for r in range(pp)],
+                     dtype=np.int64)
+    found.flags.writeable = False
+    return found
 
 
 def bubble_fraction(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> float:

@@ -4,7 +4,7 @@ Candidates: tp within a node (dividing the devices and the model's heads),
 pp up to the model's places to cut, dp the rest; DDP or FSDP; micro-batch counts
 that divide each replica's batch; the schedules torch.distributed.pipelining
 runs (interleaved ones with 2 or 4 stages per rank); checkpoint none, selective,
-blocks or every:2; autocast none, bf16 or fp16. Nothing is compiled per
+blocks, every:2, every:4 or stage; autocast none, bf16 or fp16. Nothing is compiled per
 candidate: each is priced from the profile's per-op sums (profile.py), so the
 search over tens of thousands of plans takes seconds. Plans that cannot work are
 counted with the reason.
@@ -26,7 +26,7 @@ from .hardware import Hardware
 
 SCHEDULE_CHOICES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
                                                  ("interleaved-1f1b", 4), ("looped-bfs", 2))
-CHECKPOINT_CHOICES = ("none", "selective", "blocks", "every:2")
+CHECKPOINT_CHOICES = ("none", "selective", "blocks", "every:2", "every:4", "stage")
 AUTOCAST_CHOICES: tuple[str | None, ...] = (None, "bf16", "fp16")
 # memory graphsplit does not model (the CUDA context, allocator fragmentation) is left free
 USABLE_FRACTION = 0.95

@@ -1,4 +1,4 @@
-"""A plan's pipeline stages, priced from an `OpTable`: the sums `estimate` needs per stage.
+"""A plan's pipeline stages, priced from an `OpTable`: the per-stage sums `estimate` needs.
 
 The cut is the compiler's own: `balanced_cuts` on the same per-op costs the
 pipeline_split pass computes at this micro-batch size (FLOPs + 8 x bytes moved,
@@ -7,40 +7,43 @@ of the same plan would give them.
 
 Activations kept for backward under each checkpoint policy, per stage:
 
-- none: what every op keeps (measured per op on meta);
+- none: what every op keeps (measured per op on meta, each storage once per stage);
 - blocks / every:K: each region (a run of K repeated blocks inside the stage)
   keeps its inputs: the previous block's output, and once per stage the values
-  the head shares with every block (masks, rotary tables); ops before the first
-  block keep what they keep; ops after a block join its region (the final norm
-  and LM head), as passes/activation_checkpoint.py does;
+  the head shares with every block (masks, rotary tables); a block the stage
+  boundary cuts keeps what crossed the boundary; ops before the first block keep
+  what they keep; ops after a block join its region (the final norm and LM head);
+  a region without FLOPs is not checkpointed (passes/activation_checkpoint.py);
 - selective: each block keeps its inputs and the outputs of its matmul-class ops;
 - stage: the stage's inputs.
 
 With a policy, backward recomputes each region once: its full activations are
 live meanwhile (the largest region's count towards the peak), and its forward
 runs again (selective: only the ops whose outputs it did not keep).
+
+What does not depend on the policy (the cut, parameters, times, sends) is computed
+once per (stages, micro-batch size) and cached on the table.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.cost import boundary_cost
+from ..analysis.cost import BYTES_TO_FLOPS
 from ..passes.pipeline_split import balanced_cuts
 from ..plan import Plan
-from .estimate import StageSums, group_link, ring_seconds
+from .estimate import Stages, group_link
 from .hardware import Hardware
 from .profile import OpTable
 
 
 def cuts(table: OpTable, stages: int, b: int) -> list[int]:
-    """Where stages start, as pipeline_split would cut at `b` samples per micro-batch."""
+    """Where stages start, as pipeline_split cuts at `b` samples per micro-batch."""
     key = ("cuts", stages, b)
     if key not in table.cache:
         n = table.n
-        flops, moved = table.at(table.flops, b), table.at(table.bytes, b)
-        costs = flops.astype(np.float64) + 8.0 * moved.astype(np.float64)
-        comm = np.array([boundary_cost(int(x)) for x in table.at(table.live, b)])
+        costs = table.at(table.flops, b).astype(np.float64) + BYTES_TO_FLOPS * table.at(table.bytes, b).astype(np.float64)
+        comm = BYTES_TO_FLOPS * table.at(table.live, b).astype(np.float64)
         valid = np.zeros(n + 1, dtype=bool)
         valid[1:n] = ~table.blocked[1:n]
         table.cache[key] = balanced_cuts(costs, comm, valid, stages) if stages > 1 else []
@@ -48,19 +51,83 @@ def cuts(table: OpTable, stages: int, b: int) -> list[int]:
 
 
 def op_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:
-    """One forward of every op at `b` samples: a roofline (FLOPs at the op's rate, bytes at the memory's)."""
+    """One forward of every op at `b` samples: a roofline (FLOPs at the op's rate, bytes at the memory's)
+    plus the per-op overhead."""
     key = ("seconds", b, hw.name)
     if key not in table.cache:
         flops = table.at(table.flops, b).astype(np.float64)
         moved = table.at(table.bytes, b).astype(np.float64)
         rate = np.where(table.low_rate & table.compute, hw.flops("bfloat16"), hw.flops("float32"))
-        table.cache[key] = np.maximum(flops / rate, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+        roofline = np.maximum(flops / rate, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+        table.cache[key] = roofline + hw.op_overhead
     return table.cache[key]
+
+
+def _uses(table: OpTable, dp: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(op position, parameter index) of every parameter read, and each parameter's bytes: whole, or
+    (dp > 1) the first FSDP shard of it (dim 0 cut in dp pieces, rounded up, as DTensor cuts it)."""
+    key = ("uses", dp)
+    if key not in table.cache:
+        names = sorted({name for here in table.params for name in here})
+        index = {name: i for i, name in enumerate(names)}
+        pos = np.array([i for i, here in enumerate(table.params) for _ in here], dtype=np.int64)
+        which = np.array([index[name] for here in table.params for name in here], dtype=np.int64)
+        sizes = []
+        for name in names:
+            shape, whole = table.param_shapes[name], table.param_bytes[name]
+            if dp > 1 and shape:
+                per_row = whole // max(shape[0], 1) if shape[0] else 0
+                sizes.append(min(-(-shape[0] // dp), shape[0]) * per_row)
+            else:
+                sizes.append(whole)
+        table.cache[key] = (pos, which, np.array(sizes, dtype=np.int64))
+    return table.cache[key]
+
+
+def _held(table: OpTable, bounds: list[int], dp: int = 1) -> np.ndarray:
+    """Bytes of the parameters each stage holds (a parameter read by two stages counts on both)."""
+    pos, which, sizes = _uses(table, dp)
+    count = len(bounds) - 1
+    if not len(sizes):
+        return np.zeros(count, dtype=np.int64)
+    pairs = np.unique(_stage_of(bounds, pos) * len(sizes) + which)
+    return np.bincount(pairs // len(sizes), weights=sizes[pairs % len(sizes)], minlength=count).astype(np.int64)
+
+
+def _stage_of(bounds: list[int], positions: np.ndarray) -> np.ndarray:
+    return np.searchsorted(np.asarray(bounds[1:-1]), positions, side="right")
+
+
+def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.ndarray | list[int]]:
+    """What the policy does not change, for `plan.num_stages` stages at `b` samples per micro-batch."""
+    key = ("split", plan.num_stages, b, plan.tp, hw.name)
+    if key in table.cache:
+        return table.cache[key]
+    n, count = table.n, plan.num_stages
+    bounds = [0, *cuts(table, count, b), n]
+    param_bytes = _held(table, bounds)
+    secs = op_seconds(table, b, hw)
+    prefix = np.concatenate([[0.0], np.cumsum(secs)])
+    forward = prefix[bounds[1:]] - prefix[bounds[:-1]]
+    tp_seconds = np.zeros(count)
+    if table.collectives and plan.tp > 1:
+        ops = np.array([c[0] for c in table.collectives])
+        nbytes = np.array([c[3] * b + c[4] for c in table.collectives], dtype=np.float64)
+        factor = np.array([2.0 if c[2] == "all_reduce" else 1.0 for c in table.collectives])
+        bw, lat = group_link(hw, plan.tp)
+        # a ring collective: factor x (tp - 1) / tp of the bytes over each link, one latency per step
+        times = factor * (plan.tp - 1) / plan.tp * nbytes / bw + factor * (plan.tp - 1) * lat
+        tp_seconds = np.bincount(_stage_of(bounds, ops), weights=np.where(nbytes > 0, times, 0.0), minlength=count)
+    live = table.at(table.live, b)
+    send = np.array([int(live[e]) if e < n else 0 for e in bounds[1:]], dtype=np.int64)
+    found = {"bounds": bounds, "param_bytes": param_bytes, "forward": forward, "tp": tp_seconds, "send": send}
+    table.cache[key] = found
+    return found
 
 
 def _regions(table: OpTable, a: int, e: int, per: int) -> tuple[list[tuple[int, int]], list[int]]:
     """Checkpoint regions of stage [a, e): runs of `per` consecutive blocks, each extended over the
-    non-block ops after it; and the ops before the first block (outside every region)."""
+    non-block ops after it; and the ops outside every region."""
     regions: list[tuple[int, int]] = []
     outside: list[int] = []
     block = table.block
@@ -89,9 +156,8 @@ def _regions(table: OpTable, a: int, e: int, per: int) -> tuple[list[tuple[int, 
     return [r for r in regions if r not in plain], outside
 
 
-def _kept(table: OpTable, plan: Plan, a: int, e: int, b: int, secs: np.ndarray) -> tuple[int, int, float]:
+def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray) -> tuple[int, int, float]:
     """(kept for backward, the largest region's activations, recompute seconds) of stage [a, e)."""
-    policy = plan.checkpoint
     if policy == "none":
         return table.saved(range(a, e), b), 0, 0.0
     if policy == "stage":
@@ -99,13 +165,14 @@ def _kept(table: OpTable, plan: Plan, a: int, e: int, b: int, secs: np.ndarray) 
     per = int(policy.split(":")[1]) if policy.startswith("every:") else 1
     selective = policy == "selective"
     regions, outside = _regions(table, a, e, per)
-    live = table.at(table.live, b)
-    out = table.at(table.out, b)
+    chosen = table.at(table.selective, b)
     kept, peak, recompute, shared = table.saved(outside, b), 0, 0.0, 0
     for lo, hi in regions:
         bi = int(table.block[lo])
         if lo == a and a > 0 and int(table.block[a - 1]) == bi:
-            kept += int(live[a])  # a block cut by the stage boundary keeps what crossed it
+            # a block the stage boundary cuts keeps what crossed the boundary and it reads
+            crossed = {(vid, ps, c) for i in range(lo, hi) for vid, at, ps, c in table.reads[i] if at < a}
+            kept += sum(ps * b + c for _, ps, c in crossed)
         else:
             (stream, common) = table.block_inputs[bi]
             kept += stream[0] * b + stream[1]
@@ -114,7 +181,7 @@ def _kept(table: OpTable, plan: Plan, a: int, e: int, b: int, secs: np.ndarray) 
         in_blocks = table.block[lo:hi] >= 0
         if selective:
             keeps = table.compute[lo:hi] & in_blocks
-            kept += int(out[lo:hi][keeps].sum()) + table.saved(ops[~in_blocks], b)
+            kept += int(chosen[lo:hi][in_blocks].sum()) + table.saved(ops[~in_blocks], b)
             recompute += float(secs[lo:hi][~keeps & in_blocks].sum())
             peak = max(peak, table.saved(ops[in_blocks], b))
         else:
@@ -123,38 +190,27 @@ def _kept(table: OpTable, plan: Plan, a: int, e: int, b: int, secs: np.ndarray) 
     return kept + shared, peak, recompute
 
 
-def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> list[StageSums]:
+def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     """Each stage of `plan` (one tp rank's share), for one micro-batch."""
     b = batch // plan.dp // plan.num_microbatches
-    key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, hw.name)
+    key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, hw.name)
     if key in table.cache:
         return table.cache[key]
-    n = table.n
-    bounds = [0, *cuts(table, plan.num_stages, b), n]
+    split = _split(table, plan, b, hw)
+    bounds = split["bounds"]
     secs = op_seconds(table, b, hw)
-    live = table.at(table.live, b)
-    tp_bw, tp_lat = group_link(hw, plan.tp)
-    out = []
-    for s in range(plan.num_stages):
-        a, e = bounds[s], bounds[s + 1]
-        held = {name for i in range(a, e) for name in table.params[i]}
-        kept, peak, recompute = _kept(table, plan, a, e, b, secs)
-        tp_seconds = 0.0
-        for i, _direction, kind, per_sample, const in table.collectives:
-            if a <= i < e:
-                factor = 2 if kind == "all_reduce" else 1
-                tp_seconds += ring_seconds(per_sample * b + const, plan.tp, tp_bw, tp_lat, factor)
-        last = s == plan.num_stages - 1
-        output = table.output[0] * b + table.output[1] if last else 0
-        out.append(StageSums(
-            param_bytes=sum(table.param_bytes[name] for name in held),
-            saved_bytes=kept,
-            recompute_peak=peak,
-            output_bytes=2 * output,  # the outputs, and the loss's buffer of their size (a log-softmax)
-            send_bytes=int(live[e]) if e < n else 0,
-            forward_seconds=float(secs[a:e].sum()),
-            recompute_seconds=recompute,
-            tp_seconds=tp_seconds,
-        ))
-    table.cache[key] = out
-    return out
+    kept = [_kept(table, plan.checkpoint, bounds[s], bounds[s + 1], b, secs) for s in range(plan.num_stages)]
+    output = table.output[0] * b + table.output[1]
+    found = Stages(
+        param_bytes=split["param_bytes"],
+        kept_param_bytes=_held(table, bounds, plan.dp) if plan.fsdp else split["param_bytes"],
+        saved_bytes=np.array([k[0] for k in kept], dtype=np.int64),
+        recompute_peak=np.array([k[1] for k in kept], dtype=np.int64),
+        send_bytes=split["send"],
+        forward_seconds=split["forward"],
+        recompute_seconds=np.array([k[2] for k in kept]),
+        tp_seconds=split["tp"],
+        output_bytes=2 * output,  # the outputs, and the loss's buffer of their size (a log-softmax)
+    )
+    table.cache[key] = found
+    return found

@@ -103,3 +103,22 @@ def swap_into_place(tmp: Path, final: Path, label: str = "") -> None:
         os.replace(old, final)  # the previous folder back where it was
         raise cannot_write(final, exc, label) from exc
     shutil.rmtree(old, ignore_errors=True)
+
+
+def write_file_atomically(path: Path, text: str) -> None:
+    """`text` into `path`, whole or not at all: a temporary file beside it, renamed into place."""
+    path = Path(path)
+    if path.is_dir():
+        raise GraphsplitError(f"{path} is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,82 @@
+"""`graphsplit plan`'s output: the best plans as a table, or why nothing fits; and the plan file.
+
+The plan file (`--out`) holds the plan under "plan" (what `transform --plan`, `run --plan`
+and `Plan.load` read) and the planner's prediction beside it, so a later measurement can
+be set against it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..planner.search import SearchResult
+from .summary import _fmt_bytes
+
+MEMORY_PARTS = ("parameters", "gradients", "optimizer_state", "activations", "outputs_and_loss",
+                "communication_buffers", "total")
+
+
+def _plan_cell(p: dict[str, Any]) -> str:
+    sched = "" if p["pp"] == 1 else f" {p['schedule']}" + (f"x{p['stages_per_rank']}" if p["stages_per_rank"] > 1 else "")
+    return (f"tp{p['tp']} pp{p['pp']} dp{p['dp']}{' fsdp' if p['fsdp'] else ''} mb{p['microbatches']}{sched} "
+            f"{p['checkpoint']} {p['autocast'] or 'fp32'}")
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value:.1f}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def render(result: SearchResult, header: str, top: int = 10, console: Console | None = None) -> None:
+    # 15 columns: when printing to a file or a pipe, do not squeeze them into 80
+    console = console or Console(width=None if Console().is_terminal else 220)
+    console.print(header)
+    left = sum(result.left_out.values())
+    console.print(f"{result.considered} plans priced, {left} left out, {len(result.plans)} fit; "
+                  f"searched in {result.search_seconds:.2f} s")
+    for reason, count in result.left_out.most_common(5):
+        console.print(f"  left out ({count}): {reason}")
+    if not result.fits:
+        closest = result.closest.to_dict() if result.closest else None
+        if closest is not None:
+            console.print(f"nothing fits: the leanest plan, {_plan_cell(closest['plan'])}, needs "
+                          f"{_fmt_bytes(closest['memory']['total'])} per rank; its largest part is "
+                          f"{(result.too_large or '').replace('_', ' ')}")
+        needed = f"about {result.devices_needed} devices" if result.devices_needed else "more devices than 2**20"
+        console.print(f"it would take {needed} of this memory")
+        return
+    table = Table(title="best plans, fastest first (memory: busiest rank)")
+    for column in ("plan", "params", "grads", "optim", "acts", "out+loss", "buffers", "total", "step",
+                   "samples/s", "tokens/s", "MFU", "bubble", "tp comm", "dp exposed"):
+        table.add_column(column, justify="left" if column == "plan" else "right", no_wrap=True)
+    for est in result.plans[:top]:
+        d = est.to_dict()
+        mem = d["memory"]
+        table.add_row(
+            _plan_cell(d["plan"]), *(_fmt_bytes(mem[k]) for k in MEMORY_PARTS), _seconds(d["step_seconds"]),
+            _rate(d["samples_per_second"]), _rate(d["tokens_per_second"]), f"{d['mfu']:.1%}", f"{d['bubble']:.0%}",
+            _seconds(d["time"]["tp_collectives"]), _seconds(d["time"]["dp_exposed"]),
+        )
+    console.print(table)
+
+
+def write_plan_file(path: Path, result: SearchResult, context: dict[str, Any]) -> None:
+    """The winning plan and its prediction, written whole (a temporary file renamed into place)."""
+    from ..runtime.atomic import write_file_atomically
+
+    best = result.plans[0]
+    record = {"plan": best.plan.to_dict(), "predicted": best.to_dict(), **context}
+    write_file_atomically(path, json.dumps(record, indent=2) + "\n")
