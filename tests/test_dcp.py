@@ -348,7 +348,7 @@ def test_save_series_keeps_the_newest_and_removes_stale_temporaries(tmp_path, on
     weight = torch.randn(3)
     resumed_from = None
     for step in (2, 4, 6, 8):
-        folder = series.save_series(root, {"w": weight + step}, step, {}, keep_last=2, keep=resumed_from)
+        folder = dcp_state.save_series(root, {"w": weight + step}, step, {}, keep_last=2, keep=resumed_from)
         assert folder == root / f"step-{step}"
         if step == 2:
             assert not any(p.exists() for p in stale), "the next save removes what a killed one left"
@@ -372,7 +372,7 @@ def test_save_refuses_a_folder_it_did_not_write(tmp_path, one_process_group):
     with pytest.raises(GraphsplitError, match="graphsplit did not write .*notes.txt"):
         series.require_save_folder(user)
     with pytest.raises(GraphsplitError, match="graphsplit did not write"):
-        series.save_series(user, {"w": torch.ones(1)}, 1, {}, keep_last=3)
+        dcp_state.save_series(user, {"w": torch.ones(1)}, 1, {}, keep_last=3)
     assert [p.name for p in user.iterdir()] == ["notes.txt"]
     single = _small_checkpoint(tmp_path / "single")
     with pytest.raises(GraphsplitError, match="is a single checkpoint"):

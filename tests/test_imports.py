@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "graphsplit"  # read, never imported: no torch needed
 
 
@@ -80,21 +78,6 @@ def test_the_reader_sees_every_kind_of_import():
     assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
-# The one circle left, on the runtime side (issue 10, item 8): save_series (series.py) imports
-# save_checkpoint lazily, state.py imports resolve_checkpoint from series.py. Remove the edge
-# here, and the xfail below, once it is gone.
-KNOWN = {("graphsplit.runtime.dcp.series", "graphsplit.runtime.dcp.state")}
-
-
-def test_no_import_circle_but_the_known_one():
-    graph = import_graph()
-    for a, b in KNOWN:
-        graph[a].discard(b)
-    circle = find_circle(graph)
-    assert circle is None, "import circle: " + " -> ".join(circle)
-
-
-@pytest.mark.xfail(strict=True, reason="runtime/dcp: series <-> state (see KNOWN)")
 def test_no_import_circle():
     circle = find_circle(import_graph())
     assert circle is None, "import circle: " + " -> ".join(circle)

@@ -89,8 +89,8 @@ class RankProgram:
 
     def save_series(self, root: str | Path, optimizer: torch.optim.Optimizer | None, step: int,
                     record: dict[str, Any], keep_last: int, keep: str | Path | None = None) -> Path:
-        """Every rank calls this: `root/step-<step>`, the newest `keep_last` kept (dcp/series.py)."""
-        from ..runtime.dcp.series import save_series
+        """Every rank calls this: `root/step-<step>`, the newest `keep_last` kept."""
+        from ..runtime.dcp.state import save_series
 
         return save_series(root, self.checkpoint_state(optimizer), step, record, keep_last, keep)
 

@@ -4,20 +4,16 @@ One checkpoint folder per save, the newest `keep_last` kept; `--resume DIR`
 and `export-weights DIR` take the newest complete one. A `--save` folder holds
 nothing else: graphsplit never writes into a folder it did not write.
 
-Finding and checking a series imports no DCP; only saving does.
+Finding and checking a series imports no DCP; writing one is state.py's `save_series`.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
-from typing import Any
-
-import torch.distributed as dist
 
 from ...errors import GraphsplitError
-from ..atomic import leftovers, remove_leftovers, require_replaceable
+from ..atomic import leftovers, require_replaceable
 from .record import is_complete, read_info
 
 STEP_NAME = r"step-\d+"
@@ -61,32 +57,3 @@ def require_save_folder(root: str | Path) -> None:
         raise GraphsplitError(f"--save {root} is a single checkpoint (a folder from save_checkpoint()); --save writes "
                               "step-<N> folders into a folder of its own: choose another folder (--resume reads this one)")
     require_replaceable(root, _is_save_folder, "--save", "step-<N> checkpoints (a --save folder)")
-
-
-def save_series(root: str | Path, state: dict[str, Any], step: int, record: dict[str, Any], keep_last: int,
-                keep: str | Path | None = None) -> Path:
-    """Every rank calls this: checkpoint `root/step-<step>` atomically, then rank 0 removes the
-    temporaries of killed saves and all but the newest `keep_last` checkpoints (0 keeps all;
-    `keep`, the checkpoint this run resumed from, is never removed by it). Returns the folder."""
-    # DCP takes a second to import: only the ranks that save pay for it, not every caller of this module
-    from .state import save_checkpoint
-
-    root = Path(root).resolve()
-    refused: list[str | None] = [None]
-    if dist.get_rank() == 0:
-        try:
-            require_save_folder(root)
-            remove_leftovers(root, STEP_NAME)
-        except GraphsplitError as exc:
-            refused[0] = str(exc)
-    dist.broadcast_object_list(refused, src=0)
-    if refused[0]:
-        raise GraphsplitError(refused[0])
-    final = root / f"step-{step}"
-    save_checkpoint(final, state, step, record)
-    if dist.get_rank() == 0 and keep_last > 0:
-        spared = {final, Path(keep).resolve() if keep else None}
-        for _, old in checkpoints_in(root)[:-keep_last]:
-            if old not in spared:
-                shutil.rmtree(old, ignore_errors=True)
-    return final

@@ -9,7 +9,8 @@ last.
 A save is written to a temporary sibling folder and renamed into place only
 when every rank has finished, so a crash during a save never leaves a folder
 that loads as a checkpoint (and an earlier checkpoint at the same path stays
-whole until then). Loads go through safe_read.py: nothing in a checkpoint runs
+whole until then). `save_series` adds `step-<N>` to a `--save` folder (series.py)
+and keeps the newest. Loads go through safe_read.py: nothing in a checkpoint runs
 code.
 """
 
@@ -37,7 +38,7 @@ from ..atomic import remove_leftovers, swap_into_place, temporary_sibling
 from .blocks import SavePlanner, pieces_of
 from .record import INFO_FILE, OPTIMIZER_PREFIX, STEP_KEY, model_names, read_info
 from .safe_read import dcp_load, require_loadable, stored_keys
-from .series import resolve_checkpoint
+from .series import STEP_NAME, checkpoints_in, require_save_folder, resolve_checkpoint
 
 
 def rank_state(
@@ -138,6 +139,32 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any], step: int, rec
         raise
     dist.barrier()
 
+
+
+def save_series(root: str | Path, state: dict[str, Any], step: int, record: dict[str, Any], keep_last: int,
+                keep: str | Path | None = None) -> Path:
+    """Every rank calls this: checkpoint `root/step-<step>` atomically, then rank 0 removes the
+    temporaries of killed saves and all but the newest `keep_last` checkpoints (0 keeps all;
+    `keep`, the checkpoint this run resumed from, is never removed by it). Returns the folder."""
+    root = Path(root).resolve()
+    refused: list[str | None] = [None]
+    if dist.get_rank() == 0:
+        try:
+            require_save_folder(root)
+            remove_leftovers(root, STEP_NAME)
+        except GraphsplitError as exc:
+            refused[0] = str(exc)
+    dist.broadcast_object_list(refused, src=0)
+    if refused[0]:
+        raise GraphsplitError(refused[0])
+    final = root / f"step-{step}"
+    save_checkpoint(final, state, step, record)
+    if dist.get_rank() == 0 and keep_last > 0:
+        spared = {final, Path(keep).resolve() if keep else None}
+        for _, old in checkpoints_in(root)[:-keep_last]:
+            if old not in spared:
+                shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def load_whole_model(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
