@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GraphsplitError
+from ..runtime.atomic import write_file_atomically
 
 RANKS_DIR = "ranks"
 DEFAULT_COLLECTIVE_TIMEOUT_S = 30.0
@@ -101,7 +102,7 @@ class RankReporter:
         self._diagnosis_group: Any = None
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            _write_atomically(self.folder / f"rank{self.rank}.pid", str(os.getpid()))
+            write_file_atomically(self.folder / f"rank{self.rank}.pid", str(os.getpid()))
 
     def join_diagnosis_group(self) -> None:
         """Every rank, right after init_process_group: a gloo group of its own, so the diagnosis barrier
@@ -143,7 +144,7 @@ class RankReporter:
         message = str(exc) if kind == "error" else f"{type(exc).__name__}: {_first_line(exc)}"
         record = RankRecord(self.rank, kind, message, self.where, "".join(traceback.format_exception(exc)),
                             unresponsive, time.time())
-        _write_atomically(self.folder / f"rank{self.rank}.json", json.dumps(asdict(record)))
+        write_file_atomically(self.folder / f"rank{self.rank}.json", json.dumps(asdict(record)))
 
 
 def set_collective_timeout(groups: list[Any], seconds: float) -> None:
@@ -166,10 +167,6 @@ def _first_line(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # -- the launcher's side --------------------------------------------------------------------------

@@ -105,20 +105,27 @@ def swap_into_place(tmp: Path, final: Path, label: str = "") -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def write_file_atomically(path: Path, text: str) -> None:
-    """`text` into `path`, whole or not at all: a temporary file beside it, renamed into place."""
+def replace_file(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a temporary file beside `path`, which is then renamed into place: `path` is
+    whole or as it was, and no temporary is left. Creating the temporary (a folder on the way that
+    is a file, one not writable) fails as one GraphsplitError; `write`'s own errors pass through."""
     path = Path(path)
-    if path.is_dir():
-        raise GraphsplitError(f"{path} is a folder; give a file name")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     except OSError as exc:
         raise cannot_write(path, exc) from None
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        write(Path(tmp))
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # gone already when the rename happened
+
+
+def write_file_atomically(path: Path, text: str) -> None:
+    """`text` into `path`, whole or not at all: a temporary file beside it, renamed into place."""
+    path = Path(path)
+    if path.is_dir():
+        raise GraphsplitError(f"{path} is a folder; give a file name")
+    replace_file(path, lambda tmp: tmp.write_text(text))

@@ -17,10 +17,8 @@ code.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from ...errors import GraphsplitError
 from ...ir.program import Program
-from ..atomic import remove_leftovers, swap_into_place, temporary_sibling
+from ..atomic import remove_leftovers, replace_file, swap_into_place, temporary_sibling
 from .blocks import SavePlanner, pieces_of
 from .record import INFO_FILE, OPTIMIZER_PREFIX, STEP_KEY, model_names, read_info
 from .safe_read import dcp_load, require_loadable, stored_keys
@@ -227,17 +225,10 @@ def export_weights(directory: str | Path, out: str | Path) -> list[str]:
     for alias, canonical in aliases.items():
         if canonical in tensors and alias not in tensors:
             tensors[alias] = tensors[canonical].clone()  # safetensors stores no shared tensors
-    tmp = None
+    metadata = {"source": "graphsplit export-weights", "step": str(info["step"])}
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        os.close(fd)
-        save_file(tensors, tmp, metadata={"source": "graphsplit export-weights", "step": str(info["step"])})
-        os.replace(tmp, out)
+        replace_file(out, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
     except OSError as exc:
         raise GraphsplitError(f"cannot write {out}: {exc.strerror or exc}; choose a path you can write to") from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)  # gone already when the rename happened
     return sorted(tensors)
 
