@@ -280,13 +280,15 @@ def _open_report(path: Path) -> None:
 @click.option("--gpus", type=int, required=True, help="Devices available in all.")
 @click.option("--gpu-memory", "gpu_memory", required=True, help="Memory of one device, e.g. 80GiB.")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Nodes the devices are spread over (tp stays in a node).")
+@click.option("--hardware", default="h100", show_default=True,
+              help="h100, h200, a100, cpu or a profile JSON file: ranks the plans that fit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
-def advise(model: str, gpus: int, gpu_memory: str, nodes: int, as_json: bool) -> None:
+def advise(model: str, gpus: int, gpu_memory: str, nodes: int, hardware: str, as_json: bool) -> None:
     """How much memory training MODEL takes, and which plan fits GPUS devices of GPU_MEMORY."""
     from .loader import load_model
+    from .planner import load_hardware
     from .report.advise import advise as do_advise
-    from .report.advise import parse_bytes
-    from .report.summary import _fmt_bytes
+    from .report.advise import parse_bytes, render
 
     try:
         if gpus < 1:
@@ -298,28 +300,15 @@ def advise(model: str, gpus: int, gpu_memory: str, nodes: int, as_json: bool) ->
             raise GraphsplitError(f"--gpus {gpus} cannot be spread evenly over --nodes {nodes}; "
                                   f"use --nodes {', '.join(map(str, fits))} (or a multiple of {nodes} GPUs)")
         memory = parse_bytes(gpu_memory)  # before the model loads: a typo fails at once
-        result = do_advise(load_model(model), gpus, memory, gpus // nodes)
+        hw = load_hardware(hardware)
+        result = do_advise(load_model(model), gpus, memory, gpus // nodes, hw)
     except GraphsplitError as exc:
         _fail(exc)
         return
     if as_json:
         click.echo(json.dumps(result, indent=2))
-        return
-    parts = ("parameters", "gradients", "optimizer_state", "activations", "outputs_and_loss", "total")
-
-    def line(est: dict) -> str:
-        p = est["plan"]
-        return f"tp={p['tp']} pp={p['pp']} dp={p['dp']}: " + ", ".join(f"{k.replace('_', ' ')} {_fmt_bytes(est[k])}" for k in parts)
-
-    click.echo(f"scenario: {result['scenario']}")
-    click.echo(f"on one device: {line(result['single_device'])}")
-    if result["fits"]:
-        click.echo(f"recommended (per rank): {line(result['recommended'])}")
-        for alt in result["alternatives"]:
-            click.echo(f"  also fits: {line(alt)}")
     else:
-        click.echo(f"nothing fits {gpus} x {gpu_memory}; closest: {line(result['closest'])}")
-        click.echo(f"it would take about {result['devices_needed']} devices")
+        render(result, gpus, gpu_memory, click.echo)
 
 
 @main.command("plan")

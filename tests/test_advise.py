@@ -32,23 +32,24 @@ def measured_saved_bytes(model, args):
 @pytest.mark.parametrize("example", ["gpt.py", "mlp.py", "resnet.py"])
 def test_memory_parts_match_measured_bytes(example):
     loaded = load_model(str(EXAMPLES / example))
-    est = estimate(loaded, Plan())
+    est = estimate(loaded, Plan()).memory
     model = loaded.build("cpu", seed=0)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert est.params == param_bytes and est.grads == param_bytes
+    assert est["parameters"] == param_bytes and est["gradients"] == param_bytes
     acts, out = measured_saved_bytes(model, loaded.args)
     loaded.loss_fn(out, loaded.target).backward()
     opt = torch.optim.AdamW(model.parameters())
     opt.step()
     state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if t.dim() > 0)
-    assert est.optimizer == state
-    assert abs(est.activations - acts) <= 0.1 * acts
+    assert est["optimizer_state"] == state
+    assert abs(est["activations"] - acts) <= 0.1 * acts
 
 
 def test_plenty_of_memory_recommends_data_parallel():
     result = advise(load_model(str(EXAMPLES / "gpt.py")), gpus=4, gpu_memory=parse_bytes("80GiB"))
     assert result["fits"] and result["scenario"].startswith("fits on one device")
-    assert result["recommended"]["plan"] == {"tp": 1, "pp": 1, "dp": 4}
+    chosen = result["recommended"]["plan"]
+    assert (chosen["tp"], chosen["pp"], chosen["dp"]) == (1, 1, 4)  # everything fits on each: plain data parallel
 
 
 def test_nothing_fits_says_how_many_devices_it_would_take():

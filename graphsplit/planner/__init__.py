@@ -27,7 +27,7 @@ def plan_model(loaded: LoadedModel, gpus: int, gpu_memory: int, hardware: Hardwa
     `search_seconds` counts both."""
     start = time.perf_counter()
     per_node = gpus_per_node or hardware.gpus_per_node
-    profile = profile_model(loaded, divisors(min(gpus, per_node)))
+    profile = profile_model(loaded, divisors(min(gpus, per_node)), hardware.fused_attention)
     profile.hardware = hardware
     result = search(profile, gpus, gpu_memory, hardware, per_node, optimizer)
     result.search_seconds = time.perf_counter() - start

@@ -40,6 +40,8 @@ class Hardware:
     link_efficiency: float  # fraction of link bandwidth collectives reach
     # seconds every op costs beyond its roofline time (eager dispatch, kernel launch)
     op_overhead: float = 0.0
+    # attention runs as a fused kernel (flash / memory-efficient: no sequence x sequence matrix kept)
+    fused_attention: bool = False
     # processes sharing `shared_cores` cores (a CPU machine running more ranks than cores): 0 = none
     shared_cores: int = 0
     sources: dict[str, str] = field(default_factory=dict)

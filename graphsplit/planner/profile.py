@@ -14,6 +14,7 @@ again, and the pipeline cut is the compiler's own (`balanced_cuts`) on the same 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Sequence
@@ -101,6 +102,7 @@ class _Source:
     fold: Fold | None
     inputs: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]  # two and four samples
     losses: tuple[LossInput | None, LossInput | None]
+    fused_attention: bool = False  # price attention's memory as a GPU's fused kernel keeps it
 
 
 @dataclass
@@ -174,8 +176,28 @@ def _compiled(src: _Source, tp: int) -> dict[bool, tuple[fx.GraphModule, dict[st
     return {False: (run.gm, shardings), True: (low, shardings)}
 
 
-def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], shardings: dict[str, Any], tp: int
-                  ) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, int]]:
+class FusedAttention(torch.overrides.TorchFunctionMode):
+    """Attention as a GPU runs it: `scaled_dot_product_attention` through the memory-efficient kernel,
+    which keeps q, k, v, the output and its log-sum-exp for backward, where the math path a CPU (and
+    meta) takes keeps the sequence x sequence probabilities."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        given = {**dict(zip(names, args)), **kwargs}
+        q, k, v = given["query"], given["key"], given["value"]
+        if given.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, given.get("attn_mask"), True, given.get("dropout_p", 0.0), given.get("is_causal", False),
+            scale=given.get("scale"))[0]
+
+
+def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], shardings: dict[str, Any], tp: int,
+                  fused_attention: bool = False) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, int]]:
     """What each node keeps for backward, as (the node that first kept the storage, its index among the
     storages that node first kept, bytes): one entry per distinct storage, parameters excluded; and the
     bytes of the outputs selective checkpointing would keep of each node (its matmul-class aten ops).
@@ -221,7 +243,8 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
                  for t in inputs)
     outputs = KeptOutputs(note)
     outputs.enter()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), outputs:
+    attention = FusedAttention() if fused_attention else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), outputs, attention:
         Run(module).run(*args)
     return kept, selective
 
@@ -264,9 +287,9 @@ class _Measured:
 
 
 def _measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, tp: int,
-             inputs: tuple[torch.Tensor, ...]) -> _Measured:
+             inputs: tuple[torch.Tensor, ...], fused_attention: bool) -> _Measured:
     """`gm` (compiled and annotated at `inputs`) seen as the whole op sequence."""
-    saved, selective = saved_by_node(gm, inputs, shardings, tp)
+    saved, selective = saved_by_node(gm, inputs, shardings, tp, fused_attention)
     unf = Unfolding(gm, fold_)
     by_name = {n.name: n for n in gm.graph.nodes}
     n = len(unf)
@@ -319,8 +342,8 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
     fold_ = src.fold
     four = _fresh_copy(gm)
     annotate(four, src.inputs[1], param_shardings=shardings, tp=tp)
-    a = _measure(gm, shardings, fold_, tp, src.inputs[0])
-    b = _measure(four, shardings, fold_, tp, src.inputs[1])
+    a = _measure(gm, shardings, fold_, tp, src.inputs[0], src.fused_attention)
+    b = _measure(four, shardings, fold_, tp, src.inputs[1], src.fused_attention)
     if len(a.unf) != len(b.unf):
         raise GraphsplitError("internal: the profile compiled differently at two batch sizes")
     names = canonical_names(a.gm)
@@ -425,9 +448,10 @@ def tokens_per_sample(flat: Sequence[Any]) -> int | None:
     return None
 
 
-def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,)) -> ModelProfile:
+def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,), fused_attention: bool = False
+                  ) -> ModelProfile:
     """Trace `loaded` once; build the tables of `tp_degrees` in fp32 and low precision now (the rest
-    when a plan needs them)."""
+    when a plan needs them). `fused_attention`: price attention's memory as a GPU runs it."""
     model = loaded.build("meta")
     check_call(model, loaded.args, loaded.kwargs, loaded.path)
     traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path)
@@ -441,7 +465,7 @@ def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,)) -> Mode
         losses = (LossInput(loaded.loss_fn, two, traced.out_spec), LossInput(loaded.loss_fn, four, traced.out_spec))
     found = fold(traced.gm)
     base, fold_ = found if found is not None else (traced.gm, None)
-    source = _Source(base, fold_, (_inputs_of(flat, 2), _inputs_of(flat, 4)), losses)
+    source = _Source(base, fold_, (_inputs_of(flat, 2), _inputs_of(flat, 4)), losses, fused_attention)
     profile = ModelProfile(batch=batch, tokens_per_sample=tokens_per_sample(flat), model_flops_per_sample=0.0,
                            max_stages=1, has_blocks=False, variants={}, folded=fold_ is not None, source=source)
     reference = profile.table(Plan())  # raises when the model cannot be compiled at all

@@ -1,114 +1,103 @@
 """`graphsplit advise`: how much memory training takes, and which plan fits the hardware.
 
-Training memory is counted in its five parts, on `meta` (no weight memory):
-parameters, gradients and AdamW state (2 fp32 tensors per parameter) from the
-model's parameters; activations kept for backward, measured with
-`saved_tensors_hooks` (analysis/memory.py) on one micro-batch; outputs and
-loss from the model output's size. Scenarios, as the project's sources put
-them: (1) everything fits on one device -> data parallel; (2) it fits across
-devices but not on one -> pipeline and/or tensor parallel; (3) a single layer
-does not fit on one device -> tensor parallel is needed. The recommended plan
-keeps tp within a node, adds pp, and gives the rest to dp; every candidate is
-compiled, and its busiest rank is what is compared with the device memory.
+Training memory is counted in the sources' five parts (parameters, gradients,
+optimizer state, activations, outputs and loss) by the planner's one memory model
+(planner/estimate.py), which the planner's tests check against bytes measured on
+real processes. Scenarios, as the project's sources put them: (1) everything fits
+on one device -> data parallel; (2) it fits across devices but not on one ->
+pipeline and/or tensor parallel; (3) a single layer does not fit on one device ->
+tensor parallel is needed. The recommendation is the planner's fastest plan that
+fits (`graphsplit plan` shows the whole ranking); when none fits, its leanest plan
+and the devices it would take.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.memory import saved_bytes
-from ..compile import compile_loaded
 from ..errors import GraphsplitError
-from ..ir.meta import info
 from ..loader import LoadedModel
 from ..plan import Plan
+from ..planner import Hardware, load_hardware, plan_model
+from ..planner.estimate import Estimate
+from ..planner.estimate import estimate as price
+from ..planner.profile import profile_model
 
-ADAMW_STATE_PER_PARAM = 2  # exp_avg and exp_avg_sq, fp32 like the parameters
-
-
-@dataclass
-class Estimate:
-    plan: Plan
-    params: int
-    grads: int
-    optimizer: int
-    activations: int
-    outputs: int
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.outputs
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"plan": {"tp": self.plan.tp, "pp": self.plan.pp, "dp": self.plan.dp},
-                "parameters": self.params, "gradients": self.grads, "optimizer_state": self.optimizer,
-                "activations": self.activations, "outputs_and_loss": self.outputs, "total": self.total}
+PARTS = ("parameters", "gradients", "optimizer_state", "activations", "outputs_and_loss", "total")
 
 
-def estimate(loaded: LoadedModel, plan: Plan) -> Estimate:
-    """Memory of the busiest rank of `plan` (activations: all micro-batches in flight, GPipe's worst case)."""
-    program = compile_loaded(loaded, plan).program
-    per_rank: dict[int, list[int]] = {}
-    for st in program.stages:
-        names = {id(st.gm.get_parameter(k)): c for k, c in st.param_sources.items()}
-        inputs = st.input_examples()
-        acts = saved_bytes(st.gm, inputs, plan.tp, True, program.param_shardings, names) * plan.num_microbatches
-        rank = per_rank.setdefault(plan.stage_rank(st.index), [0, 0])
-        rank[0] += program.stage_param_bytes(st.index)
-        rank[1] += acts
-    params, acts = max(per_rank.values(), key=lambda v: (2 + ADAMW_STATE_PER_PARAM) * v[0] + v[1])
-    out_node = next(n for n in reversed(program.stages[-1].gm.graph.nodes) if n.op == "output")
-    outputs = sum(info(a).tensor.nbytes for a in out_node.all_input_nodes if info(a).tensor is not None)
-    outputs *= plan.num_microbatches
-    return Estimate(plan, params, params, ADAMW_STATE_PER_PARAM * params, acts, outputs)
+def estimate(loaded: LoadedModel, plan: Plan, hardware: Hardware | None = None) -> Estimate:
+    """What `plan` costs its busiest rank (memory in the five parts, and time), from the planner's models."""
+    hw = hardware or load_hardware("h100")
+    profile = profile_model(loaded, (plan.tp,), hw.fused_attention)
+    profile.hardware = hw
+    return price(plan, profile.stages(plan), hw, profile.batch, profile.tokens_per_sample,
+                 profile.model_flops_per_sample)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def as_advice(est: Estimate) -> dict[str, Any]:
+    """A plan and its five memory parts, flat (advise's JSON)."""
+    plan = est.plan
+    return {"plan": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "fsdp": plan.fsdp, "checkpoint": plan.checkpoint,
+                     "autocast": plan.autocast, "microbatches": plan.num_microbatches, "schedule": plan.schedule},
+            **{k: est.memory[k] for k in PARTS}, "step_seconds": est.step_seconds}
 
 
-def advise(loaded: LoadedModel, gpus: int, gpu_memory: int, gpus_per_node: int = 8) -> dict[str, Any]:
-    one = estimate(loaded, Plan())
+def render(result: dict[str, Any], gpus: int, gpu_memory: str, echo: Any) -> None:
+    """advise's text: the scenario, the five parts on one device, the recommendation."""
+    from .summary import _fmt_bytes
+
+    def line(est: dict[str, Any]) -> str:
+        p = est["plan"]
+        how = f"tp={p['tp']} pp={p['pp']} dp={p['dp']}" + (" fsdp" if p["fsdp"] else "") + \
+            (f" checkpoint {p['checkpoint']}" if p["checkpoint"] != "none" else "") + \
+            (f" {p['autocast']}" if p["autocast"] else "")
+        return f"{how}: " + ", ".join(f"{k.replace('_', ' ')} {_fmt_bytes(est[k])}" for k in PARTS)
+
+    echo(f"scenario: {result['scenario']}")
+    echo(f"on one device: {line(result['single_device'])}")
+    if result["fits"]:
+        echo(f"recommended (per rank, the fastest that fits on {result['hardware']}): {line(result['recommended'])}")
+        for alt in result["alternatives"]:
+            echo(f"  also fits: {line(alt)}")
+    else:
+        if result.get("closest"):
+            echo(f"nothing fits {gpus} x {gpu_memory}; the leanest plan: {line(result['closest'])}")
+        needed = result.get("devices_needed")
+        echo(f"it would take about {needed} devices" if needed else "no number of devices up to 2**20 makes it fit")
+
+
+def advise(loaded: LoadedModel, gpus: int, gpu_memory: int, gpus_per_node: int = 8,
+           hardware: Hardware | None = None) -> dict[str, Any]:
+    hw = hardware or load_hardware("h100")
+    one = estimate(loaded, Plan(), hw)
     largest_layer = max(
         (p.numel() * p.element_size() for m in loaded.build("meta").modules() for p in m.parameters(recurse=False)),
         default=0,
-    ) * (2 + ADAMW_STATE_PER_PARAM)
-    if one.total <= gpu_memory:
+    ) * 4  # the layer's parameters, gradients and AdamW's two moments, all fp32
+    if one.memory["total"] <= gpu_memory:
         scenario = "fits on one device: data parallel (DDP) over all devices"
     elif largest_layer > gpu_memory:
         scenario = "a single layer does not fit on one device: tensor parallelism is needed"
     else:
         scenario = "fits across devices but not on one: pipeline and/or tensor parallelism"
-    candidates: list[Estimate] = []
-    for tp, pp in itertools.product(_divisors(min(gpus, gpus_per_node)), _divisors(gpus)):
-        if tp * pp > gpus or gpus % (tp * pp):
-            continue
-        try:
-            est = estimate(loaded, Plan(tp=tp, pp=pp, dp=gpus // (tp * pp)))
-        except GraphsplitError:
-            continue  # this tp or pp cannot split the model (heads, cuts, batch)
-        candidates.append(est)
-    fitting = sorted((c for c in candidates if c.total <= gpu_memory),
-                     key=lambda c: (-c.plan.dp, c.plan.pp, c.plan.tp, c.total))
-    result: dict[str, Any] = {
-        "fits": bool(fitting),
+    result, _ = plan_model(loaded, gpus, gpu_memory, hw, gpus_per_node)
+    advice: dict[str, Any] = {
+        "fits": result.fits,
         "scenario": scenario,
-        "single_device": one.to_dict(),
+        "single_device": as_advice(one),
         "gpus": gpus,
         "gpu_memory": gpu_memory,
+        "hardware": hw.name,
     }
-    if fitting:
-        result["recommended"] = fitting[0].to_dict()
-        result["alternatives"] = [c.to_dict() for c in fitting[1:4]]
+    if result.fits:
+        advice["recommended"] = as_advice(result.plans[0])
+        advice["alternatives"] = [as_advice(e) for e in result.plans[1:4]]
     else:
-        best = min(candidates, key=lambda c: c.total) if candidates else one
-        shards = best.plan.tp * best.plan.pp
-        needed = shards * -(-best.total // gpu_memory) if best.total else gpus
-        result["devices_needed"] = int(max(needed, gpus + 1))
-        result["closest"] = best.to_dict()
-    return result
+        advice["devices_needed"] = result.devices_needed
+        advice["too_large"] = result.too_large
+        advice["closest"] = as_advice(result.closest) if result.closest else None
+    return advice
 
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
