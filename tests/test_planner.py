@@ -21,6 +21,7 @@ from graphsplit.planner.estimate import estimate
 from graphsplit.planner.profile import profile_model
 from graphsplit.planner.schedules import bubble_fraction, in_flight_chunks
 from graphsplit.planner.search import search
+from graphsplit.planner.stages import plan_stages
 
 from .conftest import EXAMPLES, ROOT
 from .test_cli import cli
@@ -45,7 +46,7 @@ def llama():
 
 
 def predict(profile, plan: Plan):
-    return estimate(plan, profile.stages(plan), CPU, profile.batch, profile.tokens_per_sample,
+    return estimate(plan, plan_stages(profile, plan), CPU, profile.batch, profile.tokens_per_sample,
                     profile.model_flops_per_sample)
 
 
@@ -98,14 +99,14 @@ def test_activations_within_ten_percent_of_the_measurement(name, gpt, llama):
     loaded, profile = {"gpt": gpt, "llama": llama}[name]
     worst = 0.0
     for plan in PLANS:
-        predicted = profile.stages(plan).saved_bytes
+        predicted = plan_stages(profile, plan).saved_bytes
         program = compile_loaded(loaded, plan).program
         for st, want in zip(program.stages, predicted):
             names = {id(st.gm.get_parameter(k)): c for k, c in st.param_sources.items()}
             got = saved_bytes(st.gm, st.input_examples(), plan.tp, True, program.param_shardings, names)
             worst = max(worst, abs(int(want) - got) / got)
         # the cut is the compiler's own: each stage holds the parameters a transform gives it
-        assert list(profile.stages(plan).param_bytes) == [program.stage_param_bytes(s.index) for s in program.stages]
+        assert list(plan_stages(profile, plan).param_bytes) == [program.stage_param_bytes(s.index) for s in program.stages]
     assert worst <= 0.10, worst
 
 

@@ -132,11 +132,6 @@ class ModelProfile:
             raise GraphsplitError(found)
         return found
 
-    def stages(self, plan: Plan) -> Any:
-        from .stages import stage_sums
-
-        return stage_sums(self.table(plan), plan, self.batch, self.hardware)
-
 
 def _inputs_of(flat: Sequence[Any], samples: int) -> tuple[torch.Tensor, ...]:
     """The example inputs cut (or repeated) to `samples` along the batch dim."""

@@ -23,6 +23,7 @@ from ..errors import GraphsplitError
 from ..plan import Plan
 from .estimate import Estimate, estimate
 from .hardware import Hardware
+from .stages import plan_stages
 
 SCHEDULE_CHOICES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
                                                  ("interleaved-1f1b", 4), ("looped-bfs", 2))
@@ -104,7 +105,7 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
     for plan in candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out):
         considered += 1
         try:
-            stages = profile.stages(plan)
+            stages = plan_stages(profile, plan)
         except GraphsplitError as exc:
             left_out[str(exc)] += 1
             continue
@@ -133,7 +134,7 @@ def _devices_needed(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, per_
             if plan.autocast == "fp16" or (plan.dp > 1 and not plan.fsdp) or plan.checkpoint not in ("blocks", "none"):
                 continue  # the leanest variants decide whether anything fits
             try:
-                stages = profile.stages(plan)
+                stages = plan_stages(profile, plan)
             except GraphsplitError:
                 continue
             est = estimate(plan, stages, hw, profile.batch, profile.tokens_per_sample,

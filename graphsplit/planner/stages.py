@@ -34,7 +34,7 @@ from ..passes.pipeline_split import balanced_cuts
 from ..plan import Plan
 from .estimate import Stages, group_link
 from .hardware import Hardware
-from .profile import OpTable
+from .profile import ModelProfile, OpTable
 
 
 def cuts(table: OpTable, stages: int, b: int) -> list[int]:
@@ -214,3 +214,8 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     )
     table.cache[key] = found
     return found
+
+
+def plan_stages(profile: ModelProfile, plan: Plan) -> Stages:
+    """`plan`'s stages priced from `profile` (on the hardware the search set on it)."""
+    return stage_sums(profile.table(plan), plan, profile.batch, profile.hardware)

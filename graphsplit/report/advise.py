@@ -22,6 +22,7 @@ from ..planner import Hardware, load_hardware, plan_model
 from ..planner.estimate import Estimate
 from ..planner.estimate import estimate as price
 from ..planner.profile import profile_model
+from ..planner.stages import plan_stages
 
 PARTS = ("parameters", "gradients", "optimizer_state", "activations", "outputs_and_loss", "total")
 
@@ -31,7 +32,7 @@ def estimate(loaded: LoadedModel, plan: Plan, hardware: Hardware | None = None) 
     hw = hardware or load_hardware("h100")
     profile = profile_model(loaded, (plan.tp,), hw.fused_attention)
     profile.hardware = hw
-    return price(plan, profile.stages(plan), hw, profile.batch, profile.tokens_per_sample,
+    return price(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
                  profile.model_flops_per_sample)
 
 
