@@ -80,8 +80,10 @@ def test_failed_transform_keeps_the_previous_output(tmp_path):
 
 @pytest.mark.slow
 def test_run_transformed_folder_with_check(tmp_path):
-    out = tmp_path / "resnet"
-    assert cli("transform", EXAMPLES / "resnet.py", "--pp", "2", "--out", out).returncode == 0
+    # the model holds every kind of grad-mode region (no_grad, enable_grad inside it, inference_mode,
+    # detach, frozen parameters): real ranks train exactly what the untouched model trains
+    out = tmp_path / "grad_modes"
+    assert cli("transform", MODELS / "grad_modes.py", "--pp", "2", "--out", out).returncode == 0
     # the real entry point: the ranks' own lines reach the user's terminal through it
     r = real_cli("run", out, "--steps", "2", "--check", "--optimizer", "adamw", "--lr", "0.001")
     assert r.returncode == 0, r.stdout + r.stderr

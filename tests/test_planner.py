@@ -50,21 +50,21 @@ def predict(profile, plan: Plan):
                     profile.model_flops_per_sample)
 
 
-# plans whose per-rank parameter, gradient and AdamW bytes are measured on real processes below
-WORLD_2 = [Plan(dp=2), Plan(pp=2), Plan(tp=2), Plan(dp=2, fsdp=True),
-           Plan(pp=2, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=4)]
+# plans whose per-rank parameter, gradient and AdamW bytes are measured on real processes below: one
+# launch of 4 processes covers dp (DDP and FSDP), pp (1F1B and interleaved), tp and their pairs
 WORLD_4 = [Plan(pp=4), Plan(dp=2, pp=2), Plan(pp=2, tp=2), Plan(dp=2, tp=2, fsdp=True),
-           Plan(dp=2, pp=2, fsdp=True, checkpoint="blocks"), Plan(pp=2, tp=2, autocast="bf16"), Plan(tp=4)]
+           Plan(dp=2, pp=2, fsdp=True, checkpoint="blocks"), Plan(pp=2, tp=2, autocast="bf16"), Plan(tp=4),
+           Plan(dp=2, pp=2, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=4)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, tmp_path):
-    """12 plans, two torchrun launches: every pp rank's parameters, gradients and AdamW state, as
+    """8 plans, one torchrun launch: every pp rank's parameters, gradients and AdamW state, as
     measured after one step on real gloo processes, are what the planner predicts, byte for byte."""
     loaded, profile = gpt
     checked = 0
-    for world, plans in ((2, WORLD_2), (4, WORLD_4)):
+    for world, plans in ((4, WORLD_4),):
         out = tmp_path / f"world{world}"
         out.mkdir()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
@@ -84,7 +84,7 @@ def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, t
                     else:
                         assert measured[part] == want, (plan, part, measured, predicted)
             checked += 1
-    assert checked == 12
+    assert checked == len(WORLD_4)
 
 
 PLANS = [Plan(pp=2), Plan(pp=4), Plan(tp=2, pp=2), Plan(pp=2, autocast="bf16"), Plan(pp=2, checkpoint="blocks"),
