@@ -17,13 +17,14 @@ from graphsplit.errors import GraphsplitError
 from graphsplit.loader import load_model
 from graphsplit.planner import fold as fold_module
 from graphsplit.planner import load_hardware, plan_model
+from graphsplit.planner import stages as stages_module
 from graphsplit.planner.estimate import estimate
 from graphsplit.planner.profile import profile_model
 from graphsplit.planner.schedules import bubble_fraction, in_flight_chunks
 from graphsplit.planner.search import search
 from graphsplit.planner.stages import plan_stages
 
-from .conftest import EXAMPLES, ROOT
+from .conftest import EXAMPLES, MODELS, ROOT
 from .test_cli import cli
 
 CPU = load_hardware("cpu")
@@ -54,13 +55,14 @@ def predict(profile, plan: Plan):
 # launch of 4 processes covers dp (DDP and FSDP), pp (1F1B and interleaved), tp and their pairs
 WORLD_4 = [Plan(pp=4), Plan(dp=2, pp=2), Plan(pp=2, tp=2), Plan(dp=2, tp=2, fsdp=True),
            Plan(dp=2, pp=2, fsdp=True, checkpoint="blocks"), Plan(pp=2, tp=2, autocast="bf16"), Plan(tp=4),
-           Plan(dp=2, pp=2, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=4)]
+           Plan(dp=2, pp=2, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=4), Plan(dp=4),
+           Plan(dp=4, fsdp=True)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, tmp_path):
-    """8 plans, one torchrun launch: every pp rank's parameters, gradients and AdamW state, as
+    """10 plans, one torchrun launch: every pp rank's parameters, gradients and AdamW state, as
     measured after one step on real gloo processes, are what the planner predicts, byte for byte."""
     loaded, profile = gpt
     checked = 0
@@ -124,6 +126,30 @@ def test_folded_profile_equals_the_whole_graph(monkeypatch):
             assert all(np.array_equal(x, y) for x, y in zip(getattr(a, field), getattr(b, field))), (key, field)
         assert a.params == b.params and a.param_bytes == b.param_bytes and a.collectives == b.collectives
         assert np.array_equal(a.blocked, b.blocked) and a.blocks == b.blocks
+
+
+def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier():
+    """The search prices a stage deep in the repeated blocks as the same stage moved back (stages.py
+    `_shift`): every policy, at two micro-batch sizes, gives what pricing it where it lies gives."""
+    loaded = load_model(str(MODELS / "deep_llama.py"))  # 10 blocks: copies 1..9 of the folded block
+    table = profile_model(loaded, (1,)).variants[1, False]
+    first, length, end = table.period
+    hw = load_hardware("h100")
+    rng = np.random.default_rng(0)
+    moved = 0
+    while moved < 40:
+        a = int(rng.integers(first, end))
+        e = int(rng.integers(a + 1, end + 1))
+        shift = stages_module._shift(table, a, e)
+        if not shift:
+            continue
+        moved += 1
+        for policy in ("none", "selective", "blocks", "every:2", "every:3", "stage"):
+            for b in (1, 3):
+                secs = stages_module.op_seconds(table, b, hw)
+                here = stages_module._kept(table, policy, a, e, b, secs)
+                there = stages_module._kept(table, policy, a - shift, e - shift, b, secs)
+                assert here[:2] == there[:2] and here[2] == pytest.approx(there[2], rel=1e-12), (policy, a, e, b)
 
 
 def test_schedules_hold_what_torch_schedules_hold():

@@ -6,6 +6,7 @@ write it through `info(node)`. Nothing is stored as an attribute on `fx.Node`.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,10 +33,7 @@ class TensorSpec:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= int(s)
-        return n
+        return math.prod(map(int, self.shape))
 
     @property
     def nbytes(self) -> int:

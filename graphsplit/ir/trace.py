@@ -192,10 +192,9 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v):
             raise TypeError(f"input {k!r} is a container of tensors")
     graph = _Tracer().trace(model, concrete_args=concrete or None)
-    gm = fx.GraphModule(model, graph, class_name=type(model).__name__)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
     spec = _flat_output(graph)
-    gm.recompile()
+    gm = fx.GraphModule(model, graph, class_name=type(model).__name__)  # generates the code once
     names = [n.target for n in graph.nodes if n.op == "placeholder"]
     if names != tensor_names:
         raise TypeError(f"unexpected placeholders {names}")
@@ -214,6 +213,32 @@ class _Tracer(fx.Tracer):
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return GradModeProxy(node, self)
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        if isinstance(root, nn.Module):
+            self._names = ({id(p): n for n, p in root.named_parameters()},
+                           {id(b): n for n, b in root.named_buffers()})
+        return super().trace(root, concrete_args)
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        # fx finds an attribute's name by walking every parameter of the model at each access, which
+        # is quadratic in depth (seconds for a 126-layer model): look it up in tables made once.
+        # Anything they lack (registered during forward) goes the walk.
+        if isinstance(attr_val, torch.Tensor) and hasattr(self, "_names"):
+            params, buffers = self._names
+            name = params.get(id(attr_val)) if isinstance(attr_val, nn.Parameter) else None
+            if name is None and self.proxy_buffer_attributes:
+                name = buffers.get(id(attr_val))
+            if name is not None:
+                if name not in parameter_proxy_cache:
+                    factory = None
+                    if self.param_shapes_constant:
+                        def factory(node: fx.Node, n: str = name) -> fx.Proxy:
+                            return fx.proxy.ParameterProxy(self, node, n, attr_val)
+                    parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {},
+                                                                    proxy_factory_fn=factory)
+                return parameter_proxy_cache[name]
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)

@@ -72,7 +72,7 @@ class Estimate:
     bubble: float
     time: dict[str, float] = field(default_factory=dict)  # seconds per step by kind
     busiest_rank: int = 0
-    per_rank: dict[str, list[int]] = field(default_factory=dict)  # each memory part, by pp rank
+    per_rank: dict[str, np.ndarray] = field(default_factory=dict)  # each memory part, by pp rank
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -145,7 +145,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     busiest = int(np.argmax(total))
     memory = {k: int(val[busiest]) for k, val in parts.items()}
     memory["total"] = int(total[busiest])
-    per_rank = {k: [int(x) for x in val] for k, val in parts.items()}
+    per_rank = dict(parts)  # arrays: the search prices thousands of plans and reads few of them
 
     sends = np.where(np.arange(plan.num_stages) < plan.num_stages - 1, (st.send_bytes / pp_bw + pp_lat) * 2, 0.0) \
         if pp > 1 else np.zeros(plan.num_stages)

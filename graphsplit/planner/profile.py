@@ -71,6 +71,9 @@ class OpTable:
     param_shapes: dict[str, tuple[int, ...]]  # per tp rank (FSDP shards dim 0 of these over dp)
     collectives: list[tuple[int, str, str, int, int]]  # (op, direction, kind, bytes per sample, constant)
     output: tuple[int, int]  # the model's output tensors on the last stage
+    # (first, length, end): ops [first, end) are copies of one block, each `length` ops, every copy
+    # priced as the one before it (a folded profile's blocks 1..L-1); None when nothing repeats
+    period: tuple[int, int, int] | None = None
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -290,11 +293,12 @@ def _measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, 
     n = len(unf)
     live = np.zeros(n + 2, dtype=np.int64)
     blocked = np.zeros(n + 2, dtype=np.int64)
+    size = _out_bytes(gm)
     for node, _copy, start, end in unf.intervals(recomputable(gm.graph)):
         ni = info(node)
         if ni.value == "tensor":
-            live[start] += ni.out_bytes
-            live[end + 1] -= ni.out_bytes
+            live[start] += size[node]
+            live[end + 1] -= size[node]
         elif ni.value == "container":
             blocked[start] += 1
             blocked[end + 1] -= 1
@@ -310,10 +314,15 @@ def _measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, 
         unf=unf, gm=gm, shardings=shardings,
         flops=np.array([info(x).flops for x in ops], dtype=np.int64),
         bytes=np.array([info(x).bytes_moved for x in ops], dtype=np.int64),
-        out=np.array([info(x).out_bytes for x in ops], dtype=np.int64),
+        out=np.array([size[x] for x in ops], dtype=np.int64),
         live=np.cumsum(live)[: n + 1], blocked=np.cumsum(blocked)[: n + 1] > 0, kept=kept,
         selective=np.array([selective.get(x.name, 0) for x in ops], dtype=np.int64),
     )
+
+
+def _out_bytes(gm: fx.GraphModule) -> dict[fx.Node, int]:
+    """Each node's output bytes, computed once (the unfolded sequence reads each node hundreds of times)."""
+    return {node: info(node).out_bytes for node in gm.graph.nodes}
 
 
 def _linear(two: np.ndarray, four: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -380,6 +389,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
             src, src2 = (node, node2) if kind == "all_gather" else (node.args[0], node2.args[0])
             collectives.append((i, direction, kind, *_pair(info(src).out_bytes, info(src2).out_bytes)))
     same = dict(zip(a.gm.graph.nodes, b.gm.graph.nodes))  # the node of the compile at four samples
+    size_a, size_b = _out_bytes(a.gm), _out_bytes(b.gm)
     # every tensor each op reads (parameters aside), with where it was made
     value_ids: dict[tuple[fx.Node, int], int] = {}
     reads: list[tuple[tuple[int, int, int, int], ...]] = []
@@ -390,7 +400,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
                 continue
             value = a.unf.value(src, op)
             vid = value_ids.setdefault(value, len(value_ids))
-            row.append((vid, a.unf.position.get(value, -1), *_pair(info(src).out_bytes, info(same[src]).out_bytes)))
+            row.append((vid, a.unf.position.get(value, -1), *_pair(size_a[src], size_b[same[src]])))
         reads.append(tuple(row))
     # what each block reads from outside it: the stream (the block before's output, read by this block
     # alone) and the values the head shares with every block (read by several: masks, rotary tables)
@@ -405,7 +415,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
                 readers.setdefault(value, set()).add(int(blocks[i]))
     totals = {bi: [[0, 0], [0, 0]] for bi in range(len(block_names))}
     for (src, _), consumers in readers.items():
-        per_sample, constant = _pair(info(src).out_bytes, info(same[src]).out_bytes)
+        per_sample, constant = _pair(size_a[src], size_b[same[src]])
         kind = 0 if len(consumers) == 1 else 1
         for bi in consumers:
             totals[bi][kind][0] += per_sample
@@ -424,6 +434,11 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
         kept_ids.append(tuple(row))
     storage = np.array([kept_bytes[i] for i in range(len(ids))], dtype=np.int64).reshape(-1, 2)
     outputs = next(x for x in reversed(a.gm.graph.nodes) if x.op == "output").all_input_nodes
+    period = None
+    if fold_ is not None:
+        first = next(i for i, (_, k) in enumerate(a.unf.sequence) if k)
+        length = len(a.unf.second)
+        period = (first, length, first + (fold_.count - 1) * length)
     output = _pair(sum(info(x).out_bytes for x in outputs), sum(info(same[x]).out_bytes for x in outputs))
     return OpTable(
         tp=tp, low=low,
@@ -432,6 +447,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
         out=_linear(a.out, b.out), selective=_linear(a.selective, b.selective), live=_linear(a.live, b.live), blocked=a.blocked | b.blocked,
         low_rate=lows, compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs, reads=reads,
         params=params, param_bytes=param_bytes, param_shapes=param_shapes, collectives=collectives, output=output,
+        period=period,
     )
 
 

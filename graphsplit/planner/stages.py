@@ -190,6 +190,27 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray)
     return kept + shared, peak, recompute
 
 
+def _shift(table: OpTable, a: int, e: int) -> int:
+    """How far stage [a, e) can move back and cost the same: a stage inside the repeated blocks, from
+    the third copy on, prices as the same ops two copies in (copy 1 reads block 0, copy 2 a copy).
+    The last copy is never moved: the head's shared values (rotary tables, masks) die in it."""
+    if table.period is None:
+        return 0
+    first, length, end = table.period
+    k = (a - first) // length
+    return (k - 2) * length if a >= first and k > 2 and e <= end - length else 0
+
+
+def _stage_kept(table: OpTable, policy: str, a: int, e: int, b: int, hw: Hardware) -> tuple[int, int, float]:
+    """`_kept` of stage [a, e), priced once per shape: a deep model's middle stages are the same ops."""
+    shift = _shift(table, a, e)
+    key = ("kept", policy, a - shift, e - shift, b, hw.name)
+    found = table.cache.get(key)
+    if found is None:
+        found = table.cache[key] = _kept(table, policy, a - shift, e - shift, b, op_seconds(table, b, hw))
+    return found
+
+
 def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     """Each stage of `plan` (one tp rank's share), for one micro-batch."""
     b = batch // plan.dp // plan.num_microbatches
@@ -198,8 +219,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         return table.cache[key]
     split = _split(table, plan, b, hw)
     bounds = split["bounds"]
-    secs = op_seconds(table, b, hw)
-    kept = [_kept(table, plan.checkpoint, bounds[s], bounds[s + 1], b, secs) for s in range(plan.num_stages)]
+    kept = [_stage_kept(table, plan.checkpoint, bounds[s], bounds[s + 1], b, hw) for s in range(plan.num_stages)]
     output = table.output[0] * b + table.output[1]
     found = Stages(
         param_bytes=split["param_bytes"],
