@@ -1,0 +1,151 @@
+"""The planner against measurements and published configurations, in one run.
+
+    python bench/planner.py              # CPU: predicted vs measured step time, world 2 and 4; Llama 3 405B
+    python bench/planner.py --no-cpu     # only the published configurations (no processes started)
+
+1. This machine (the `cpu` profile, measured by `python -m graphsplit.planner.calibrate`): every plan
+   of world 2 and 4 below on the examples is timed for real (gloo processes under torchrun, one thread
+   each; bench/planner_worker.py) and predicted by the planner; printed side by side with the rank
+   correlation (Spearman) of predicted and measured step times.
+2. Llama 3 405B (bench/models/llama3_405b.py) on H100s: the planner's prediction for the published
+   configurations, TP8 x PP16 x DP64 on 8,192 GPUs (430 TFLOP/s per GPU) and TP8 x PP16 x DP128 on
+   16,384 (400; The Llama 3 Herd of Models, Table 4), taking for the knobs the paper leaves open
+   (schedule, checkpointing, FSDP) the fastest choice that fits; and the planner's own best plan for
+   the same hardware, with the search time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from graphsplit import Plan  # noqa: E402
+from graphsplit.loader import load_model  # noqa: E402
+from graphsplit.planner import load_hardware, plan_model  # noqa: E402
+from graphsplit.planner.estimate import estimate  # noqa: E402
+from graphsplit.planner.profile import profile_model  # noqa: E402
+from graphsplit.planner.stages import plan_stages  # noqa: E402
+
+WORLDS = {
+    2: [Plan(dp=2), Plan(pp=2), Plan(tp=2), Plan(dp=2, fsdp=True), Plan(pp=2, checkpoint="blocks")],
+    4: [Plan(dp=4), Plan(pp=4), Plan(tp=4), Plan(dp=2, pp=2), Plan(dp=2, tp=2), Plan(pp=2, tp=2),
+        Plan(pp=4, microbatches=8)],
+}
+MODELS = ("mlp", "gpt", "llama")
+PUBLISHED = [(8192, Plan(tp=8, pp=16, dp=64, microbatches=32, autocast="bf16"), 430),
+             (16384, Plan(tp=8, pp=16, dp=128, microbatches=16, autocast="bf16"), 400)]
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def measure(model: Path, world: int, plans: list[Plan], steps: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "times.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+               str(ROOT / "bench" / "planner_worker.py"), str(model), str(out), str(steps), *(p.to_json() for p in plans)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if r.returncode:
+            raise SystemExit(r.stderr[-3000:])
+        return json.loads(out.read_text())
+
+
+def cpu(steps: int) -> None:
+    hw = load_hardware("cpu")
+    print(f"this machine: {hw.name}")
+    print(f"{'model':6} {'plan':34} {'predicted ms':>13} {'measured ms':>12} {'ratio':>6}")
+    predicted, measured = [], []
+    for name in MODELS:
+        path = ROOT / "examples" / f"{name}.py"
+        loaded = load_model(str(path))
+        profile = profile_model(loaded, (1, 2, 4), hw.fused_attention)
+        profile.hardware = hw
+        for world, plans in WORLDS.items():
+            usable = []
+            for plan in plans:
+                try:
+                    est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
+                                   profile.model_flops_per_sample)
+                except Exception as exc:  # noqa: BLE001 - a plan this model cannot take is skipped, said
+                    print(f"{name:6} {describe(plan):34} cannot: {str(exc)[:60]}")
+                    continue
+                usable.append((plan, est.step_seconds))
+            times = measure(path, world, [p for p, _ in usable], steps)
+            for (plan, guess), got in zip(usable, times):
+                predicted.append(guess)
+                measured.append(got)
+                print(f"{name:6} {describe(plan):34} {guess * 1e3:13.2f} {got * 1e3:12.2f} {guess / got:6.2f}")
+    print(f"rank correlation (Spearman) of predicted and measured step times over {len(measured)} plans: "
+          f"{spearman(predicted, measured):.3f} (target >= 0.8)")
+
+
+def describe(plan: Plan) -> str:
+    text = f"dp{plan.dp} pp{plan.pp} tp{plan.tp} mb{plan.num_microbatches}"
+    return text + (" fsdp" if plan.fsdp else "") + (f" {plan.checkpoint}" if plan.checkpoint != "none" else "")
+
+
+def published() -> None:
+    hw = load_hardware("h100")
+    model = ROOT / "bench" / "models" / "llama3_405b.py"
+    loaded = load_model(str(model))
+    start = time.perf_counter()
+    profile = profile_model(loaded, (8,), hw.fused_attention)
+    profile.hardware = hw
+    print(f"\nLlama 3 405B on {hw.name} (profile in {time.perf_counter() - start:.1f} s)")
+    for gpus, shape, reported in PUBLISHED:
+        best = None
+        for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
+            for checkpoint in ("none", "selective", "blocks", "every:2", "stage"):
+                for fsdp in (False, True):
+                    plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp)
+                    est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
+                                   profile.model_flops_per_sample)
+                    fits = est.memory["total"] <= 0.95 * hw.memory_bytes
+                    if fits and (best is None or est.step_seconds < best.step_seconds):
+                        best = est
+        if best is None:
+            print(f"  {gpus} GPUs, TP8 x PP16 x DP{shape.dp}: no choice of schedule, checkpointing and FSDP fits")
+            continue
+        tflops = best.mfu * hw.peak_flops["bfloat16"] / 1e12
+        print(f"  {gpus} GPUs, TP8 x PP16 x DP{shape.dp} ({best.plan.schedule}, {best.plan.checkpoint}"
+              f"{', fsdp' if best.plan.fsdp else ''}): predicted {tflops:.0f} TFLOP/s per GPU, published {reported} "
+              f"({tflops / reported:.2f}x); step {best.step_seconds:.1f} s, {best.memory['total'] / 2**30:.1f} GiB per GPU")
+        start = time.perf_counter()
+        result, _ = plan_model(loaded, gpus, hw.memory_bytes, hw)
+        took = time.perf_counter() - start
+        if result.fits:
+            own = result.plans[0]
+            p = own.plan
+            print(f"    planner's own best ({took:.1f} s search): tp{p.tp} pp{p.pp} dp{p.dp}{' fsdp' if p.fsdp else ''} "
+                  f"mb{p.num_microbatches} {p.schedule} {p.checkpoint} {p.autocast}: "
+                  f"{own.mfu * hw.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s per GPU, step {own.step_seconds:.1f} s, "
+                  f"{own.memory['total'] / 2**30:.1f} GiB; {'at least as fast' if own.step_seconds <= best.step_seconds else 'SLOWER'}")
+        else:
+            print(f"    planner's own search ({took:.1f} s): nothing fits")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-cpu", action="store_true", help="skip the measured CPU runs")
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    if not args.no_cpu:
+        cpu(args.steps)
+    published()
+
+
+if __name__ == "__main__":
+    main()
