@@ -1,6 +1,7 @@
 """The planner: which plan to run, for this model, on this hardware.
 
-    profile_model (profile.py)  trace once, fold repeated blocks, an OpTable per tp degree and precision
+    profile_model (profile.py)  trace once, fold repeated blocks (fold.py), an OpTable per tp degree and
+                                precision from one compile each, measured over the whole op sequence (measure.py)
     search        (search.py)   every candidate plan, priced from the tables (stages.py, estimate.py)
     hardware      (hardware.py) device and link profiles, each number with its source
     schedules     (schedules.py) activations in flight and bubbles of torch's pipeline schedules

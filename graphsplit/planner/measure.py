@@ -1,0 +1,175 @@
+"""One compile of the folded graph, measured and seen as the whole op sequence.
+
+`saved_by_node` runs the compiled graph on meta under saved-tensor hooks: what each op keeps
+for backward (storages, parameters excluded) and what selective checkpointing keeps of its
+outputs. `measure` turns that and the graph's annotations into arrays over the unfolded
+sequence (fold.Unfolding): FLOPs, bytes moved, output bytes, bytes live across each cut.
+`FusedAttention` prices attention's memory as a GPU's fused kernel keeps it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from ..analysis.memory import KeptOutputs
+from ..analysis.recompute import recomputable
+from ..analysis.shapes import meta_copy
+from ..ir.meta import info
+from .fold import Fold, Unfolding
+
+
+class FusedAttention(torch.overrides.TorchFunctionMode):
+    """Attention as a GPU runs it: `scaled_dot_product_attention` through the memory-efficient kernel,
+    which keeps q, k, v, the output and its log-sum-exp for backward, where the math path a CPU (and
+    meta) takes keeps the sequence x sequence probabilities."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        given = {**dict(zip(names, args)), **kwargs}
+        q, k, v = given["query"], given["key"], given["value"]
+        if given.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, given.get("attn_mask"), True, given.get("dropout_p", 0.0), given.get("is_causal", False),
+            scale=given.get("scale"))[0]
+
+
+def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], shardings: dict[str, Any], tp: int,
+                  fused_attention: bool = False) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, int]]:
+    """What each node keeps for backward, as (the node that first kept the storage, its index among the
+    storages that node first kept, bytes): one entry per distinct storage, parameters excluded; and the
+    bytes of the outputs selective checkpointing would keep of each node (its matmul-class aten ops).
+    Measured on meta with saved_tensors_hooks and KeptOutputs, as analysis/memory.py measures a stage."""
+    module = meta_copy(gm, shardings, tp)
+    params = {p.untyped_storage()._cdata for p in module.parameters()}
+    first: dict[int, tuple[str, int, int]] = {}
+    counts: dict[str, int] = {}
+    kept: dict[str, list[tuple[str, int, int]]] = {}
+    selective: dict[str, int] = {}
+    noted: set[int] = set()
+    current = [""]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata in params:
+            return t
+        key = first.get(storage._cdata)
+        if key is None:
+            index = counts.get(current[0], 0)
+            counts[current[0]] = index + 1
+            key = first[storage._cdata] = (current[0], index, storage.nbytes())
+        mine = kept.setdefault(current[0], [])
+        if key not in mine:
+            mine.append(key)
+        return t
+
+    alive: list[Any] = []  # a storage freed mid-run would hand its address to the next one
+
+    def note(t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        if storage._cdata not in noted:
+            noted.add(storage._cdata)
+            alive.append(storage)
+            selective[current[0]] = selective.get(current[0], 0) + storage.nbytes()
+
+    class Run(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            current[0] = n.name
+            return super().run_node(n)
+
+    args = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=t.is_floating_point())
+                 for t in inputs)
+    outputs = KeptOutputs(note)
+    outputs.enter()
+    attention = FusedAttention() if fused_attention else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), outputs, attention:
+        Run(module).run(*args)
+    return kept, selective
+
+
+def node_params(gm: fx.GraphModule, node: fx.Node, names: dict[int, str], recomp: set[fx.Node],
+                 memo: dict[fx.Node, tuple[str, ...]]) -> tuple[str, ...]:
+    """The parameters a stage holding `node` must hold: those it reads, and those behind the values it
+    recomputes for itself (a weight's bf16 cast made before the cut is made again after it)."""
+    if node in memo:
+        return memo[node]
+    found: list[str] = []
+    for a in node.all_input_nodes:
+        if a.op == "get_attr":
+            try:
+                found.append(names[id(gm.get_parameter(str(a.target)))])
+            except (AttributeError, KeyError):
+                pass
+        elif a in recomp:
+            found += node_params(gm, a, names, recomp, memo)
+    if node.op == "call_module":
+        found += [names[id(p)] for p in gm.get_submodule(str(node.target)).parameters() if id(p) in names]
+    memo[node] = tuple(dict.fromkeys(found))
+    return memo[node]
+
+
+@dataclass
+class Measured:
+    """One compile of one variant at one micro-batch size, seen as the whole op sequence."""
+
+    unf: Unfolding
+    gm: fx.GraphModule
+    shardings: dict[str, Any]
+    flops: np.ndarray
+    bytes: np.ndarray
+    out: np.ndarray
+    live: np.ndarray
+    blocked: np.ndarray
+    kept: list[list[tuple[tuple[str, int, int], int]]]  # per op: (storage key, bytes) of what it keeps
+    selective: np.ndarray  # per op: what selective checkpointing keeps of its outputs
+
+
+def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, tp: int,
+             inputs: tuple[torch.Tensor, ...], fused_attention: bool) -> Measured:
+    """`gm` (compiled and annotated at `inputs`) seen as the whole op sequence."""
+    saved, selective = saved_by_node(gm, inputs, shardings, tp, fused_attention)
+    unf = Unfolding(gm, fold_)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    n = len(unf)
+    live = np.zeros(n + 2, dtype=np.int64)
+    blocked = np.zeros(n + 2, dtype=np.int64)
+    size = out_bytes(gm)
+    for node, _copy, start, end in unf.intervals(recomputable(gm.graph)):
+        ni = info(node)
+        if ni.value == "tensor":
+            live[start] += size[node]
+            live[end + 1] -= size[node]
+        elif ni.value == "container":
+            blocked[start] += 1
+            blocked[end + 1] -= 1
+    kept = []
+    for op in unf.sequence:
+        mine = []
+        for first, index, nbytes in saved.get(op[0].name, []):
+            source, copy_ = unf.value(by_name[first], op) if first in by_name else (None, 0)
+            mine.append(((source.name if source is not None else first, copy_, index), nbytes))
+        kept.append(mine)
+    ops = [node for node, _ in unf.sequence]
+    return Measured(
+        unf=unf, gm=gm, shardings=shardings,
+        flops=np.array([info(x).flops for x in ops], dtype=np.int64),
+        bytes=np.array([info(x).bytes_moved for x in ops], dtype=np.int64),
+        out=np.array([size[x] for x in ops], dtype=np.int64),
+        live=np.cumsum(live)[: n + 1], blocked=np.cumsum(blocked)[: n + 1] > 0, kept=kept,
+        selective=np.array([selective.get(x.name, 0) for x in ops], dtype=np.int64),
+    )
+
+
+def out_bytes(gm: fx.GraphModule) -> dict[fx.Node, int]:
+    """Each node's output bytes, computed once (the unfolded sequence reads each node hundreds of times)."""
+    return {node: info(node).out_bytes for node in gm.graph.nodes}
