@@ -153,6 +153,10 @@ def compile_program(
     traced = trace_model(model, args, kwargs, source)
     timings["trace"] = time.perf_counter() - start
     flat = traced.flatten_inputs(args, kwargs)
+    replicas = plan.dp if global_batch else 1
+    batch = next((int(t.shape[0]) for t in flat if isinstance(t, torch.Tensor) and t.dim()), 0)
+    if batch and batch % replicas == 0:
+        plan = plan.for_batch(batch // replicas)  # default micro-batches that divide this batch
     # Stages see micro-batches: analyze (shapes, bytes, FLOPs) at that size.
     pieces = plan.num_microbatches * (plan.dp if global_batch else 1)
     micro = first_microbatch(traced, flat, plan, plan.dp if global_batch else 1)

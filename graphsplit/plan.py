@@ -138,6 +138,24 @@ class Plan:
     def num_microbatches(self) -> int:
         return self.microbatches if self.microbatches is not None else self.num_stages
 
+    def for_batch(self, share: int) -> Plan:
+        """This plan with its micro-batches decided for a replica's batch of `share` samples, when it names
+        none and the default (one per stage) does not divide that batch: the fewest counts that fill the
+        pipeline among those dividing the batch (multiples of pp for an interleaved schedule); a batch
+        too small for that gets as many as it has samples, under GPipe when the schedule was 1F1B
+        (torch's 1F1B needs one micro-batch per stage; with fewer the two run the same order)."""
+        if self.microbatches is not None or share < 1 or share % self.num_stages == 0:
+            return self
+        step = self.pp if self.stages_per_rank > 1 else 1
+        counts = [d for d in range(1, share + 1) if share % d == 0 and d % step == 0]
+        if not counts:
+            return self  # the refusal names the problem
+        filling = [d for d in counts if d >= self.num_stages]
+        if filling:
+            return self.replace(microbatches=filling[0])
+        schedule = "gpipe" if self.schedule == "1f1b" else self.schedule
+        return self.replace(microbatches=counts[-1], schedule=schedule)
+
     def stage_rank(self, stage: int) -> int:
         """The pp rank that holds `stage` (loop-style placement for interleaving)."""
         return stage % self.pp

@@ -208,8 +208,6 @@ ROWS = [
     ("microbatches-0", ["transform", E + "/mlp.py", "--microbatches", "0", OUT], r"Plan\.microbatches: must be a positive integer"),
     ("microbatches-not-dividing", ["transform", E + "/mlp.py", "--pp", "2", "--microbatches", "3", OUT],
      r"the batch of 16 .* cannot be cut into equal micro-batches \(--microbatches 3\); give --microbatches dividing 16 \(1, 2, 4, 8, 16\)"),
-    ("default-microbatches-not-dividing", ["transform", E + "/mlp.py", "--pp", "3", OUT],
-     r"cannot be cut into equal micro-batches \(by default one per pipeline stage, 3\)"),
     ("interleaved-microbatches", ["transform", E + "/mlp.py", "--pp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "3", OUT],
      r"needs microbatches divisible by pp=2"),
     # split points

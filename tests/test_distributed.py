@@ -23,7 +23,7 @@ CASES = [
     # each schedule once, on models whose stages pass several tensors (unet's skip connections,
     # last_input's model input carried to the last stage) and BatchNorm buffers (resnet)
     # (1F1B, the default, is the tensor x pipeline case below)
-    ("unet.py", Plan(pp=2, schedule="gpipe")),
+    ("unet.py", Plan(pp=3, schedule="gpipe")),  # batch 4: the default gives 4 micro-batches, not one per stage
     ("resnet.py", Plan(pp=2, schedule="interleaved-1f1b", stages_per_rank=2)),
     ("last_input.py", Plan(pp=4, schedule="looped-bfs", stages_per_rank=2, microbatches=8)),
     # tensor x pipeline: tp collectives on real groups between pipeline sends, recomputed by

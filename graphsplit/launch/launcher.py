@@ -26,6 +26,7 @@ from ..errors import GraphsplitError
 from ..ir.program import Program
 from ..loader import load_model
 from ..plan import Plan
+from ..planner.schedules import underfilled_note
 from ..runtime.dcp.record import read_info
 from ..runtime.dcp.series import require_save_folder, resolve_checkpoint
 from ..runtime.lean_init import lean_init_works
@@ -107,6 +108,7 @@ def run_training(
         raise GraphsplitError(f"--steps must be at least 1 (0 only to re-save a checkpoint with --resume), got {opts.steps}")
     # Compile here first: a bad plan or model fails in one process, before torchrun starts.
     program = compile_loaded(loaded, plan, fixed_cuts).program
+    plan = program.plan  # with the micro-batches decided for this batch
     require_parameters(program)
     if opts.weights is not None:  # a wrong weights file, too, is one line here rather than on every rank
         check_weights(open_weights(opts.weights), loaded.build("meta"), opts.weights)
@@ -140,6 +142,8 @@ def run_training(
         spec.save(tmp / "spec.json")
         echo(f"launching {plan.world_size} processes: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
              f"{plan.num_microbatches} micro-batches)")
+        if note := underfilled_note(plan):
+            echo(f"note: {note}")
         _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log", opts.collective_timeout_s)
         if not opts.check:
             return None

@@ -267,7 +267,8 @@ def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] |
     target = loaded.target if loaded.target is not None else default_target(inputs)
     everything = tuple(range(len(program.stages)))
     ranks = [RankStep(s.tp_rank, everything, s.grads, s.loss, s.output, s.tp_rank) for s in local.step(inputs, target)]
-    ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss, plan.num_microbatches)
+    ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss,
+                         program.plan.num_microbatches)  # as decided for this batch
     return program, check_ranks(program, ranks, ref)
 
 

@@ -20,6 +20,7 @@ and 1F1B; interleaving divides the fill and drain by v (Narayanan et al. 2021,
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -58,3 +59,14 @@ def bubble_fraction(schedule: str, pp: int, microbatches: int, stages_per_rank: 
         return 0.0
     fill = (pp - 1) / (stages_per_rank if schedule in ("interleaved-1f1b", "looped-bfs") else 1)
     return fill / (microbatches + fill)
+
+
+def underfilled_note(plan: Any) -> str | None:
+    """What a user should know when the batch gives fewer micro-batches than pipeline stages."""
+    m, stages = plan.num_microbatches, plan.num_stages
+    if plan.pp == 1 or m >= stages:
+        return None
+    bubble = bubble_fraction(plan.schedule, plan.pp, m, plan.stages_per_rank)
+    return (f"the batch gives {m} micro-batch{'es' if m > 1 else ''} for {stages} pipeline stages: at most {m} "
+            f"{'stages work' if m > 1 else 'stage works'} at a time (bubble {bubble:.0%}); a batch of {stages} or "
+            "more per replica fills the pipeline")

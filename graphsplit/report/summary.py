@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ..ir.meta import group_of
 from ..ir.program import Program
+from ..planner.schedules import underfilled_note
 
 
 def _fmt_bytes(n: float) -> str:
@@ -96,6 +97,7 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
         "plan": plan.to_dict(),
         "num_stages": plan.num_stages,
         "microbatches": plan.num_microbatches,
+        "note": underfilled_note(plan),
         "balance": program.balance(),
         "stages": stages,
         "boundaries": boundaries,
@@ -170,6 +172,8 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
             sent,
         )
     console.print(table)
+    if summary.get("note"):
+        console.print(f"note: {summary['note']}")
     console.print(f"balance (max stage cost / mean): {summary['balance']:.3f}")
     if summary["tied_parameters"]:
         tied = ", ".join(f"{k} (stages {', '.join(map(str, v))})" for k, v in summary["tied_parameters"].items())
