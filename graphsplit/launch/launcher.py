@@ -141,7 +141,7 @@ def run_training(
         )
         spec.save(tmp / "spec.json")
         echo(f"launching {plan.world_size} processes: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
-             f"{plan.num_microbatches} micro-batches)")
+             f"{plan.num_microbatches} micro-batch{'es' if plan.num_microbatches > 1 else ''})")
         if note := underfilled_note(plan):
             echo(f"note: {note}")
         _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log", opts.collective_timeout_s)

@@ -289,7 +289,7 @@ def check_run(program: Program, folder: Path, reference: tuple[StepResult, list[
         cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {curve_rtol:g}")
     loss = next(r.loss for r in ranks if r.loss is not None)
     echo(f"check: untouched model in one process vs graphsplit dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} pp={plan.pp} tp={plan.tp}, "
-         f"same {plan.dp * plan.num_microbatches} micro-batches")
+         f"same {plan.dp * plan.num_microbatches} micro-batch{'es' if plan.dp * plan.num_microbatches > 1 else ''}")
     echo(f"  loss step {first_step:<4}{float(first.loss):.6f} (reference) vs {float(loss):.6f}")
     out_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("output")]
     grad_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("grad")]
