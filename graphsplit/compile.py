@@ -35,7 +35,7 @@ from .passes.pipeline_split import cut_places, pipeline_split_pass, too_few_cuts
 from .passes.sync_batch_norm import sync_batch_norm_pass
 from .passes.tensor_parallel import TensorParallelResult, tensor_parallel_pass
 from .passes.vocab_parallel_loss import VocabParallelLoss, vocab_parallel_loss_pass
-from .plan import Plan
+from .plan import Plan, divisors
 from .runtime.microbatch import split_microbatches
 
 PASSES: tuple[tuple[str, Pass], ...] = (
@@ -70,7 +70,7 @@ def check_call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
 
 
 def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+    return ", ".join(map(str, divisors(n)))
 
 
 def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas: int) -> tuple[Any, ...]:

@@ -40,6 +40,11 @@ def _fail(field_name: str, message: str) -> GraphsplitError:
     return GraphsplitError(f"Plan.{field_name}: {message}")
 
 
+def divisors(n: int) -> list[int]:
+    """Every positive divisor of n, ascending (the counts a batch or a device count splits into)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 @dataclass(frozen=True)
 class Plan:
     """How to parallelize a model.
@@ -147,7 +152,7 @@ class Plan:
         if self.microbatches is not None or share < 1 or share % self.num_stages == 0:
             return self
         step = self.pp if self.stages_per_rank > 1 else 1
-        counts = [d for d in range(1, share + 1) if share % d == 0 and d % step == 0]
+        counts = [d for d in divisors(share) if d % step == 0]
         if not counts:
             return self  # the refusal names the problem
         filling = [d for d in counts if d >= self.num_stages]

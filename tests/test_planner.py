@@ -30,20 +30,21 @@ from .test_cli import cli
 CPU = load_hardware("cpu")
 
 
-@pytest.fixture(scope="module")
-def gpt():
-    loaded = load_model(str(EXAMPLES / "gpt.py"))
+def _profiled(name: str):
+    loaded = load_model(str(EXAMPLES / f"{name}.py"))
     profile = profile_model(loaded, (1, 2))
     profile.hardware = CPU
     return loaded, profile
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return _profiled("gpt")
 
 
 @pytest.fixture(scope="module")
 def llama():
-    loaded = load_model(str(EXAMPLES / "llama.py"))
-    profile = profile_model(loaded, (1, 2))
-    profile.hardware = CPU
-    return loaded, profile
+    return _profiled("llama")
 
 
 def predict(profile, plan: Plan):

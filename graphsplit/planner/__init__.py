@@ -15,9 +15,10 @@ from __future__ import annotations
 import time
 
 from ..loader import LoadedModel
+from ..plan import divisors
 from .hardware import Hardware, load_hardware
 from .profile import ModelProfile, profile_model
-from .search import SearchResult, divisors, search
+from .search import SearchResult, search
 
 __all__ = ["Hardware", "ModelProfile", "SearchResult", "load_hardware", "plan_model", "profile_model"]
 

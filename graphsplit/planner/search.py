@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GraphsplitError
-from ..plan import Plan
+from ..plan import Plan, divisors
 from .estimate import Estimate, estimate
 from .hardware import Hardware
 from .stages import plan_stages
@@ -56,10 +56,6 @@ class SearchResult:
             out.update(closest=self.closest.to_dict() if self.closest else None, too_large=self.too_large,
                        devices_needed=self.devices_needed)
         return out
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_blocks: bool,

@@ -12,6 +12,7 @@ import torch.fx as fx
 
 from ...ir.meta import info
 from ...ir.sharding import Layout, Placement, Replicate
+from ...plan import divisors
 
 
 def norm_dim(dim: int, ndim: int) -> int:
@@ -41,8 +42,7 @@ def round_up(n: int, k: int) -> int:
 
 
 def nearest_divisor(n: int, tp: int) -> int:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    return min(divisors, key=lambda d: (abs(d - tp), -d))
+    return min(divisors(n), key=lambda d: (abs(d - tp), -d))
 
 
 def view_shard_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int, tp: int) -> int | None:
