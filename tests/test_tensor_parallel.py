@@ -11,12 +11,12 @@ import torch.nn as nn
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.collectives import collectives, count_table
 from graphsplit.compile import compile_loaded, compile_program
-from graphsplit.ir.sharding import S, shard_tensor
+from graphsplit.ir.sharding import S, Shard, local_shape, shard_tensor
 from graphsplit.loader import load_model
 from graphsplit.ops import tp as tpops
 from graphsplit.runtime.materialize import materialize_stage, model_tensors
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, MODELS
 
 
 def compiled(model_or_path, plan, args=None, kwargs=None):
@@ -161,8 +161,27 @@ def test_tp_not_dividing_heads_names_module_and_suggests_tp():
         compiled(Attn(), Plan(tp=4), (torch.randn(2, 5, 36),))
 
 
-def test_tp_not_dividing_a_tied_vocabulary_suggests_padding():
-    with pytest.raises(GraphsplitError, match=r"vocabulary 256 cannot be split over tp=3 .* pad the vocabulary to 258"):
+@pytest.mark.parametrize("spec", ["odd_vocab.py", "odd_vocab.py:build_untied"])
+def test_a_vocabulary_tp_does_not_divide_is_padded_inside(spec):
+    """97 rows at tp 2: each rank holds 49, the last one zero padding row; the logits stay
+    sharded into a cross-entropy told the real vocabulary, and nothing gathers them."""
+    program = compiled(f"{MODELS / spec}", Plan(tp=2))
+    head = "wte.weight" if spec == "odd_vocab.py" else "lm_head.weight"
+    assert program.param_shardings[head] == Shard(0, size=97)
+    if head == "lm_head.weight":
+        assert program.param_shardings["lm_head.bias"] == Shard(0, size=97)
+        assert program.param_shardings["wte.weight"] == S(1)  # an input embedding of its own splits its width
+    assert program.sharded_outputs == {0: Shard(2, size=97)}
+    gathers = [n for n in program.stages[-1].gm.graph.nodes if n.target is tpops.gather_from_tp]
+    assert not [n for n in gathers if "size" in n.kwargs], "the logits are not gathered"
+    (ce,) = [n for n in program.loss_gm.graph.nodes if n.target is tpops.vocab_parallel_cross_entropy]
+    assert ce.kwargs == {"vocab": 97}
+    assert local_shape((97, 64), program.param_shardings[head], 2) == (49, 64)
+
+
+def test_heads_tp_does_not_divide_stay_refused_whatever_the_vocabulary():
+    """The vocabulary is padded, heads are not (Megatron refuses them too)."""
+    with pytest.raises(GraphsplitError, match=r"4 heads cannot be split over tp=3; use tp=4"):
         compiled(EXAMPLES / "gpt.py", Plan(tp=3))
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from graphsplit.ir.meta import TensorSpec, info
 from graphsplit.ir.optable import OpKind, family
-from graphsplit.ir.sharding import P, R, S, Shard
+from graphsplit.ir.sharding import P, R, S, Shard, local_shape, real_rows, shard_tensor, unpad
 from graphsplit.ops import tp as tpops
 from graphsplit.passes.tensor_parallel.decision import (
     BROADCAST,
@@ -30,6 +30,7 @@ from graphsplit.passes.tensor_parallel.decision import (
     Decision,
     LayoutView,
     Local,
+    decide,
 )
 from graphsplit.passes.tensor_parallel.walker import Walker
 
@@ -70,7 +71,7 @@ class G:
 
     def decide(self, node: fx.Node, tp: int = 2) -> Decision:
         gm = self.module()
-        return RULES.get(family(node, gm), RULES[OpKind.OTHER])(node, LayoutView(gm, tp))
+        return decide(node, LayoutView(gm, tp), family(node, gm))  # as the walker asks
 
     @staticmethod
     def _annotate(node: fx.Node, shape: tuple[int, ...], grad: bool, dtype: torch.dtype) -> None:
@@ -343,6 +344,95 @@ def test_size_of_the_sharded_dim_answers_the_global_size(dim, then):
     decision = g.decide(g.call("size", x, dim, value="scalar"))
     assert decision.out is None
     assert (decision.then.target if decision.then else None) is then
+
+
+# --- a vocabulary tp does not divide: padded inside ----------------------------------------------
+
+V = 97  # no tp > 1 divides it
+PADDED = Shard(2, size=V)
+
+
+def test_a_padded_shard_holds_ceil_rows_the_last_ones_zero():
+    full = torch.arange(V * 2, dtype=torch.float32).view(V, 2)
+    layout = Shard(0, size=V)
+    blocks = [shard_tensor(full, layout, r, 4) for r in range(4)]
+    assert [b.shape[0] for b in blocks] == [25] * 4 and local_shape((V, 2), layout, 4) == (25, 2)
+    assert [real_rows(layout, r, 4, V) for r in range(4)] == [(0, 25), (25, 25), (50, 25), (75, 22)]
+    assert torch.equal(torch.cat([unpad(b, layout, r, 4) for r, b in enumerate(blocks)]), full)
+    assert not blocks[3][22:].any()  # padding: zeros
+    assert torch.equal(shard_tensor(full, layout, 3, 4, pad=False), full[75:])
+    assert str(layout) == "S(0, size=97)" and layout.to_dict()["size"] == V and S(0) == Shard(0, size=None)
+
+
+def test_an_output_layer_tp_does_not_divide_is_column_parallel_padded():
+    g = G()
+    x, w, b = g.input("x", (2, 4, 8), R), g.param("w", (V, 8)), g.param("b", (V,))
+    decision = g.decide(g.call(F.linear, x, w, b, shape=(2, 4, V)))
+    assert decision.out == PADDED
+    assert decision.params == ((w, Shard(0, size=V)), (b, Shard(0, size=V)))
+
+
+def test_an_embedding_tied_to_the_output_layer_pads_its_vocabulary():
+    g = G()
+    ids, w = g.input("ids", (2, 4), R, grad=False, dtype=torch.int64), g.param("wte", (V, 8))
+    emb = g.call(F.embedding, ids, w, shape=(2, 4, 8))
+    g.graph.output(g.call(F.linear, emb, w, shape=(2, 4, V)))
+    decision = g.decide(emb)
+    assert decision.out == R and decision.params == ((w, Shard(0, size=V)),)
+    assert decision.swap.target is tpops.vocab_parallel_embedding
+
+
+def test_a_padded_shard_survives_views_that_keep_its_dim_with_the_size_rounded_up():
+    g = G()
+    logits = g.input("logits", (2, 4, V), PADDED)
+    decision = g.decide(g.call("view", logits, -1, V, shape=(8, V)))
+    assert decision.out == Shard(1, size=V) and decision.edit.args[1:] == (-1, Local(V, padded=True))
+    assert g.decide(g.call("flatten", logits, 0, 1, shape=(8, V))).out == Shard(1, size=V)
+    assert g.decide(g.call("transpose", logits, 1, 2, shape=(2, V, 4))).out == Shard(1, size=V)
+    moved = g.decide(g.call("view", logits, 2, 4 * V, shape=(2, 4 * V)))  # merges the padded dim: whole
+    assert moved.out == R and names(moved.inputs) == [("logits", R)]
+
+
+@pytest.mark.parametrize("op, args", [(operator.mul, (2.0,)), (F.softmax, (-1,)), (torch.sum, (-1,))])
+def test_ops_that_would_read_the_padding_get_the_value_whole(op, args):
+    g = G()
+    logits = g.input("logits", (2, 4, V), PADDED)
+    decision = g.decide(g.call(op, logits, *args, shape=(2, 4, V)))
+    assert decision.out == R and names(decision.inputs) == [("logits", R)]
+    assert "tp does not divide" in decision.reason
+
+
+def test_cross_entropy_over_padded_logits_is_told_the_vocabulary():
+    g = G()
+    logits, target = g.input("logits", (8, V), Shard(1, size=V)), g.input("target", (8,), R, grad=False, dtype=torch.int64)
+    decision = g.decide(g.call(F.cross_entropy, logits, target, shape=()))
+    assert decision.swap.target is tpops.vocab_parallel_cross_entropy and decision.swap.kwargs == {"vocab": V}
+
+
+def test_size_of_a_padded_dim_answers_the_real_size():
+    g = G()
+    logits = g.input("logits", (2, 4, V), PADDED)
+    decision = g.decide(g.call("size", logits, -1, value="scalar"))
+    assert decision.then.target is tpops.unpadded and decision.then.args == (SELF, 49, V)
+    assert tpops.unpadded(49, 49, V) == V and tpops.unpadded(2 * 4 * 49, 49, V) == 2 * 4 * V  # size(-1), numel()
+
+
+def test_padded_logits_reaching_the_output_are_gathered_and_cut():
+    g = G()
+    x, w = g.input("x", (2, 4, 8), R), g.param("w", (V, 8))
+    logits = g.call(F.linear, x, w, shape=(2, 4, V))
+    n = g.call("size", logits, -1, value="scalar")
+    g.graph.output(g.call("view", logits, -1, n, shape=(8, V)))
+    gm = g.module()
+    walker = Walker(gm, 2)
+    walker.run()
+    gm.graph.lint()
+    (gather,) = [n for n in gm.graph.nodes if n.target is tpops.gather_from_tp]
+    assert gather.args[1] == 1 and gather.kwargs == {"size": V}
+    # the computed size (97) becomes the local block, rounded up: (97 + 1) // 2
+    (add,) = [n for n in gm.graph.nodes if n.target is operator.add]
+    assert add.args[1] == 1 and next(iter(add.users)).target is operator.floordiv
+    assert walker.param_shardings == {"w": Shard(0, size=V)}
 
 
 # --- the walker and the redistribute step --------------------------------------------------------

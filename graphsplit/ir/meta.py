@@ -109,6 +109,7 @@ def insert_node(
     op: str = "call_function",
     value: str = "tensor",
     tensor: TensorSpec | None = None,
+    kwargs: dict[str, Any] | None = None,
     **annotations: Any,
 ) -> fx.Node:
     """A new node just before `before` (or after `after`), annotated, that belongs to
@@ -117,7 +118,7 @@ def insert_node(
     `NodeInfo` fields (`sharding`, `source`, `grad_enabled`)."""
     where = graph.inserting_before(before) if before is not None else graph.inserting_after(after)
     with where:
-        new = graph.create_node(op, target, args, {})
+        new = graph.create_node(op, target, args, kwargs or {})
     new.meta.update({k: v for k, v in owner.meta.items() if k in STAMP_KEYS})
     new.meta[META_KEY] = NodeInfo(kind=kind, value=value, tensor=tensor, module=info(owner).module, **annotations)
     return new

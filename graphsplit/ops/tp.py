@@ -9,9 +9,12 @@ the last argument of each is the graph's communicator, `self.tp_comm` (a `TPComm
                              (after a row-parallel layer: sums the partial results)
 - `gather_from_tp(x, dim, comm)`  all-gather along `dim` forward, keep this rank's slice backward
 - `scatter_to_tp(x, dim, comm)`   keep this rank's slice forward, all-gather backward
+  (both take `size=`: the dim's real size where tp does not divide it; the gathered value
+  is cut to it, and the scattered blocks end in zero padding; `ir/sharding.py`)
 - `vocab_parallel_embedding(ids, weight, padding_idx, comm)`: lookup in this rank's rows,
   zero elsewhere, all-reduce forward
-- `vocab_parallel_cross_entropy(logits, target, ignore_index, reduction, comm)`
+- `vocab_parallel_cross_entropy(logits, target, ignore_index, reduction, comm, vocab=None)`
+  (`vocab`: the real vocabulary when the logits' last blocks end in padding columns)
 
 A `TPComm` is a module of the graph, so each rank's copy of a stage holds its own:
 unbound it simulates rank 0 of `tp` ranks with exact shapes and no communication
@@ -29,6 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.fx
 import torch.nn as nn
+
+from ..ir.sharding import Shard, shard_tensor
 
 COMM_ATTR = "tp_comm"  # the attribute of a graph module that holds its communicator
 
@@ -110,22 +115,28 @@ class TPComm(nn.Module):
             return x
         return self.link.all_reduce(x.contiguous(), op)
 
-    def all_gather(self, x: torch.Tensor, dim: int, direction: str | None) -> torch.Tensor:
-        """`direction` None: outside autograd and not counted (showing a sharded output)."""
+    def all_gather(self, x: torch.Tensor, dim: int, direction: str | None, size: int | None = None) -> torch.Tensor:
+        """`direction` None: outside autograd and not counted (showing a sharded output).
+        `size`: the blocks are padded; the padding at the end is cut off."""
         if self.link is None:
-            return torch.cat([x] * self.size, dim=dim)
-        if direction is not None:
-            self.counts[(direction, "all_gather")] += 1
-        if self.size == 1:
-            return x
-        x = x.detach() if direction is None else x
-        return torch.cat(self.link.all_gather(x.contiguous()), dim=dim)
+            whole = torch.cat([x] * self.size, dim=dim)
+        else:
+            if direction is not None:
+                self.counts[(direction, "all_gather")] += 1
+            if self.size == 1:
+                return x
+            x = x.detach() if direction is None else x
+            whole = torch.cat(self.link.all_gather(x.contiguous()), dim=dim)
+        return whole if size is None else whole.narrow(dim, 0, size)
 
-    def local_slice(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+    def local_slice(self, x: torch.Tensor, dim: int, size: int | None = None) -> torch.Tensor:
+        """This rank's block of `x`; `size` given: of `x` padded with zeros to a multiple of tp."""
         n = self.size
         if n == 1:
             return x
-        return x.chunk(n, dim=dim)[self.rank].contiguous()
+        if size is None:
+            return x.chunk(n, dim=dim)[self.rank].contiguous()
+        return shard_tensor(x, Shard(dim % x.dim(), size=size), self.rank, n).contiguous()
 
 
 def bind_tp(module: nn.Module, link: TPLink | None) -> None:
@@ -167,24 +178,25 @@ class _ReduceFromTP(torch.autograd.Function):
 
 class _GatherFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim, comm):  # type: ignore[override]
-        ctx.dim, ctx.comm = dim, comm
-        return comm.all_gather(x, dim, "forward")
+    def forward(ctx, x, dim, comm, size):  # type: ignore[override]
+        ctx.dim, ctx.comm, ctx.size = dim, comm, size
+        return comm.all_gather(x, dim, "forward", size)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return ctx.comm.local_slice(grad, ctx.dim), None, None
+        # padding rows were cut off forward: their gradient is zero
+        return ctx.comm.local_slice(grad, ctx.dim, ctx.size), None, None, None
 
 
 class _ScatterToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim, comm):  # type: ignore[override]
-        ctx.dim, ctx.comm = dim, comm
-        return comm.local_slice(x, dim)
+    def forward(ctx, x, dim, comm, size):  # type: ignore[override]
+        ctx.dim, ctx.comm, ctx.size = dim, comm, size
+        return comm.local_slice(x, dim, size)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return ctx.comm.all_gather(grad, ctx.dim, "backward"), None, None
+        return ctx.comm.all_gather(grad, ctx.dim, "backward", ctx.size), None, None, None
 
 
 @torch.fx.wrap
@@ -198,13 +210,13 @@ def reduce_from_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
 
 
 @torch.fx.wrap
-def gather_from_tp(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
-    return _GatherFromTP.apply(x, dim, comm)
+def gather_from_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Tensor:
+    return _GatherFromTP.apply(x, dim, comm, size)
 
 
 @torch.fx.wrap
-def scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
-    return _ScatterToTP.apply(x, dim, comm)
+def scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Tensor:
+    return _ScatterToTP.apply(x, dim, comm, size)
 
 
 @torch.fx.wrap
@@ -222,18 +234,30 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_id
 
 
 @torch.fx.wrap
-def global_shape(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Size:
-    """`x.shape` as the unsharded tensor has it (x is sharded on `dim`)."""
+def global_shape(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Size:
+    """`x.shape` as the unsharded tensor has it (x is sharded on `dim`; `size`: its real size,
+    the blocks being padded)."""
     shape = list(x.shape)
-    shape[dim] *= comm.size
+    shape[dim] = shape[dim] * comm.size if size is None else size
     return torch.Size(shape)
+
+
+def unpadded(n: int, block: int, size: int) -> int:
+    """A size query's global answer on a padded dim: `n` counts `n // block` rows of `block`
+    local entries each, and the whole dim has `size` real ones (no padding)."""
+    return n // block * size
 
 
 @torch.fx.wrap
 def vocab_parallel_cross_entropy(
-    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, comm: TPComm
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, comm: TPComm,
+    vocab: int | None = None,
 ) -> torch.Tensor:
     """`F.cross_entropy(logits, target)` with `logits` (N, V) split over the vocabulary.
+
+    `vocab` given: the blocks hold ceil(vocab / tp) columns and the last ones end in
+    padding; those columns take no part (-inf before the max and the exponentials, so
+    their gradient is zero and no target can pick them).
 
     Three all-reduces of N numbers (max, sum of exponentials, the target's logit)
     instead of gathering N x V logits. Built from differentiable ops and
@@ -242,6 +266,9 @@ def vocab_parallel_cross_entropy(
     """
     rows = logits.shape[-1]
     start = comm.rank * rows
+    if vocab is not None and start + rows > vocab:
+        columns = torch.arange(start, start + rows, device=logits.device)
+        logits = logits.masked_fill(columns >= vocab, float("-inf"))
     # any shift is exact; keep it out of autograd
     global_max = comm.all_reduce(logits.detach().amax(dim=-1), "forward", op=dist.ReduceOp.MAX)
     shifted = logits.float() - global_max.unsqueeze(-1)
@@ -260,8 +287,9 @@ def vocab_parallel_cross_entropy(
     return losses.sum() / valid.sum()
 
 
-def gather_for_inspection(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
-    """All-gather outside autograd (to show or check a sharded output), not counted."""
+def gather_for_inspection(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Tensor:
+    """All-gather outside autograd (to show or check a sharded output), not counted; `size`: the
+    blocks are padded, and the whole value is cut to its real size."""
     if not comm.bound or comm.size == 1:
         return x
-    return comm.all_gather(x, dim, None)
+    return comm.all_gather(x, dim, None, size)

@@ -86,13 +86,15 @@ def vocab_parallel_loss_pass(
     examples = [torch.empty(tuple(info(t).tensor.shape), dtype=info(t).tensor.dtype, device="meta") for t in tensor_leaves]
     target = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), loss.target)
     annotate(loss_gm, (*examples, target))
-    if not parallelize_loss(loss_gm, inp.plan.tp, {i: S(len(info(leaf).tensor.shape) - 1) for i, leaf in candidates.items()}):
+    # the logits' layout, padding included (a vocabulary tp does not divide: S(-1, size=V))
+    layouts = {i: S(len(info(leaf).tensor.shape) - 1, size=leaf.kwargs.get("size")) for i, leaf in candidates.items()}
+    if not parallelize_loss(loss_gm, inp.plan.tp, layouts):
         return gm, None
     sharded: dict[int, Shard] = {}
     for i, gather in candidates.items():
         value = gather.args[0]
         output.args = (tuple(value if leaf is gather else leaf for leaf in output.args[0]),)
         gm.graph.erase_node(gather)
-        sharded[i] = S(len(info(value).tensor.shape) - 1)
+        sharded[i] = layouts[i]
     gm.recompile()
     return gm, VocabParallelLoss(loss_gm, MappingProxyType(sharded))

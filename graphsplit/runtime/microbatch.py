@@ -48,6 +48,7 @@ def gather_outputs(program: Program, output: Any, comm: Any) -> Any:
     from ..ops import tp as tpops
 
     outs = (output,) if isinstance(output, torch.Tensor) else tuple(output)
-    whole = [tpops.gather_for_inspection(t, program.sharded_outputs[i].dim, comm) if i in program.sharded_outputs else t
+    whole = [tpops.gather_for_inspection(t, program.sharded_outputs[i].dim, comm, program.sharded_outputs[i].size)
+             if i in program.sharded_outputs else t
              for i, t in enumerate(outs)]
     return whole[0] if isinstance(output, torch.Tensor) else tuple(whole)

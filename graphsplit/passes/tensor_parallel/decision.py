@@ -58,9 +58,10 @@ Need = Replicate | Shard | _Marker
 @dataclass(frozen=True)
 class Local:
     """A size argument that becomes this rank's size: an int // tp (-1 stays -1), a
-    computed size // tp."""
+    computed size // tp; `padded` (a dim tp does not divide): rounded up, ceil(size / tp)."""
 
     size: Any
+    padded: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,16 @@ class LayoutView:
 Rule = Callable[[fx.Node, LayoutView], Decision]
 RULES: dict[OpKind, Rule] = {}
 
+# The families whose rules carry a padded shard (`Shard(d, size=n)`) correctly: they never
+# mix entries along the sharded dim, so the padding stays padding, or (cross-entropy, the
+# output) they mask or cut it. Any other op would read the padding as data (a sum or a
+# softmax over the vocabulary, a linear over it) or could turn its zeros into inf or nan
+# whose gradient reaches real entries: it gets the value whole, the padding cut off.
+PADDING_SAFE = frozenset({
+    OpKind.IDENTITY, OpKind.VIEW, OpKind.SHAPE, OpKind.TRANSPOSE, OpKind.GETITEM, OpKind.SLICE,
+    OpKind.CROSS_ENTROPY, OpKind.OUTPUT,
+})
+
 
 def register(*kinds: OpKind) -> Callable[[Rule], Rule]:
     """Make the decorated function the rule of these op families."""
@@ -151,6 +162,20 @@ def register(*kinds: OpKind) -> Callable[[Rule], Rule]:
         return rule
 
     return add
+
+
+def decide(node: fx.Node, view: LayoutView, kind: OpKind) -> Decision:
+    """The rule of `kind` for `node`; a value with padding rows (a vocabulary tp does not
+    divide) reaches only the rules that keep its padding apart (`PADDING_SAFE`). A padded
+    parameter read by a linear or an embedding is that rule's to shard alike or gather."""
+    def padded(a: fx.Node) -> bool:
+        if a.op == "get_attr" and kind in (OpKind.LINEAR, OpKind.EMBEDDING):
+            return False
+        return isinstance(s := view.layout(a), Shard) and s.padded
+
+    if kind not in PADDING_SAFE and any(padded(a) for a in node.all_input_nodes):
+        return replicated(node, view, "reads a vocabulary tp does not divide as data: gathered, padding cut off")
+    return RULES.get(kind, RULES[OpKind.OTHER])(node, view)
 
 
 def replicated(node: fx.Node, view: LayoutView, reason: str) -> Decision:

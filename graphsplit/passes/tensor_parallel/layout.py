@@ -75,6 +75,23 @@ def view_shard_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int
     return None
 
 
+def view_keeps_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int) -> int | None:
+    """The output dim that is input dim d unchanged under a view (same size, same products
+    before and after it), if any: the only way a padded shard survives a view, since its
+    blocks are not 1/tp of anything else."""
+    before = 1
+    for x in in_shape[:d]:
+        before *= x
+    prefix = 1
+    for e, x in enumerate(out_shape):
+        if prefix == before and x == in_shape[d]:
+            return e
+        prefix *= x
+        if prefix > before:
+            break
+    return None
+
+
 def index_shard_dim(index: Any, nd: int, d: int) -> int | None:
     """Where dim d goes under `tensor[index]`; None if the index touches it."""
     items = list(index) if isinstance(index, tuple) else [index]

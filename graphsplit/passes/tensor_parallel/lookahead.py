@@ -11,7 +11,7 @@ import torch.fx as fx
 
 from ...ir.meta import info
 from ...ir.optable import OpKind, family
-from .layout import norm_dim, shape_of, view_shard_dim
+from .layout import norm_dim, shape_of, view_keeps_dim, view_shard_dim
 from .spellings import linear_form, op_name_of, split_sizes
 
 
@@ -52,7 +52,9 @@ def view_blocking_shard(linear: fx.Node, tp: int) -> tuple[int, str] | None:
         for user in value.users:
             if user.op in ("call_function", "call_method") and op_name_of(user) in _HEAD_VIEWS:
                 out = shape_of(user)
-                if out is not None and view_shard_dim(vshape, out, len(vshape) - 1, tp) is None:
+                last = len(vshape) - 1
+                if out is not None and view_shard_dim(vshape, out, last, tp) is None \
+                        and view_keeps_dim(vshape, out, last) is None:  # a view keeping the features whole keeps the shard
                     heads = out[len(vshape) - 1] if len(out) > len(vshape) else 0
                     return heads, f"its output is viewed as {list(out)}, which cannot be split over tp={tp}"
     return None

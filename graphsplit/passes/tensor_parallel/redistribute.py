@@ -6,6 +6,9 @@
     S(d) -> R           gather_from_tp(value, d)        all-gather forward
     P    -> R           reduce_from_tp(value)           all-reduce forward (g)
     R    -> S(d)        scatter_to_tp(value, d)         all-gather backward
+
+A padded shard (`Shard(d, size=n)`, a dim tp does not divide) moves the same
+way with `size=n`: the gather cuts the padding off, the scatter's blocks end in it.
     R    -> BROADCAST   copy_to_tp(value)               all-reduce backward (f), if it needs a gradient
 
 One collective per (value, need), reused by every consumer: the input
@@ -78,11 +81,13 @@ class Redistribute:
                 raise GraphsplitError(
                     f"internal: a fused (chunked) sharded value {value.name} reaches {at.name}, which needs it whole"
                 )
-            return self._insert(tpops.gather_from_tp, (value, have.dim), like=value, layout=R, before=at)
+            return self._insert(tpops.gather_from_tp, (value, have.dim), like=value, layout=R, before=at,
+                                kwargs=_size(have))
         if isinstance(need, Shard) and have.is_replicate():
             spec = info(value).tensor
             shape = local_shape(tuple(spec.shape), need, self.tp) if spec is not None else None
-            return self._insert(tpops.scatter_to_tp, (value, need.dim), like=value, layout=need, before=at, shape=shape)
+            return self._insert(tpops.scatter_to_tp, (value, need.dim), like=value, layout=need, before=at, shape=shape,
+                                kwargs=_size(need))
         raise GraphsplitError(f"internal: no redistribution of {value.name} from {have} to {need} for {at.name}")
 
     def reduce_after(self, node: fx.Node) -> fx.Node:
@@ -92,11 +97,16 @@ class Redistribute:
     def _insert(
         self, fn: Callable[..., Any], args: tuple[Any, ...], *, like: fx.Node, layout: Layout,
         owner: fx.Node | None = None, before: fx.Node | None = None, after: fx.Node | None = None,
-        shape: tuple[int, ...] | None = None,
+        shape: tuple[int, ...] | None = None, kwargs: dict[str, Any] | None = None,
     ) -> fx.Node:
         """A collective shaped like `like` (or `shape`), counted in `owner`'s module (default `like`'s)."""
         spec = info(like).tensor
         if shape is not None and spec is not None:
             spec = TensorSpec(shape, spec.dtype, spec.requires_grad)
         return insert_node(self.graph, fn, (*args, self.comm()), before=before, after=after, owner=owner or like,
-                           kind=OpKind.COLLECTIVE, tensor=spec, sharding=layout)
+                           kind=OpKind.COLLECTIVE, tensor=spec, sharding=layout, kwargs=kwargs)
+
+
+def _size(layout: Shard) -> dict[str, Any] | None:
+    """The collective's `size=` for a padded shard: the dim's real size."""
+    return {"size": layout.size} if layout.padded else None

@@ -27,7 +27,7 @@ from ...ops import tp as tpops
 from ..functionalize import functionalize_modules
 from ..manager import PassInput, PassResults
 from . import rules  # noqa: F401  (fills RULES)
-from .decision import COMM, RULES, SELF, Call, Decision, LayoutView, Local
+from .decision import COMM, SELF, Call, Decision, LayoutView, Local, decide
 from .redistribute import Redistribute
 
 R = Replicate()
@@ -100,7 +100,7 @@ class Walker:
             ni = info(node)
             if ni.value == "scalar" and node.op != "output":
                 if family(node, self.gm) == OpKind.SHAPE:
-                    self.apply(node, RULES[OpKind.SHAPE](node, self.view))
+                    self.apply(node, decide(node, self.view, OpKind.SHAPE))
                 continue
             if node.op in ("placeholder", "get_attr"):
                 if ni.sharding is None:
@@ -111,8 +111,7 @@ class Walker:
                                          if info(a).value == "tensor"):
                 ni.sharding = self.view.whole(node)
                 continue
-            rule = RULES.get(kind, RULES[OpKind.OTHER])
-            self.apply(node, rule(node, self.view))
+            self.apply(node, decide(node, self.view, kind))
 
     def apply(self, node: fx.Node, decision: Decision) -> None:
         """Carry out a rule's decision for `node`: the only graph edits the pass makes."""
@@ -132,7 +131,8 @@ class Walker:
             node.args = self._resolve(decision.edit.args, node, moved)
             node.kwargs = self._resolve(dict(decision.edit.kwargs), node, moved)
         if decision.swap is not None:
-            node = replace_node(node, decision.swap.target, self._resolve(decision.swap.args, node, moved))
+            node = replace_node(node, decision.swap.target, self._resolve(decision.swap.args, node, moved),
+                                self._resolve(dict(decision.swap.kwargs), node, moved))
         if decision.out is not None:
             info(node).sharding = decision.out
         partial = isinstance(decision.out, Partial)
@@ -156,19 +156,20 @@ class Walker:
     def _then(self, node: fx.Node, value: fx.Node, call: Call) -> fx.Node:
         """`call` on `value` right after it, in `node`'s module: the value its users read."""
         args = tuple(value if a is SELF else a for a in self._resolve(call.args, node, {}))
+        kwargs = self._resolve(dict(call.kwargs), node, {}) or None
         ni = info(node)
         if ni.value == "scalar":
             return insert_node(self.graph, call.target, args, after=value, owner=node, kind=OpKind.SHAPE,
-                               value="scalar")
+                               value="scalar", kwargs=kwargs)
         return insert_node(self.graph, call.target, args, after=value, owner=node, kind=OpKind.OTHER,
-                           tensor=ni.tensor, sharding=R)
+                           tensor=ni.tensor, sharding=R, kwargs=kwargs)
 
     def _resolve(self, args: Any, at: fx.Node, moved: dict[fx.Node, fx.Node]) -> Any:
         """A rule's arguments as graph arguments: moved inputs, the communicator, local sizes."""
 
         def one(a: Any) -> Any:
             if isinstance(a, Local):
-                return self._local_size(a.size, at)
+                return self._local_size(a.size, at, a.padded)
             if a is COMM:
                 return self.redistribute.comm()
             if isinstance(a, fx.Node):
@@ -177,10 +178,13 @@ class Walker:
 
         return fx.node.map_aggregate(args, one)
 
-    def _local_size(self, size: Any, at: fx.Node) -> Any:
+    def _local_size(self, size: Any, at: fx.Node, padded: bool = False) -> Any:
         if isinstance(size, int):
-            return size if size == -1 else size // self.tp
+            return size if size == -1 else -(-size // self.tp) if padded else size // self.tp
         if isinstance(size, fx.Node):
+            if padded:  # ceil(size / tp): the padded block
+                size = insert_node(self.graph, operator.add, (size, self.tp - 1), before=at, owner=at,
+                                   kind=OpKind.SHAPE, value="scalar")
             return insert_node(self.graph, operator.floordiv, (size, self.tp), before=at, owner=at,
                                kind=OpKind.SHAPE, value="scalar")
         raise GraphsplitError(f"cannot rewrite the size {size!r} of {at.name} for tensor parallelism")

@@ -2,7 +2,9 @@
 
 A column-parallel weight is one block, a fused QKV weight one block per chunk
 (each rank holds its part of q, of k and of v), a replicated tensor one block at
-offset 0; under FSDP only the part inside this dp rank's window. DCP asks
+offset 0, a padded vocabulary (tp does not divide it) the block of its real rows
+(the padding is no part of the model); under FSDP only the part inside this dp
+rank's window. DCP asks
 objects it does not know for their blocks through the protocol DTensor uses, so
 a checkpoint written at one plan loads at any other: DCP reads, for each block a
 rank needs, the overlapping stored blocks.
@@ -25,7 +27,7 @@ from torch.distributed.checkpoint.planner import ReadItem, TensorWriteData, Writ
 from torch.distributed.tensor import DTensor
 
 from ...errors import GraphsplitError
-from ...ir.sharding import Layout, Shard
+from ...ir.sharding import Layout, Shard, real_rows
 
 
 @dataclass
@@ -86,6 +88,16 @@ def pieces_of(local: torch.Tensor, sharding: Layout, tp_rank: int, tp: int) -> P
     tp_blocks: list[tuple[list[int], list[int], list[int]]] = []  # (start in the tp shard, size, start in the whole)
     if not isinstance(sharding, Shard) or tp == 1:
         tp_blocks.append(([0] * local.dim(), list(tp_local_shape), [0] * local.dim()))
+    elif sharding.padded:  # only the real rows are the model's: the padding is never written nor read
+        dim = sharding.dim
+        full[dim] = sharding.size
+        start, count = real_rows(sharding, tp_rank, tp, sharding.size)
+        if count:
+            size = list(tp_local_shape)
+            size[dim] = count
+            glo = [0] * local.dim()
+            glo[dim] = start
+            tp_blocks.append(([0] * local.dim(), size, glo))
     else:
         dim = sharding.dim
         full[dim] *= tp

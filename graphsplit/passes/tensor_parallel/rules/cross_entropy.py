@@ -1,4 +1,6 @@
-"""Cross-entropy over vocab-sharded logits: three small all-reduces instead of a gather."""
+"""Cross-entropy over vocab-sharded logits: three small all-reduces instead of a gather.
+Logits whose vocabulary tp does not divide (S(1, size=V)) tell it V, so their padding
+columns are masked out."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ def cross_entropy(node: fx.Node, view: LayoutView) -> Decision:
     x, target = node.args[0], arg_of(node, 1, "target")
     have = view.layout(x)
     simple = (
-        have == Shard(1) and len(view.shape(x)) == 2
+        isinstance(have, Shard) and have.dim == 1 and not have.chunks and len(view.shape(x)) == 2
         and arg_of(node, 2, "weight") is None and not arg_of(node, 7, "label_smoothing", 0.0)
         and arg_of(node, 6, "reduction", "mean") in ("mean", "sum", "none")
         and isinstance(target, fx.Node) and view.layout(target).is_replicate()
@@ -25,4 +27,5 @@ def cross_entropy(node: fx.Node, view: LayoutView) -> Decision:
     if not simple:
         return unknown(node, view)
     call = (x, target, arg_of(node, 4, "ignore_index", -100), arg_of(node, 6, "reduction", "mean"), COMM)
-    return Decision(Replicate(), swap=Call(tpops.vocab_parallel_cross_entropy, call))
+    return Decision(Replicate(), swap=Call(tpops.vocab_parallel_cross_entropy, call,
+                                           {"vocab": have.size} if have.padded else {}))

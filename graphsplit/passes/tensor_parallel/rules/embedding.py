@@ -1,6 +1,8 @@
 """Embeddings: vocab-parallel (each rank looks up its rows, masked, then one all-reduce),
 or embedding-dim parallel when the vocabulary does not divide. A weight tied to the LM
-head keeps one sharding for both uses."""
+head keeps one sharding for both uses: vocab-parallel, the vocabulary padded internally
+to a multiple of tp where tp does not divide it (Megatron's padding; the padding rows are
+never looked up, since every id is below the real vocabulary)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,10 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ....errors import GraphsplitError
-from ....ir.meta import info
 from ....ir.optable import OpKind
 from ....ir.sharding import Replicate, Shard
 from ....ops import tp as tpops
 from ..decision import COMM, Call, Decision, LayoutView, register
-from ..layout import nearest_divisor, round_up
 from .fallback import unknown
 
 
@@ -34,16 +33,14 @@ def embedding(node: fx.Node, view: LayoutView) -> Decision:
     given = view.param_layout(w)
     padding = node.kwargs.get("padding_idx", node.args[2] if len(node.args) > 2 else None)
     padding = None if padding is not None and (not isinstance(padding, int) or padding < 0) else padding
-    if (given is None and vocab % tp == 0) or given == Shard(0):
-        return Decision(Replicate(), inputs=needs, params=((w, Shard(0)),),
+    rows = Shard(0) if vocab % tp == 0 else Shard(0, size=vocab)
+    tied = view.param_name(w) in view.linear_weights
+    if given == rows or (given is None and (vocab % tp == 0 or tied)):
+        return Decision(Replicate(), inputs=needs, params=((w, rows),),
                         swap=Call(tpops.vocab_parallel_embedding, (ids, w, padding, COMM)))
-    if vocab % tp and view.param_name(w) in view.linear_weights:
-        raise GraphsplitError(
-            f"embedding '{info(node).module or w.target}': vocabulary {vocab} cannot be split over tp={tp} "
-            f"and its weight is tied to an output layer; pad the vocabulary to {round_up(vocab, tp)} "
-            f"or use tp={nearest_divisor(vocab, tp)}"
-        )
     if (given is None and width % tp == 0) or given == Shard(1):
         return Decision(Shard(len(view.shape(node)) - 1), inputs=needs, params=((w, Shard(1)),))
-    return Decision(Replicate(), inputs=needs,
-                    reason=f"embedding left replicated: neither vocabulary {vocab} nor width {width} divisible by tp={tp}")
+    if given is None:  # neither divides: rows padded rather than every rank holding all of them
+        return Decision(Replicate(), inputs=needs, params=((w, rows),),
+                        swap=Call(tpops.vocab_parallel_embedding, (ids, w, padding, COMM)))
+    return Decision(Replicate(), inputs=needs, reason=f"embedding left replicated: its weight is already sharded as {given}")

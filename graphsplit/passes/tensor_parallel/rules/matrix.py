@@ -3,7 +3,10 @@ of the input.
 
 - input whole: column-parallel. The weight is sharded over output features (chunk by
   chunk when the output is split into fused chunks: QKV, gate+up), the input read
-  whole through f, the output S(-1).
+  whole through f, the output S(-1). An output layer whose features tp does not divide
+  (an LM head over a vocabulary of 50257) is padded internally: its weight and bias
+  S(0, size=V) with zero padding rows, its logits S(-1, size=V), whose padding
+  columns the cross-entropy masks and a gather cuts off.
 - input S(-1): row-parallel. The weight is sharded over input features, the partial
   products summed by g, the bias added once after the sum.
 - input sharded on a leading dim: every rank applies the whole weight to its rows.
@@ -20,7 +23,7 @@ from ....ir.meta import info
 from ....ir.optable import OpKind
 from ....ir.sharding import Partial, Replicate, Shard
 from ..decision import BROADCAST, SELF, Call, Decision, LayoutView, Need, register, replicated
-from ..layout import nearest_divisor, round_up
+from ..layout import nearest_divisor
 from ..lookahead import chunk_layout, column_pays_off, feeds_output, view_blocking_shard
 from ..spellings import describe, linear_form, without_bias
 
@@ -74,20 +77,17 @@ def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) 
                 f"tp={tp}; use tp={nearest_divisor(heads, tp)} (tp must divide the number of heads: {valid})"
             )
         return Decision(R, inputs=tuple(needs), reason=f"linear left replicated: {why}")
-    if ok and not column_pays_off(node, view.gm):
+    # the output layer (the LM head) shards a vocabulary tp does not divide, padded
+    pad = out_features % tp != 0 and chunks is None and feeds_output(node, view.gm)
+    if (ok or pad) and not column_pays_off(node, view.gm):
         return Decision(R, inputs=tuple(needs), reason="linear left replicated: its sharded output would be gathered "
                                                        "before any row-parallel layer (a norm or reduction comes first)")
-    if not ok and feeds_output(node, view.gm):
-        raise GraphsplitError(
-            f"output layer '{info(node).module or node.name}': {out_features} output features (the vocabulary) "
-            f"cannot be split over tp={tp}; pad it to {round_up(out_features, tp)} "
-            f"or use tp={nearest_divisor(out_features, tp)}"
-        )
-    want = Shard(out_dim, chunks)
+    size = out_features if pad else None
+    want = Shard(out_dim, chunks, size)
     given = view.param_layout(w)
-    if ok and (given is None or given == want):
-        params = ((w, want),) + (((b, Shard(0, chunks)),) if b is not None else ())
-        return Decision(Shard(len(view.shape(node)) - 1, chunks), inputs=(*needs, (x, BROADCAST)), params=params)
+    if (ok or pad) and (given is None or given == want):
+        params = ((w, want),) + (((b, Shard(0, chunks, size)),) if b is not None else ())
+        return Decision(Shard(len(view.shape(node)) - 1, chunks, size), inputs=(*needs, (x, BROADCAST)), params=params)
     if out_features % tp:
         why = f"out features {out_features} not divisible by tp={tp}"
     elif not ok:

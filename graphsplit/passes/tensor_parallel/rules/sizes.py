@@ -1,5 +1,6 @@
 """Size queries of a sharded value answer the global size, so every size the model
-computes stays global (views then make only the sharded dim's size local)."""
+computes stays global (views then make only the sharded dim's size local). On a padded
+dim (a vocabulary tp does not divide) the global size is the real one, not tp blocks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import operator
 import torch.fx as fx
 
 from ....ir.optable import OpKind
-from ....ir.sharding import Shard
+from ....ir.sharding import Shard, local_shape
 from ....ops import tp as tpops
 from ..decision import COMM, SELF, Call, Decision, LayoutView, register
 from ..layout import norm_dim
@@ -22,12 +23,19 @@ def size(node: fx.Node, view: LayoutView) -> Decision:
     if not isinstance(have, Shard):
         return Decision(None)
     name = op_name_of(node)
+    shape = view.shape(src)
+    # a count of local entries -> the global count
+    if have.padded:
+        block = local_shape(shape, have, view.tp)[have.dim]
+        scale = Call(tpops.unpadded, (SELF, block, have.size))
+    else:
+        scale = Call(operator.mul, (SELF, view.tp))
     if name in ("size", "sym_size") and arg_of(node, 1, "dim") is not None:
-        if norm_dim(arg_of(node, 1, "dim"), len(view.shape(src))) != have.dim:
+        if norm_dim(arg_of(node, 1, "dim"), len(shape)) != have.dim:
             return Decision(None)
-        return Decision(None, then=Call(operator.mul, (SELF, view.tp)))
+        return Decision(None, then=scale)
     if name in ("numel", "sym_numel"):
-        return Decision(None, then=Call(operator.mul, (SELF, view.tp)))
+        return Decision(None, then=scale)
     if name in ("size", "getattr"):  # the whole torch.Size (`x.size()`, `x.shape`)
-        return Decision(None, then=Call(tpops.global_shape, (src, have.dim, COMM)))
+        return Decision(None, then=Call(tpops.global_shape, (src, have.dim, COMM), {"size": have.size} if have.padded else {}))
     return Decision(None)

@@ -35,7 +35,7 @@ def transpose(node: fx.Node, view: LayoutView) -> Decision:
         a = norm_dim(arg_of(node, 1, "dim0"), nd)
         b = norm_dim(arg_of(node, 2, "dim1"), nd)
         e = b if d == a else a if d == b else d
-    return Decision(Shard(e, have.chunks))
+    return Decision(have.moved(e))
 
 
 @register(OpKind.EXPAND)
@@ -123,7 +123,7 @@ def getitem(node: fx.Node, view: LayoutView) -> Decision:
     e = index_shard_dim(index, len(view.shape(src)), have.dim) if isinstance(have, Shard) else None
     if e is None:
         return replicated(node, view, f"indexing {src.name} along its sharded dim")
-    return Decision(Shard(e, have.chunks))
+    return Decision(have.moved(e))
 
 
 @register(OpKind.SLICE)
@@ -135,6 +135,6 @@ def slice_rule(node: fx.Node, view: LayoutView) -> Decision:
     if not isinstance(have, Shard) or dim == have.dim:
         return replicated(node, view, f"{describe(node)} along the sharded dim")
     if op_name_of(node) == "select":
-        return Decision(Shard(have.dim - (1 if dim < have.dim else 0)))
-    return Decision(Shard(have.dim, have.chunks))
+        return Decision(Shard(have.dim - (1 if dim < have.dim else 0), size=have.size))
+    return Decision(have)
 
