@@ -1,8 +1,10 @@
-"""The objective a pipeline's last stage computes, the optimizer, and the gradients of tied copies."""
+"""The objective a pipeline's last stage computes, the optimizer and its settings, and the gradients of
+tied copies."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -53,12 +55,58 @@ def make_loss(program: Program, user_loss: LossFn | None, loss_graph: nn.Module 
     return loss
 
 
-def make_optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """The optimizers `run` offers, by name."""
+@dataclass(frozen=True)
+class OptimConfig:
+    """How `run` updates the weights: optimizer, learning-rate schedule, gradient clipping.
+
+    `weight_decay` None keeps torch's default (AdamW 0.01, SGD 0); `grad_clip` None: no clipping.
+    Bad values fail at construction, naming the flag."""
+
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    weight_decay: float | None = None
+    betas: tuple[float, float] | None = None  # AdamW only; None: torch's (0.9, 0.999)
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    grad_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("sgd", "adamw"):
+            raise GraphsplitError(f"unknown optimizer {self.optimizer!r}; choose sgd or adamw")
+        if not self.lr >= 0:
+            raise GraphsplitError(f"--lr must be at least 0, got {self.lr}")
+        if self.weight_decay is not None and not self.weight_decay >= 0:
+            raise GraphsplitError(f"--weight-decay must be at least 0, got {self.weight_decay}")
+        if self.betas is not None:
+            object.__setattr__(self, "betas", tuple(self.betas))  # JSON gives a list
+            if self.optimizer != "adamw":
+                raise GraphsplitError("--betas applies to --optimizer adamw only")
+            if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+                raise GraphsplitError(f"--betas must be two numbers in [0, 1), e.g. 0.9,0.95; got {self.betas}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise GraphsplitError(f"--grad-clip must be a positive max norm, got {self.grad_clip}")
+        from .schedule import LR_SCHEDULES
+
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise GraphsplitError(f"unknown --lr-schedule {self.lr_schedule!r}; choose {', '.join(LR_SCHEDULES)}")
+        if self.warmup_steps < 0:
+            raise GraphsplitError(f"--warmup-steps must be at least 0, got {self.warmup_steps}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return make_optimizer(self.optimizer, params, self.lr, self.weight_decay, self.betas)
+
+
+def make_optimizer(name: str, params: list[nn.Parameter], lr: float, weight_decay: float | None = None,
+                   betas: tuple[float, float] | None = None) -> torch.optim.Optimizer:
+    """The optimizers `run` offers, by name (None: torch's default for that setting)."""
+    extra: dict[str, Any] = {} if weight_decay is None else {"weight_decay": weight_decay}
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr, **extra)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
+        return torch.optim.AdamW(params, lr=lr, **extra, **({} if betas is None else {"betas": tuple(betas)}))
     raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
 
 
