@@ -6,6 +6,7 @@ collectives; tests/test_distributed.py runs tp on real processes)."""
 import pytest
 
 from graphsplit import Plan
+from graphsplit.ir.sharding import Shard
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
 
@@ -37,3 +38,14 @@ def test_hf_model_matches_untouched_model(name, plan):
     _, cmp = check_locally(load_model(str(MODELS / HF[name][0])), plan)
     assert cmp.ok, cmp.failures
     assert any(k.endswith("(rank 1)") for k in cmp.max_diff), "both tp ranks' gradients were compared"
+
+
+def test_hf_gpt2_with_its_real_vocabulary_of_50257_matches_untouched_model():
+    """50257 is prime: the tied vocabulary is padded inside (25129 rows per rank, the last one
+    padding), the user's model untouched, the logits the user sees 50257 wide."""
+    program, cmp = check_locally(load_model(str(MODELS / "hf_gpt2_vocab.py")), Plan(tp=2))
+    assert cmp.ok, cmp.failures
+    assert program.param_shardings["transformer.wte.weight"] == Shard(0, size=50257)
+    assert program.sharded_outputs == {0: Shard(2, size=50257)}  # vocab-parallel cross-entropy
+    assert program.replicated == [], program.replicated
+    assert {"grad transformer.wte.weight (rank 0)", "grad transformer.wte.weight (rank 1)", "output[0]"} <= set(cmp.max_diff)

@@ -11,18 +11,21 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.collectives import collectives, count_table
 from graphsplit.backends import threads
 from graphsplit.backends.local import LocalProgram
 from graphsplit.compile import compile_loaded
-from graphsplit.ir.sharding import shard_tensor
+from graphsplit.ir.sharding import Shard, shard_tensor, unpad
 from graphsplit.launch.parity import check_locally, reference_step
 from graphsplit.loader import load_model
+from graphsplit.ops import tp as tpops
+from graphsplit.ops.tp import TPComm
 from graphsplit.runtime.materialize import model_tensors
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, MODELS
 
 PLANS = {
     "tp2": Plan(tp=2), "tp2-pp2": Plan(tp=2, pp=2), "tp4": Plan(tp=4),
@@ -45,6 +48,68 @@ def test_tp_shards_in_threads_equal_the_untouched_model(name, plan):
         compared = {k.removeprefix("grad ").removesuffix(f" (rank {rank})") for k in cmp.max_diff if k.endswith(f"(rank {rank})")}
         assert compared and compared & set(program.param_shardings)
     assert {"loss", "output[0]"} <= set(cmp.max_diff)
+
+
+ODD = [("odd_vocab.py", "tp2"), ("odd_vocab.py", "tp4"), ("odd_vocab.py", "tp2-pp2"), ("odd_vocab.py:build_untied", "tp2"),
+       ("odd_vocab.py:build_untied", "tp4")]
+
+
+@pytest.mark.parametrize("spec, plan", ODD, ids=[f"{s}-{p}" for s, p in ODD])
+def test_a_vocabulary_tp_does_not_divide_equals_the_untouched_model(spec, plan):
+    """97 tokens, tied or an LM head of its own with a bias: padded inside, vocab-parallel
+    cross-entropy, the user's output exactly 97 wide, each rank's real rows of the gradient equal
+    to the original's (check_locally compares them; the padding rows' gradient is zero)."""
+    program, cmp = check_locally(load_model(str(MODELS / spec)), PLANS[plan])
+    assert cmp.ok, cmp.failures
+    assert program.loss_gm is not None and program.sharded_outputs  # the logits stay sharded into the loss
+    head = "lm_head.weight" if "untied" in spec else "wte.weight"
+    tp = PLANS[plan].tp
+    assert program.param_shardings[head].size == 97
+    for rank in range(tp):
+        assert f"grad {head} (rank {rank})" in cmp.max_diff
+    assert {"loss", "output[0]"} <= set(cmp.max_diff)
+
+
+def test_padding_rows_stay_zero_and_out_of_the_output():
+    loaded = load_model(str(MODELS / "odd_vocab.py:build_untied"))
+    program = compile_loaded(loaded, Plan(tp=4)).program
+    model = loaded.build("cpu", seed=0)
+    local = LocalProgram(program, model_tensors(model), loaded.loss_fn)
+    results = local.step(program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)
+    assert results[0].output.shape[-1] == 97  # what the user sees: the real vocabulary
+    last = results[3]  # 25 rows: 22 real, 3 padding
+    for name in ("lm_head.weight", "lm_head.bias"):
+        assert last.grads[name].shape[0] == 25 and not last.grads[name][22:].any()
+
+
+def test_vocab_parallel_cross_entropy_masks_the_padding_columns():
+    """tp 4 threads, 97 classes in blocks of 25 (the last with 3 padding columns holding garbage):
+    the loss and the real columns' gradients of F.cross_entropy on the whole logits."""
+    logits = torch.randn(6, 97, dtype=torch.float64)
+    target = torch.tensor([0, 96, 50, 75, -100, 24])
+    ref = logits.clone().requires_grad_(True)
+    want = F.cross_entropy(ref, target)
+    want.backward()
+    hub = threads.ThreadHub(4)
+
+    def work(rank):
+        comm = TPComm(4)
+        comm.bind(threads.ThreadLink(hub, rank))
+        block = shard_tensor(logits, Shard(1, size=97), rank, 4).clone()
+        if rank == 3:
+            block[:, 22:] = 1e4  # padding: never a logit
+        block.requires_grad_(True)
+        loss = tpops.vocab_parallel_cross_entropy(block, target, -100, "mean", comm, vocab=97)
+        loss.backward()
+        whole = tpops.gather_from_tp(block.detach(), 1, comm, size=97)
+        return loss.detach(), block.grad, whole
+
+    out = threads.run_ranks(hub, work)
+    for rank, (loss, grad, whole) in enumerate(out):
+        torch.testing.assert_close(loss, want.detach())
+        torch.testing.assert_close(unpad(grad, Shard(1, size=97), rank, 4), shard_tensor(ref.grad, Shard(1, size=97), rank, 4, pad=False))
+        assert torch.equal(whole, logits)  # gathered and cut to 97
+    assert not out[3][1][:, 22:].any()
 
 
 def _static_counts(program):

@@ -16,11 +16,11 @@ BATCH, SEQ = 4, 16
 ATTN = os.environ.get("HF_ATTN", "sdpa")
 
 
-def build_model():
+def build_model(vocab=VOCAB):
     torch.manual_seed(0)
     config = GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
+        n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=64,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=vocab - 1, eos_token_id=vocab - 1,
         use_cache=False, return_dict=True, attn_implementation=ATTN,
     )
     return GPT2LMHeadModel(config)
