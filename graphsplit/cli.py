@@ -26,6 +26,7 @@ import click
 from .errors import GraphsplitError
 from .launch.supervise import DEFAULT_COLLECTIVE_TIMEOUT_S
 from .plan import SCHEDULES, Plan
+from .runtime.schedule import LR_SCHEDULES
 
 
 def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -98,6 +99,19 @@ def _positive(name: str, allow_zero: bool = False) -> Callable[[click.Context, c
             raise GraphsplitError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value:g}")
         return value
     return check
+
+
+def _betas(text: str | None) -> tuple[float, float] | None:
+    """--betas 0.9,0.95 -> (0.9, 0.95)."""
+    if text is None:
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 2:
+        raise GraphsplitError(f"--betas takes two numbers, B1,B2 (e.g. 0.9,0.95), got {text!r}")
+    return values  # type: ignore[return-value]
 
 
 def _override(text: str) -> tuple[str, str]:
@@ -364,6 +378,27 @@ def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: i
 @click.option("--steps", type=int, default=5, show_default=True, help="Training steps.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
 @click.option("--lr", type=float, default=0.01, show_default=True, callback=_positive("--lr", allow_zero=True))
+@click.option("--weight-decay", "weight_decay", type=float, default=None, callback=_positive("--weight-decay", allow_zero=True),
+              help="Weight decay (default: torch's, 0.01 for adamw, 0 for sgd).")
+@click.option("--betas", default=None, metavar="B1,B2", help="AdamW's betas, e.g. 0.9,0.95 (default 0.9,0.999).")
+@click.option("--lr-schedule", "lr_schedule", type=click.Choice(list(LR_SCHEDULES)), default="constant", show_default=True,
+              help="The lr over the run: cosine and linear decay towards 0 by the last step, after the warm-up.")
+@click.option("--warmup-steps", "warmup_steps", type=int, default=0, show_default=True,
+              help="Steps of linear warm-up at the start of the lr schedule.")
+@click.option("--grad-clip", "grad_clip", type=float, default=None, callback=_positive("--grad-clip"), metavar="MAX_NORM",
+              help="Clip the global gradient norm (over every parameter once: tp shards, stages, dp shards) to MAX_NORM.")
+@click.option("--eval-every", "eval_every", type=int, default=0, show_default=True,
+              help="Every K steps, the mean loss over the model file's eval_data(), forward only (0: never).")
+@click.option("--metrics", "metrics", type=click.Path(), default=None,
+              help="Write one JSON line per step here: step, loss, lr, grad_norm, throughput, step_seconds, memory.")
+@click.option("--nnodes", type=int, default=1, show_default=True, help="Machines taking part (torchrun's --nnodes).")
+@click.option("--node-rank", "node_rank", type=int, default=0, show_default=True, help="This machine's rank, 0..nnodes-1.")
+@click.option("--rdzv-endpoint", "rdzv_endpoint", default=None, metavar="HOST:PORT",
+              help="Node 0's address and a free port, where the nodes meet (needed with --nnodes > 1).")
+@click.option("--nproc-per-node", "nproc_per_node", type=int, default=None,
+              help="Processes on this machine (default: the plan's world size / --nnodes).")
+@click.option("--print-command", "print_command", is_flag=True,
+              help="Print the torchrun command line (its spec file kept) and exit without training.")
 @click.option("--check", is_flag=True, help="Also train the untouched model and compare loss, outputs and gradients.")
 @click.option("--weights", "weights", type=click.Path(), default=None,
               help="A .safetensors file or torch state dict; each rank reads only its own shards.")
@@ -385,9 +420,12 @@ def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: i
                    "stops answering is then named and every rank stopped.")
 def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout_s: float, weights: str | None,
         save: str | None, resume: str | None, collective_timeout_s: float, save_every: int, keep_last: int,
-        **kwargs: Any) -> None:
-    """Train TARGET (a model file, or a folder written by transform) under torchrun on this machine."""
-    from .launch.launcher import RunOptions, run_training
+        weight_decay: float | None, betas: str | None, lr_schedule: str, warmup_steps: int, grad_clip: float | None,
+        eval_every: int, metrics: str | None, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
+        nproc_per_node: int | None, print_command: bool, **kwargs: Any) -> None:
+    """Train TARGET (a model file, or a folder written by transform) under torchrun, on this machine or
+    with --nnodes on several; batches from the file's train_data() when it defines one."""
+    from .launch.launcher import Nodes, RunOptions, run_training
     from .report.artifacts import model_spec_from_record, read_plan_record
 
     try:
@@ -401,9 +439,18 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
             plan = Plan.from_dict(record["plan"])
             fixed_cuts = tuple(record["split"]["stage_starts"])
             model_spec = model_spec_from_record(record, Path(target))
-        opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, check=check, timeout_s=timeout_s, weights=weights,
-                          save=save, resume=resume, collective_timeout_s=collective_timeout_s, save_every=save_every,
-                          keep_last=keep_last)
+        optim = {"weight_decay": weight_decay, "betas": _betas(betas), "lr_schedule": lr_schedule,
+                 "warmup_steps": warmup_steps, "grad_clip": grad_clip}
+        nodes = None
+        if nnodes != 1 or rdzv_endpoint is not None or node_rank != 0 or nproc_per_node is not None:
+            if nnodes > 1 and rdzv_endpoint is None:
+                raise GraphsplitError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT, node 0's address and a free port")
+            per_node = nproc_per_node if nproc_per_node is not None else plan.world_size // max(nnodes, 1)
+            nodes = Nodes(nnodes, node_rank, rdzv_endpoint or "127.0.0.1:29500", per_node)
+        opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, optim=optim, check=check, timeout_s=timeout_s,
+                          weights=weights, save=save, resume=resume, collective_timeout_s=collective_timeout_s,
+                          save_every=save_every, keep_last=keep_last, eval_every=eval_every, metrics=metrics,
+                          nodes=nodes, print_command=print_command)
         cmp = run_training(model_spec, plan, opts, fixed_cuts, echo=click.echo)
     except GraphsplitError as exc:
         _fail(exc)

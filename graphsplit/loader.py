@@ -2,7 +2,8 @@
 
 Convention: the file defines `build_model()` (or the callable named after the
 colon) and `example_inputs()` returning a tuple of positional inputs or a dict
-of keyword inputs; optionally `loss_fn(output, target)` and `example_target()`.
+of keyword inputs; optionally `loss_fn(output, target)` and `example_target()`, and
+`train_data()` / `eval_data()` for `run` (runtime/data.py).
 The file's folder is importable while it loads, so sibling imports work.
 """
 
@@ -41,6 +42,9 @@ class LoadedModel:
     kwargs: dict[str, Any]
     loss_fn: Callable[[Any, Any], torch.Tensor] | None
     target: Any | None
+    # train_data() / eval_data(), not called yet: a dataset may be costly to open (runtime/data.py reads them)
+    train_data: Callable[[], Any] | None = None
+    eval_data: Callable[[], Any] | None = None
 
     @property
     def spec(self) -> str:
@@ -176,4 +180,11 @@ def load_model(spec: str) -> LoadedModel:
     if loss_fn is not None and not has_target:
         raise GraphsplitError(f"{path} defines loss_fn but no example_target(); define both or neither")
     target = _call(module, path, "example_target") if has_target else None
-    return LoadedModel(path, factory, builder, args, kwargs, loss_fn, target)
+    data = {}
+    for name in ("train_data", "eval_data"):
+        fn = getattr(module, name, None)
+        if fn is not None and not callable(fn):
+            raise GraphsplitError(f"{name} in {path} is not callable; define {name}() returning an iterable of "
+                                  "(inputs, target) batches or a torch.utils.data.Dataset")
+        data[name] = fn
+    return LoadedModel(path, factory, builder, args, kwargs, loss_fn, target, **data)

@@ -77,6 +77,13 @@ class LocalPipeline:
         sync_tied_grads(self.program, dict(enumerate(self.stages)))
         return torch.stack(losses).mean(), merge_outputs(outputs)
 
+    def evaluate(self, inputs: tuple[torch.Tensor, ...], target: Any) -> torch.Tensor:
+        """Forward only over all micro-batches (call under no_grad): the mean loss."""
+        n = self.program.plan.num_microbatches
+        losses = [self.loss_fn(self.forward_stages(mb_in), mb_target).detach()
+                  for mb_in, mb_target in zip(split_microbatches(inputs, n), split_microbatches(target, n))]
+        return torch.stack(losses).mean()
+
     def grads(self) -> dict[str, torch.Tensor]:
         """The gradients under the original model's parameter names (this tp rank's shards)."""
         return named_grads(self.program, dict(enumerate(self.stages)))

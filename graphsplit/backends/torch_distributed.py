@@ -142,6 +142,21 @@ class DistributedPipeline:
         self.scaler.update()
         return self.scaler.get_scale() >= before  # the scale backs off exactly when the step was skipped
 
+    def clip_grads(self, optimizer: torch.optim.Optimizer, max_norm: float | None) -> float:
+        """The global gradient norm over every rank (runtime/clip.py), and with `max_norm` every
+        gradient scaled by one factor, as `clip_grad_norm_` does on the untouched model. fp16: the
+        gradients are unscaled first (the scaler's step then does not unscale them again)."""
+        from ..runtime.clip import global_norm_and_clip
+
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+        def world_sum(t: torch.Tensor) -> None:
+            dist.all_reduce(t)  # the default group: every rank of the mesh
+
+        return global_norm_and_clip(self.program, self.modules, self.mesh.get_local_rank("tp"),
+                                    self.mesh.get_local_rank("dp"), self.plan.fsdp, max_norm, world_sum)
+
     def process_groups(self) -> list[dist.ProcessGroup]:
         """Every group this rank's collectives run on, the default group aside (timeouts are set per group)."""
         return [self.mesh.get_group(axis) for axis in MESH_AXES] + list(self.tied_groups.values())
@@ -168,6 +183,28 @@ class DistributedPipeline:
             dist.all_reduce(loss, group=self.loss_group)
             loss /= self.plan.dp
         return loss, output
+
+    def evaluate(self, inputs: tuple[torch.Tensor, ...], target: Any) -> torch.Tensor | None:
+        """Forward only, no gradient kept: the batch's mean loss over the dp replicas on the last stage
+        (None elsewhere). Runs the pipelining schedule's `eval` (its step without backward)."""
+        with torch.no_grad():
+            if isinstance(self.schedule, LocalPipeline):
+                loss = self.schedule.evaluate(inputs, target)
+            else:
+                losses: list[torch.Tensor] = []
+                args = inputs if self.is_first else ()
+                kwargs: dict[str, Any] = {"losses": losses}
+                if self.is_last:
+                    kwargs["target"] = target
+                self.schedule.eval(*args, **kwargs)
+                loss = torch.stack([x.detach() for x in losses]).mean() if self.is_last else None
+        if loss is not None and self.scaler is not None:
+            loss = loss / self.scaler.get_scale()  # the objective is the scaled loss
+        if self.loss_group is not None and loss is not None:
+            loss = loss.clone()
+            dist.all_reduce(loss, group=self.loss_group)
+            loss /= self.plan.dp
+        return loss
 
     def _pipeline_step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
         losses: list[torch.Tensor] = []
@@ -198,4 +235,15 @@ class DistributedPipeline:
                 g = g.full_tensor()
             # fp16: before the optimizer step they are still scaled
             found[name] = (g.detach() / self._scale_used if self.scaler is not None else g.detach()).cpu()
+        return found
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters under the original names (its tp shards; FSDP's dp shards gathered:
+        every dp rank calls this, in one order), on CPU."""
+        dtensor = self._dtensor()
+        found: dict[str, torch.Tensor] = {}
+        for index, module in sorted(self.modules.items()):
+            for local, canonical in self.program.stages[index].param_sources.items():
+                p = module.get_parameter(local).detach()
+                found.setdefault(canonical, (p.full_tensor() if isinstance(p, dtensor) else p).cpu().clone())
         return found

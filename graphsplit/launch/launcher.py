@@ -11,28 +11,33 @@ output and every gradient (each rank's copy), plus the loss of every step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..compile import compile_loaded
 from ..errors import GraphsplitError
 from ..ir.program import Program
-from ..loader import load_model
+from ..loader import LoadedModel, load_model
 from ..plan import Plan
 from ..planner.schedules import underfilled_note
 from ..runtime.dcp.record import read_info
 from ..runtime.dcp.series import require_save_folder, resolve_checkpoint
 from ..runtime.lean_init import lean_init_works
 from ..runtime.materialize import model_tensors
+from ..runtime.schedule import check_schedule
+from ..runtime.training import OptimConfig
 from ..runtime.weights import check_weights, open_weights
-from .parity import Comparison, check_run, reference_train, reference_with_weights
+from .parity import Comparison, check_run, reference_run, reference_with_weights
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, supervise
 from .worker import RunSpec
 
@@ -42,6 +47,9 @@ class RunOptions:
     steps: int = 5
     optimizer: str = "sgd"
     lr: float = 0.01
+    # the optimizer's other settings: OptimConfig's fields less optimizer and lr (weight_decay, betas,
+    # lr_schedule, warmup_steps, grad_clip)
+    optim: dict[str, Any] = field(default_factory=dict)
     check: bool = False
     timeout_s: float = 600.0
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # once set-up is over: how long a rank may not answer
@@ -50,19 +58,55 @@ class RunOptions:
     save_every: int = 0  # and one every this many steps (0: only after the last)
     keep_last: int = 3  # the newest checkpoints kept in `save` (0: all)
     resume: str | None = None  # a DCP checkpoint (written at any plan), or a `save` folder: its newest
+    eval_every: int = 0  # evaluate on eval_data() every this many steps (0: never)
+    metrics: str | None = None  # a JSON-lines file: one line per step
+    nodes: Nodes | None = None  # several machines (torchrun's multi-node rendezvous); None: this one alone
+    print_command: bool = False  # print the torchrun command line and stop
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """torchrun's multi-node settings: `count` machines of `per_node` processes each, this one being
+    `rank`, meeting at `endpoint` (HOST:PORT of node 0, static rendezvous: node ranks as given)."""
+
+    count: int
+    rank: int
+    endpoint: str
+    per_node: int
+
+    def check(self, world: int) -> None:
+        if self.count < 1 or self.per_node < 1:
+            raise GraphsplitError(f"--nnodes and --nproc-per-node must be at least 1, got {self.count} and {self.per_node}")
+        if not 0 <= self.rank < self.count:
+            raise GraphsplitError(f"--node-rank must be in 0..{self.count - 1} for --nnodes {self.count}, got {self.rank}")
+        host, _, port = self.endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise GraphsplitError(f"--rdzv-endpoint must be HOST:PORT (node 0's address), got {self.endpoint!r}")
+        if self.count * self.per_node != world:
+            raise GraphsplitError(f"the plan needs {world} processes but --nnodes {self.count} x --nproc-per-node "
+                                  f"{self.per_node} = {self.count * self.per_node}; start {world} processes in all")
+
+
+def torchrun_command(spec_path: Path, world: int, nodes: Nodes | None = None) -> list[str]:
+    """The torchrun command line that starts this machine's ranks."""
+    if nodes is None:
+        where = ["--standalone", f"--nproc-per-node={world}"]
+    else:
+        where = [f"--nnodes={nodes.count}", f"--node-rank={nodes.rank}", f"--nproc-per-node={nodes.per_node}",
+                 "--rdzv-backend=static", f"--rdzv-endpoint={nodes.endpoint}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, "-m", "graphsplit.launch.worker", str(spec_path)]
 
 
 def _launch(spec_path: Path, world: int, timeout_s: float, log: Path,
-            collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> None:
-    """torchrun on this machine, supervised: on a failure, a stop or the timeout, no rank outlives this."""
+            collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S, nodes: Nodes | None = None) -> None:
+    """torchrun on this machine, supervised: on a failure, a stop or the timeout, none of this machine's
+    ranks outlives this."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-        "-m", "graphsplit.launch.worker", str(spec_path),
-    ]
-    supervise(cmd, env, world, spec_path.parent, timeout_s, log, collective_timeout_s)
+    cmd = torchrun_command(spec_path, world, nodes)
+    local = nodes.per_node if nodes is not None else world
+    supervise(cmd, env, local, spec_path.parent, timeout_s, log, collective_timeout_s)
 
 
 def require_parameters(program: Program) -> None:
@@ -92,27 +136,41 @@ def run_training(
         raise GraphsplitError(f"--save-every and --keep-last must be at least 0, got {opts.save_every} and {opts.keep_last}")
     if opts.save_every and not opts.save:
         raise GraphsplitError("--save-every needs --save DIR, the folder to write the checkpoints to")
+    config = OptimConfig(opts.optimizer, opts.lr, **opts.optim)  # a bad setting is one line here
+    if opts.nodes is not None:
+        opts.nodes.check(plan.world_size)
+        if opts.check and opts.nodes.count > 1:
+            raise GraphsplitError("--check compares every rank's dumps in one place, so it runs on one node; "
+                                  "compare a multi-node run's --metrics losses with a one-node run instead")
     if opts.save:
         require_save_folder(opts.save)  # before training, not after it
+    done = 0
     if opts.resume:  # a clear error before anything starts; a --save folder gives its newest checkpoint
         from ..runtime.dcp.safe_read import check_checkpoint
 
         resume = resolve_checkpoint(opts.resume)
         check_checkpoint(resume)
         opts = replace(opts, resume=str(resume))
-        echo(f"resuming from {resume} (step {read_info(resume)['step']})")
+        done = read_info(resume)["step"]
+        echo(f"resuming from {resume} (step {done})")
     # the ranks run in their own working directory: give them absolute paths
     opts = replace(opts, resume=opts.resume and str(Path(opts.resume).resolve()),
-                   save=opts.save and str(Path(opts.save).resolve()))
+                   save=opts.save and str(Path(opts.save).resolve()),
+                   metrics=opts.metrics and str(Path(opts.metrics).resolve()))
     if opts.steps < (0 if opts.resume else 1) or (opts.check and opts.steps < 1):
         raise GraphsplitError(f"--steps must be at least 1 (0 only to re-save a checkpoint with --resume), got {opts.steps}")
+    check_schedule(config.lr_schedule, config.warmup_steps, done + opts.steps)
+    data_start = _check_data(loaded, plan, opts, echo)
     # Compile here first: a bad plan or model fails in one process, before torchrun starts.
     program = compile_loaded(loaded, plan, fixed_cuts).program
     plan = program.plan  # with the micro-batches decided for this batch
     require_parameters(program)
     if opts.weights is not None:  # a wrong weights file, too, is one line here rather than on every rank
         check_weights(open_weights(opts.weights), loaded.build("meta"), opts.weights)
-    with tempfile.TemporaryDirectory(prefix="graphsplit-run-") as tmp_str:
+    # --print-command: the spec (and any weights file) stay for the printed command to use
+    folder = contextlib.nullcontext(tempfile.mkdtemp(prefix="graphsplit-run-")) if opts.print_command else \
+        tempfile.TemporaryDirectory(prefix="graphsplit-run-")
+    with folder as tmp_str:
         tmp = Path(tmp_str)
         lean = False
         if opts.weights is None:
@@ -132,26 +190,60 @@ def run_training(
         if not opts.check:
             del model
         spec = RunSpec(
-            model=model_spec, plan=plan.to_dict(), steps=opts.steps, optimizer=opts.optimizer, lr=opts.lr,
+            model=str(Path(loaded.path).resolve()) + (f":{loaded.factory}" if ":" in model_spec else ""),
+            plan=plan.to_dict(), steps=opts.steps, optimizer=opts.optimizer, lr=opts.lr, optim=dict(opts.optim),
             fixed_cuts=list(fixed_cuts) if fixed_cuts is not None else None,
             weights=weights, user_weights=opts.weights is not None, dump_dir=str(tmp) if opts.check else None,
             save_dir=opts.save, save_every=opts.save_every, keep_last=opts.keep_last,
             resume_dir=opts.resume, lean_init=lean, timeout_s=opts.timeout_s,
             collective_timeout_s=opts.collective_timeout_s, run_dir=str(tmp),
+            train_data=loaded.train_data is not None, eval_every=opts.eval_every, metrics=opts.metrics,
         )
         spec.save(tmp / "spec.json")
-        echo(f"launching {plan.world_size} processes: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
+        if opts.print_command:
+            echo(shlex.join(torchrun_command(tmp / "spec.json", plan.world_size, opts.nodes)))
+            return None
+        here = f" ({opts.nodes.per_node} on this node, node {opts.nodes.rank} of {opts.nodes.count})" \
+            if opts.nodes is not None and opts.nodes.count > 1 else ""
+        echo(f"launching {plan.world_size} processes{here}: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
              f"{plan.num_microbatches} micro-batch{'es' if plan.num_microbatches > 1 else ''})")
         if note := underfilled_note(plan):
             echo(f"note: {note}")
-        _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log", opts.collective_timeout_s)
+        _launch(tmp / "spec.json", plan.world_size, opts.timeout_s, tmp / "torchrun.log", opts.collective_timeout_s,
+                opts.nodes)
         if not opts.check:
             return None
-        first_step = read_info(opts.resume)["step"] + 1 if opts.resume else 1
+        first_step = done + 1
         # after the run: the reference skips the fp16 steps an overflow made the program skip
         skipped = set(json.loads((tmp / "skipped.json").read_text()))
         if skipped:
             echo(f"fp16: step(s) {', '.join(map(str, sorted(skipped)))} skipped on overflow (the reference skips them too)")
-        reference = reference_train(model, loaded, plan, opts.steps, opts.optimizer, opts.lr, opts.resume,
-                                    first_step, skipped)
-        return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped)
+        reference = reference_run(model, loaded, plan, opts.steps, config, opts.resume, first_step, skipped,
+                                  train_data=loaded.train_data is not None, data_start=data_start,
+                                  eval_every=opts.eval_every)
+        return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped, model=model)
+
+
+def _check_data(loaded: LoadedModel, plan: Plan, opts: RunOptions, echo: Callable[[str], None]) -> int:
+    """Where train_data() starts (the resumed checkpoint's position), after reading its first batch
+    and, with --eval-every, eval_data()'s: a wrong structure is one line before anything starts."""
+    from ..runtime.data import DataSource, is_dataset
+    from ..runtime.dcp.record import data_position
+
+    if opts.eval_every < 0:
+        raise GraphsplitError(f"--eval-every must be at least 0, got {opts.eval_every}")
+    if opts.eval_every and loaded.eval_data is None:
+        raise GraphsplitError(f"--eval-every needs eval_data() in {loaded.path}: define it, returning an iterable "
+                              "of (inputs, target) batches or a torch.utils.data.Dataset")
+    start = data_position(read_info(opts.resume)) if opts.resume else 0
+    example = (loaded.args, loaded.kwargs)
+    if loaded.train_data is not None:
+        source = DataSource("train_data", loaded.train_data, example, plan.seed)
+        next(source.global_batches(plan.dp, start))
+        kind = f"a dataset of {len(source.source)} samples" if is_dataset(source.source) else "batches"
+        echo(f"data: train_data() gives {kind}; global batch {source.rows}, each of {plan.dp} dp replica(s) "
+             f"trains on {source.rows // plan.dp}" + (f"; resuming at batch {start}" if start else ""))
+    if opts.eval_every:
+        assert loaded.eval_data is not None
+        next(DataSource("eval_data", loaded.eval_data, example, plan.seed, shuffle=False).global_batches(plan.dp, cycle=False))
+    return start

@@ -13,8 +13,9 @@ threads (`check_locally`).
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from ..ir.sharding import shard_tensor, unpad
 from ..loader import LoadedModel
 from ..plan import Plan
 from ..runtime.microbatch import merge_outputs, split_microbatches
-from ..runtime.training import default_loss, default_target, make_optimizer
+from ..runtime.training import OptimConfig, default_loss, default_target
 
 ATOL = 1e-5
 LOSS_CURVE_RTOL = 1e-4
@@ -172,30 +173,93 @@ def missing_grads(ref: StepResult, got: set[str]) -> list[str]:
     ]
 
 
-def reference_train(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, optimizer: str = "sgd",
-                    lr: float = 0.01, resume: str | None = None, first_step: int = 1,
-                    skipped: Collection[int] = ()) -> tuple[StepResult, list[float]]:
-    """The first step's result and the loss of every step for the untouched model, from the checkpoint
-    `resume` if given (`skipped`: steps whose optimizer step the program skipped, fp16 overflows)."""
+@dataclass
+class ReferenceRun:
+    """What the untouched model did over a run: step 1's result, and per step the loss, the gradient
+    norm (before clipping, as `clip_grad_norm_` returns it) and, on eval steps, the eval loss."""
+
+    first: StepResult
+    losses: list[float]
+    norms: list[float]
+    eval_losses: dict[int, float] = field(default_factory=dict)
+
+
+def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, config: OptimConfig,
+                  resume: str | None = None, first_step: int = 1, skipped: Collection[int] = (),
+                  train_data: bool = False, data_start: int = 0, eval_every: int = 0) -> ReferenceRun:
+    """Train the untouched model in this process as `run` trains the program: the same optimizer,
+    lr schedule and clipping (`clip_grad_norm_` over its parameters), from the checkpoint `resume` if
+    given, on the same global batches (train_data() from batch `data_start`, or example_inputs())
+    cut into the same micro-batches. `skipped`: steps whose optimizer step the program skipped
+    (fp16 overflows); the schedule still advances on them, as it does in the program."""
+    from ..runtime.data import Batch, DataSource
+    from ..runtime.schedule import make_scheduler
+
     loss_fn = loaded.loss_fn or default_loss
-    target = loaded.target if loaded.target is not None else default_target((*loaded.args, *loaded.kwargs.values()))
-    opt = make_optimizer(optimizer, list(model.parameters()), lr)
+    opt = config.make_optimizer(list(model.parameters()))
     if resume:
         from ..runtime.dcp.state import load_whole_model
 
         load_whole_model(resume, model, opt)
-    first, losses = None, []
+    done = first_step - 1
+    scheduler = make_scheduler(opt, config.lr_schedule, config.warmup_steps, done + steps, done)
+    if train_data:
+        assert loaded.train_data is not None
+        source = DataSource("train_data", loaded.train_data, (loaded.args, loaded.kwargs), plan.seed)
+        batches: Iterator[Batch] = source.global_batches(plan.dp, data_start)
+    else:
+        batches = itertools.repeat(Batch(loaded.args, loaded.kwargs, loaded.target))
+    pieces = plan.dp * plan.num_microbatches  # dp replicas x micro-batches, in order: what the ranks see
+    first, losses, norms, evals = None, [], [], {}
     for step in range(first_step, first_step + steps):
-        # dp replicas x micro-batches, in order: the pieces the program's ranks see
-        result = reference_step(model, loaded.args, loaded.kwargs, target, loss_fn, plan.dp * plan.num_microbatches,
+        batch = next(batches)
+        target = batch.target if batch.target is not None else default_target((*batch.args, *batch.kwargs.values()))
+        result = reference_step(model, batch.args, batch.kwargs, target, loss_fn, pieces,
                                 replicas=plan.dp if plan.sync_bn else 1)
         first = first or result
         losses.append(float(result.loss))
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        if config.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(model.parameters(), config.grad_clip, norm)
+        norms.append(float(norm))
         if step not in skipped:
             opt.step()
         opt.zero_grad(set_to_none=True)
+        scheduler.step()
+        if eval_every and step % eval_every == 0:
+            evals[step] = reference_eval(model, loaded, plan)
     assert first is not None, "at least one step"
-    return first, losses
+    return ReferenceRun(first, losses, norms, evals)
+
+
+def reference_eval(model: nn.Module, loaded: LoadedModel, plan: Plan) -> float:
+    """The untouched model's mean loss over one pass of eval_data(), forward only, on the pieces the
+    program's ranks see."""
+    from ..runtime.data import DataSource
+
+    assert loaded.eval_data is not None
+    loss_fn = loaded.loss_fn or default_loss
+    source = DataSource("eval_data", loaded.eval_data, (loaded.args, loaded.kwargs), plan.seed, shuffle=False)
+    means = []
+    with torch.no_grad():
+        for batch in source.global_batches(plan.dp, cycle=False):
+            target = batch.target if batch.target is not None else default_target((*batch.args, *batch.kwargs.values()))
+            pieces = plan.dp * plan.num_microbatches
+            chunks = split_microbatches((batch.args, batch.kwargs), pieces)
+            losses = [loss_fn(model(*a, **k), t) for (a, k), t in zip(chunks, split_microbatches(target, pieces))]
+            means.append(float(torch.stack(losses).mean()))
+    return sum(means) / len(means)
+
+
+def reference_train(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, optimizer: str = "sgd",
+                    lr: float = 0.01, resume: str | None = None, first_step: int = 1,
+                    skipped: Collection[int] = ()) -> tuple[StepResult, list[float]]:
+    """The first step's result and the loss of every step for the untouched model on example_inputs(),
+    with a plain optimizer, from the checkpoint `resume` if given (`skipped`: steps whose optimizer step
+    the program skipped, fp16 overflows)."""
+    ref = reference_run(model, loaded, plan, steps, OptimConfig(optimizer, lr), resume, first_step, skipped)
+    return ref.first, ref.losses
 
 
 def reference_with_weights(loaded: LoadedModel, weights: str, plan: Plan) -> nn.Module:
@@ -274,13 +338,33 @@ def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] |
     return program, check_ranks(program, ranks, ref)
 
 
-def check_run(program: Program, folder: Path, reference: tuple[StepResult, list[float]], echo: Callable[[str], None],
-              first_step: int = 1, grads: bool = True) -> Comparison:
-    """`run --check`: the ranks' dumps of step 1 and the loss curve in `folder` against the reference,
-    reported through `echo`. `grads=False`: the first step overflowed in fp16, its gradients are
+def check_weights_after(program: Program, folder: Path, model: nn.Module, atol: float) -> Comparison:
+    """Each rank's parameters after the last step (its dump `weights<rank>.pt`) against the untouched
+    model's after the same steps, sliced to that rank's tp shard."""
+    cmp = Comparison()
+    plan = program.plan
+    reference = dict(model.named_parameters(remove_duplicate=False))
+    for path in sorted(folder.glob("weights*.pt")):
+        r = int(path.stem.removeprefix("weights"))
+        tp_rank = r % plan.tp  # the mesh is (dp, pp, tp), tp fastest
+        for name, got in torch.load(path, weights_only=True).items():
+            want = shard_tensor(reference[name].detach(), program.param_sharding(name), tp_rank, plan.tp)
+            d = _scaled_diff(got, want)
+            cmp.max_diff[f"weight {name} (rank {r})"] = d
+            if not d <= atol:
+                cmp.failures.append(f"rank {r}: weight {name} after the last step: max scaled difference {d:.3g} > {atol:g}")
+    return cmp
+
+
+def check_run(program: Program, folder: Path, reference: ReferenceRun, echo: Callable[[str], None],
+              first_step: int = 1, grads: bool = True, model: nn.Module | None = None) -> Comparison:
+    """`run --check`: the ranks' dumps in `folder` against the reference run, reported through `echo`:
+    step 1's loss, output and gradients, the loss curve, the global gradient norm of every step, the
+    eval losses, and (`model`: the untouched model after the reference run) every rank's weights
+    after the last step. `grads=False`: the first step overflowed in fp16, its gradients are
     infinite by definition and are not compared (the loss curve still is)."""
     plan = program.plan
-    first, ref_losses = reference
+    first, ref_losses = reference.first, reference.losses
     ranks = [RankStep(**torch.load(p, weights_only=False)) for p in sorted(folder.glob("rank*.pt"))]
     cmp = check_ranks(program, ranks, first, grads)
     low = plan.autocast is not None
@@ -289,6 +373,24 @@ def check_run(program: Program, folder: Path, reference: tuple[StepResult, list[
     worst_curve = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve, ref_losses))
     if not worst_curve <= curve_rtol:
         cmp.failures.append(f"loss curve: max relative difference {worst_curve:.3g} > {curve_rtol:g}")
+    norms = json.loads((folder / "norms.json").read_text())
+    finite = [(a, b) for a, b in zip(norms, reference.norms) if abs(b) != float("inf") and b == b]
+    worst_norm = max((abs(a - b) / max(abs(b), 1e-12) for a, b in finite), default=0.0)
+    if not low and not worst_norm <= curve_rtol:
+        cmp.failures.append(f"gradient norm: max relative difference {worst_norm:.3g} > {curve_rtol:g}")
+    evals = {int(k): v for k, v in json.loads((folder / "eval.json").read_text()).items()}
+    if set(evals) != set(reference.eval_losses):
+        cmp.failures.append(f"eval: the program evaluated after steps {sorted(evals)}, the reference after "
+                            f"{sorted(reference.eval_losses)}")
+    worst_eval = max((abs(v - reference.eval_losses[k]) / max(abs(reference.eval_losses[k]), 1e-12)
+                      for k, v in evals.items() if k in reference.eval_losses), default=0.0)
+    if not worst_eval <= curve_rtol:
+        cmp.failures.append(f"eval loss: max relative difference {worst_eval:.3g} > {curve_rtol:g}")
+    weights = Comparison()
+    if model is not None and not low:  # bf16/fp16 weights drift apart by design
+        weights = check_weights_after(program, folder, model, ATOL)
+        cmp.max_diff.update(weights.max_diff)
+        cmp.failures.extend(weights.failures)
     loss = next(r.loss for r in ranks if r.loss is not None)
     echo(f"check: untouched model in one process vs graphsplit dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} pp={plan.pp} tp={plan.tp}, "
          f"same {plan.dp * plan.num_microbatches} micro-batch{'es' if plan.dp * plan.num_microbatches > 1 else ''}")
@@ -302,6 +404,12 @@ def check_run(program: Program, folder: Path, reference: tuple[StepResult, list[
     else:
         echo(f"  gradients     not compared: step {first_step} overflowed in fp16 (its gradients are infinite)")
     echo(f"  loss curve    {len(curve)} steps, max relative difference {worst_curve:.3g}")
+    echo(f"  grad norm     {len(norms)} steps, max relative difference {worst_norm:.3g}")
+    if evals:
+        echo(f"  eval loss     {len(evals)} evaluations, max relative difference {worst_eval:.3g}")
+    if weights.max_diff:
+        echo(f"  weights       after step {first_step + len(curve) - 1}: {len(weights.max_diff)} tensors, "
+             f"max scaled difference {max(weights.max_diff.values()):.3g}")
     worst = cmp.worst
     if cmp.ok:
         atol = LOW_PRECISION_ATOL if low else ATOL

@@ -3,18 +3,25 @@
     python -m torch.distributed.run --nproc-per-node W -m graphsplit.launch.worker SPEC.json
 
 SPEC.json (written by `graphsplit run`) names the model file, the plan, the
-saved split, the step count and optimizer, the weights file to slice this
-rank's stage from (mmap: no rank reads what it does not hold), and where to
-dump step 1 for `--check`.
+saved split, the step count, the optimizer and its schedule and clipping, the
+weights file to slice this rank's stage from (mmap: no rank reads what it does
+not hold), whether batches come from train_data(), and where to dump step 1
+(and the losses, gradient norms and final weights) for `--check`.
+
+Each step: this replica's share of the next global batch, forward and backward
+through the pipeline, the global gradient norm (clipped with --grad-clip), the
+optimizer step, the lr schedule's step; every --eval-every steps a forward-only
+pass over eval_data().
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +34,10 @@ from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, RankReporter, set_collectiv
 
 if TYPE_CHECKING:
     from ..backends.rank import TensorSource
+    from ..backends.torch_distributed import DistributedPipeline
     from ..ir.program import Program
     from ..loader import LoadedModel
+    from ..runtime.training import OptimConfig
 
 
 @dataclass
@@ -38,6 +47,8 @@ class RunSpec:
     steps: int = 5
     optimizer: str = "sgd"
     lr: float = 0.01
+    # the rest of the optimizer's settings (runtime/training.py OptimConfig, less optimizer and lr)
+    optim: dict[str, Any] = field(default_factory=dict)
     fixed_cuts: list[str] | None = None
     weights: str | None = None
     # True: `weights` is the user's file (parameters, persistent buffers); the other
@@ -53,6 +64,9 @@ class RunSpec:
     keep_last: int = 3  # the newest checkpoints kept in save_dir (0: all)
     resume_dir: str | None = None  # a DCP checkpoint folder to start from (written at any plan)
     lean_init: bool = False  # no weights file: run the constructor keeping only this rank's parameters
+    train_data: bool = False  # draw each step's batch from the model file's train_data()
+    eval_every: int = 0  # evaluate on eval_data() every this many steps (0: never)
+    metrics: str | None = None  # a JSON-lines file, one line per step (the rank holding the loss writes it)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -60,6 +74,11 @@ class RunSpec:
     @classmethod
     def load(cls, path: Path) -> RunSpec:
         return cls(**json.loads(path.read_text()))
+
+    def optim_config(self) -> OptimConfig:
+        from ..runtime.training import OptimConfig
+
+        return OptimConfig(optimizer=self.optimizer, lr=self.lr, **self.optim)
 
 
 def _to(device: torch.device, value: Any) -> Any:
@@ -94,9 +113,10 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     from ..compile import compile_loaded
     from ..loader import load_model
     from ..plan import Plan
-    from ..runtime.dcp.record import model_names
-    from ..runtime.microbatch import gather_outputs, split_microbatches
-    from ..runtime.training import default_target, make_optimizer
+    from ..runtime.dcp.record import data_position, model_names, read_info
+    from ..runtime.microbatch import gather_outputs
+    from ..runtime.schedule import make_scheduler
+    from .metrics import StepLog, work_per_step
     from .parity import RankStep
 
     plan = Plan.from_dict(spec.plan)
@@ -107,19 +127,21 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     rank = assemble_rank(program, _tensor_source(spec, loaded, program), loaded.loss_fn, model_names(loaded.build("meta")),
                          spec.timeout_s, spec.collective_timeout_s, observer=reporter)
     pipe = rank.pipeline
-    optimizer = make_optimizer(spec.optimizer, pipe.parameters(), spec.lr)
+    settings = spec.optim_config()
+    optimizer = settings.make_optimizer(pipe.parameters())
     done = rank.load_checkpoint(spec.resume_dir, optimizer) if spec.resume_dir else 0
-    inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
-    target = loaded.target if loaded.target is not None else default_target(inputs)
-    if plan.dp > 1:  # this replica's share of the global batch
-        inputs = split_microbatches(inputs, plan.dp)[rank.dp_rank]
-        target = split_microbatches(target, plan.dp)[rank.dp_rank]
-    inputs, target = _to(rank.device, inputs), _to(rank.device, target)
+    last = done + spec.steps
+    scheduler = make_scheduler(optimizer, settings.lr_schedule, settings.warmup_steps, last, done)
+    position = data_position(read_info(spec.resume_dir)) if spec.resume_dir and spec.train_data else 0
+    batches = _train_batches(spec, loaded, program, rank.dp_rank, position, rank.device)
     prints_loss = pipe.is_last and rank.dp_rank == 0 and rank.tp_rank == 0
+    unit, per_step = work_per_step(loaded.args, loaded.kwargs)
+    log = StepLog(spec.metrics if prints_loss else None, unit, per_step, rank.device, append=bool(spec.resume_dir))
     losses: list[float] = []
+    norms: list[float] = []
+    eval_losses: dict[int, float] = {}
     skipped: list[int] = []  # fp16 steps an overflow skipped (every rank agrees)
     set_collective_timeout(pipe.process_groups(), spec.collective_timeout_s)
-    last = done + spec.steps
     record = rank.record(spec.model, spec.optimizer)
 
     def save(step: int) -> None:
@@ -127,6 +149,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         reporter.where = f"while saving step {step}"
         # every rank writes its blocks: the slowest writer may take long, so set-up's timeout again
         set_collective_timeout(pipe.process_groups(), spec.timeout_s)
+        record["data"] = {"train_batches": position + step - done} if spec.train_data else {}
         folder = rank.save_series(spec.save_dir, optimizer, step, record, spec.keep_last, keep=spec.resume_dir)
         set_collective_timeout(pipe.process_groups(), spec.collective_timeout_s)
         if dist.get_rank() == 0:
@@ -134,30 +157,103 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
 
     for step in range(done + 1, last + 1):
         reporter.where = f"during step {step}"
+        inputs, target = next(batches)
+        started = time.perf_counter()
         loss, output = pipe.step(inputs, target)
         if step == done + 1 and spec.dump_dir:
             whole = gather_outputs(program, output, pipe.tp_comm)
             dump = RankStep(dist.get_rank(), tuple(sorted(rank.modules)), pipe.grads(), loss,
                             _to(torch.device("cpu"), whole), rank.tp_rank, rank.dp_rank)
             torch.save(vars(dump), Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
+        norm = pipe.clip_grads(optimizer, settings.grad_clip)
+        lr = optimizer.param_groups[0]["lr"]
         stepped = pipe.optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        if rank.device.type == "cuda":
+            torch.cuda.synchronize(rank.device)
+        seconds = time.perf_counter() - started
         if not stepped:
             skipped.append(step)
+        evaluated = None
+        if spec.eval_every and step % spec.eval_every == 0:
+            reporter.where = f"while evaluating after step {step}"
+            evaluated = _evaluate(loaded, program, pipe, rank.dp_rank, rank.device)
+            if evaluated is not None:
+                eval_losses[step] = evaluated
+        norms.append(norm)
         if prints_loss:
             assert loss is not None
             losses.append(float(loss))
-            note = "  (fp16 overflow: step skipped, loss scale halved)" if not stepped else ""
-            print(f"step {step:>3}  loss {float(loss):.6f}{note}", flush=True)
+            clipped = settings.grad_clip is not None and norm > settings.grad_clip
+            log.step(step, float(loss), lr, norm, seconds, clipped, not stepped, evaluated)
         if spec.save_dir and spec.save_every and step % spec.save_every == 0 and step != last:
             save(step)  # so a crash loses at most save_every steps
+    log.close()
     if prints_loss and spec.dump_dir:
-        (Path(spec.dump_dir) / "losses.json").write_text(json.dumps(losses))
-        (Path(spec.dump_dir) / "skipped.json").write_text(json.dumps(skipped))
+        folder = Path(spec.dump_dir)
+        (folder / "losses.json").write_text(json.dumps(losses))
+        (folder / "skipped.json").write_text(json.dumps(skipped))
+        (folder / "norms.json").write_text(json.dumps(norms))
+        (folder / "eval.json").write_text(json.dumps(eval_losses))
+    if spec.dump_dir:  # the weights after the last step: this rank's shards, by original name
+        torch.save(pipe.weights(), Path(spec.dump_dir) / f"weights{dist.get_rank()}.pt")
     if spec.save_dir:
         save(last)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _train_batches(spec: RunSpec, loaded: LoadedModel, program: Program, dp_rank: int, position: int,
+                   device: torch.device) -> Iterator[tuple[tuple[torch.Tensor, ...], Any]]:
+    """(flat inputs, target) on this rank's device for each step: this replica's share of the next
+    global batch of train_data() from `position`, or of example_inputs() every step."""
+    from ..runtime.data import Batch, DataSource
+    from ..runtime.microbatch import split_microbatches
+    from ..runtime.training import default_target
+
+    plan = program.plan
+
+    def prepared(batch: Batch) -> tuple[tuple[torch.Tensor, ...], Any]:
+        inputs = program.traced.flatten_inputs(batch.args, batch.kwargs)
+        target = batch.target if batch.target is not None else default_target(inputs)
+        return _to(device, inputs), _to(device, target)
+
+    if spec.train_data:
+        assert loaded.train_data is not None
+        source = DataSource("train_data", loaded.train_data, (loaded.args, loaded.kwargs), plan.seed)
+        for batch in source.batches(plan.dp, dp_rank, position):
+            yield prepared(batch)
+        return
+    target = loaded.target if loaded.target is not None else None
+    whole = Batch(loaded.args, loaded.kwargs, target)
+    share = Batch.from_tree(split_microbatches(whole.tree(), plan.dp)[dp_rank]) if plan.dp > 1 else whole
+    if share.target is None:  # the stand-in target of the whole batch, this replica's rows of it
+        full = default_target(program.traced.flatten_inputs(loaded.args, loaded.kwargs))
+        share.target = split_microbatches(full, plan.dp)[dp_rank] if plan.dp > 1 else full
+    fixed = prepared(share)
+    while True:
+        yield fixed
+
+
+def _evaluate(loaded: LoadedModel, program: Program, pipe: DistributedPipeline, dp_rank: int,
+              device: torch.device) -> float | None:
+    """The mean loss over one pass of eval_data() (every rank runs it; the last stage gets the number)."""
+    from ..runtime.data import DataSource
+    from ..runtime.training import default_target
+
+    assert loaded.eval_data is not None
+    plan = program.plan
+    source = DataSource("eval_data", loaded.eval_data, (loaded.args, loaded.kwargs), plan.seed, shuffle=False)
+    total, count = 0.0, 0
+    for batch in source.batches(plan.dp, dp_rank, cycle=False):
+        inputs = program.traced.flatten_inputs(batch.args, batch.kwargs)
+        target = batch.target if batch.target is not None else default_target(inputs)
+        loss = pipe.evaluate(_to(device, inputs), _to(device, target))
+        count += 1
+        if loss is not None:
+            total += float(loss)
+    return total / count if pipe.is_last and count else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@ Keys: parameters and persistent buffers under their names in
 `model.state_dict()` (tied aliases once, under the first name);
 `optimizer/<name>/<state>` for the optimizer's per-parameter state (AdamW's
 exp_avg, exp_avg_sq, step); `train/step` for the steps done. `graphsplit.json`,
-written last, records the plan, the step and the names of tied aliases.
+written last, records the plan, the step, the names of tied aliases and the data
+position (`data.train_batches`: the global batches of train_data() drawn so far).
 
 Nothing here imports torch.distributed.checkpoint: finding and naming
 checkpoints costs no DCP import.
@@ -47,6 +48,16 @@ def read_info(directory: str | Path) -> dict[str, Any]:
         raise GraphsplitError(f"{path / INFO_FILE} is not graphsplit's record of a checkpoint (no step count); "
                               "the checkpoint is damaged: use another checkpoint")
     return info
+
+
+def data_position(info: dict[str, Any]) -> int:
+    """The global batches of train_data() a checkpoint's run had drawn (0: it trained on example inputs)."""
+    data = info.get("data")
+    position = data.get("train_batches", 0) if isinstance(data, dict) else 0
+    if not isinstance(position, int) or position < 0:
+        raise GraphsplitError(f"the checkpoint's record gives a data position of {position!r}, not a count of batches; "
+                              "the checkpoint is damaged: use another checkpoint")
+    return position
 
 
 def model_names(model: nn.Module) -> tuple[set[str], dict[str, str]]:
