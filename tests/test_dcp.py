@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.cli import main
-from graphsplit.ir.sharding import R, S, shard_tensor
+from graphsplit.ir.sharding import R, S, Shard, shard_tensor
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import reference_step, reference_train
 from graphsplit.loader import load_model
@@ -53,6 +53,55 @@ def test_every_rank_blocks_cover_the_whole_tensor_once(sharding, tp):
             target.copy_(block)
             assert block.data_ptr() >= local.data_ptr()  # views of the live tensor: a load writes through
     assert torch.equal(rebuilt, full)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("shape", [(17, 3), (17,)])
+def test_a_padded_shard_hands_dcp_only_its_real_rows(tp, shape):
+    """17 rows at tp 4 are blocks of 5, the last holding 2 real rows and 3 padding: the blocks
+    cover the original tensor once, in its own shape, and no padding row is among them."""
+    full = torch.randn(shape)
+    sharding = Shard(0, size=17)
+    rebuilt = torch.full_like(full, float("nan"))
+    for rank in range(tp):
+        local = shard_tensor(full, sharding, rank, tp).clone()
+        pieces = blocks.pieces_of(local, sharding, rank, tp)
+        assert pieces.size() == full.shape
+        for offsets, block in pieces.blocks:
+            target = rebuilt.narrow(0, offsets[0], block.shape[0])
+            assert torch.isnan(target).all(), "two blocks overlap"
+            target.copy_(block)
+    assert torch.equal(rebuilt, full)
+
+
+def _rank_pieces(tensor: torch.Tensor, sharding, tp: int) -> blocks.Pieces:
+    """Every tp rank's blocks in one: what a tp run's ranks hand DCP together, written by one process."""
+    parts = [blocks.pieces_of(shard_tensor(tensor, sharding, r, tp).clone(), sharding, r, tp) for r in range(tp)]
+    return blocks.Pieces(parts[0].global_size, [b for p in parts for b in p.blocks])
+
+
+def test_a_padded_checkpoint_loads_at_other_paddings_and_exports_original_shapes(tmp_path, one_process_group):
+    """A vocabulary of 97 saved as tp 2 blocks of 49 (one padding row) loads as tp 4 blocks of 25
+    (three padding rows) and whole; the padding is never read or written, export-weights gives (97, 8)."""
+    weight, bias = torch.randn(97, 8), torch.randn(97)
+    sharding = Shard(0, size=97)
+    state = {"lm_head.weight": _rank_pieces(weight, sharding, 2), "lm_head.bias": _rank_pieces(bias, sharding, 2)}
+    dcp_state.save_checkpoint(tmp_path / "c", state, step=1, record={"plan": {}, "aliases": {}})
+    for rank in range(4):
+        local_w, local_b = torch.full((25, 8), 7.0), torch.full((25,), 7.0)  # 7: what a load must not touch
+        dcp_state.load_checkpoint(tmp_path / "c", {"lm_head.weight": blocks.pieces_of(local_w, sharding, rank, 4),
+                                                  "lm_head.bias": blocks.pieces_of(local_b, sharding, rank, 4)}, False)
+        real = 22 if rank == 3 else 25
+        assert torch.equal(local_w[:real], weight[25 * rank:25 * rank + real])
+        assert torch.equal(local_b[:real], bias[25 * rank:25 * rank + real])
+        assert (local_w[real:] == 7.0).all() and (local_b[real:] == 7.0).all()
+    whole = torch.zeros(97, 8)
+    dcp_state.load_checkpoint(tmp_path / "c", {"lm_head.weight": whole}, False)
+    assert torch.equal(whole, weight)
+    names = dcp_state.export_weights(tmp_path / "c", tmp_path / "w.safetensors")
+    exported = load_file(tmp_path / "w.safetensors")
+    assert names == ["lm_head.bias", "lm_head.weight"] and exported["lm_head.weight"].shape == (97, 8)
+    assert torch.equal(exported["lm_head.weight"], weight) and torch.equal(exported["lm_head.bias"], bias)
 
 
 @pytest.fixture
@@ -455,3 +504,27 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_trains_on_as_the_unto
     # --keep-last 1 removes no checkpoint a run resumed from: step-2 stays, beside the newest
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-4"]
     assert record.read_info(ckpt / "step-4")["step"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_a_padded_vocabulary_checkpoint_resumes_at_another_tp_and_exports_the_original_shapes(tmp_path):
+    """A tied vocabulary of 97 on real processes: trained and saved at tp 2 x pp 2 (blocks of 49, one
+    padding row) with AdamW, resumed at tp 4 (blocks of 25, three padding rows) with its optimizer state,
+    both runs checked against the untouched model; export-weights holds the model's own names and shapes."""
+    spec = str(MODELS / "odd_vocab.py")
+    common = dict(optimizer="adamw", lr=1e-3, timeout_s=300)
+    first = run_training(spec, Plan(tp=2, pp=2), RunOptions(steps=1, save=str(tmp_path / "a"), check=True, **common),
+                         echo=print)
+    assert first is not None and first.ok, first.failures
+    lines: list[str] = []
+    cmp = run_training(spec, Plan(tp=4), RunOptions(steps=1, resume=str(tmp_path / "a"), check=True, **common),
+                       echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    assert any("loss step 2" in line for line in lines)
+    done = CliRunner().invoke(main, ["export-weights", str(tmp_path / "a"), str(tmp_path / "a.safetensors")])
+    assert done.exit_code == 0, done.output
+    exported = load_file(tmp_path / "a.safetensors")
+    model = load_model(spec).build("cpu", seed=0)
+    assert {k: tuple(v.shape) for k, v in exported.items()} == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert exported["wte.weight"].shape == (97, 64) and torch.equal(exported["wte.weight"], exported["lm_head.weight"])
