@@ -6,11 +6,14 @@ import torch
 from safetensors.torch import save_file
 
 from graphsplit import GraphsplitError, Plan
+from graphsplit.backends.local import LocalProgram
+from graphsplit.compile import compile_loaded
 from graphsplit.launch.launcher import RunOptions, run_training
+from graphsplit.launch.parity import RankStep, check_ranks, reference_step
 from graphsplit.loader import load_model
 from graphsplit.runtime.weights import open_weights
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, MODELS
 
 
 def test_buffers_only_build_keeps_real_buffers_and_meta_parameters():
@@ -53,3 +56,31 @@ def test_run_from_a_safetensors_file_matches_the_model_holding_it(tmp_path):
         expected = loaded.loss_fn(model(*loaded.args), loaded.target)
     step1 = next(line for line in lines if "loss step 1" in line)
     assert f"{float(expected):.4f}" in step1  # both sides started from the file's values
+
+
+@pytest.mark.parametrize("spec", ["odd_vocab.py", "odd_vocab.py:build_untied"])
+def test_a_weights_file_fills_a_padded_vocabulary(tmp_path, spec):
+    """The file holds the model's own (97, 64) tensors; at tp 4 each rank reads its 25 rows (the
+    last rank 22 and three zero padding rows) and the step equals the untouched model holding the file."""
+    loaded = load_model(str(MODELS / spec))
+    model = loaded.build("cpu", seed=123)  # not the plan's seed: the file must be what is used
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(path))
+    program = compile_loaded(loaded, Plan(tp=4)).program
+    buffers = dict(loaded.build_buffers_only().named_buffers())  # as run does: the file holds no causal mask
+    local = LocalProgram(program, {**buffers, **open_weights(path)}, loaded.loss_fn)
+    inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
+    head = "wte.weight" if spec == "odd_vocab.py" else "lm_head.weight"
+    file_head = open_weights(path)[head]
+    local_name = next(k for k, c in program.stages[0].param_sources.items() if c == head)
+    for rank, pipe in enumerate(local.ranks):
+        held = pipe.stages[0].get_parameter(local_name)
+        real = 22 if rank == 3 else 25
+        assert held.shape == (25, 64) and torch.equal(held[:real], file_head[25 * rank:25 * rank + real])
+        assert not held[real:].any()
+    steps = local.step(inputs, loaded.target)
+    ranks = [RankStep(s.tp_rank, (0,), s.grads, s.loss, s.output, s.tp_rank) for s in steps]
+    ref = reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, program.plan.num_microbatches)
+    cmp = check_ranks(program, ranks, ref)
+    assert cmp.ok, cmp.failures
+    assert f"grad {head} (rank 3)" in cmp.max_diff
