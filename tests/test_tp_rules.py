@@ -372,6 +372,15 @@ def test_an_output_layer_tp_does_not_divide_is_column_parallel_padded():
     assert decision.params == ((w, Shard(0, size=V)), (b, Shard(0, size=V)))
 
 
+@pytest.mark.parametrize("features, tp", [(1, 2), (5, 4)])
+def test_an_output_layer_too_narrow_to_pad_stays_whole(features, tp):
+    """Padding only where every rank holds real rows: a value head of 1 feature is not split."""
+    g = G()
+    x, w = g.input("x", (2, 4, 8), R), g.param("w", (features, 8))
+    decision = g.decide(g.call(F.linear, x, w, shape=(2, 4, features)), tp=tp)
+    assert decision.out == R and not decision.params and "not divisible" in decision.reason
+
+
 def test_an_embedding_tied_to_the_output_layer_pads_its_vocabulary():
     g = G()
     ids, w = g.input("ids", (2, 4), R, grad=False, dtype=torch.int64), g.param("wte", (V, 8))

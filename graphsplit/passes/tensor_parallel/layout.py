@@ -41,6 +41,12 @@ def round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
+def paddable(n: int, tp: int) -> bool:
+    """Whether a dim of `n` tp does not divide is worth padding: every rank then holds real rows
+    (an output of 1 feature, or 5 over tp 4, stays whole rather than ranks holding only padding)."""
+    return n % tp != 0 and (tp - 1) * -(-n // tp) < n
+
+
 def nearest_divisor(n: int, tp: int) -> int:
     return min(divisors(n), key=lambda d: (abs(d - tp), -d))
 

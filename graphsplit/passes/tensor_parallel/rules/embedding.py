@@ -14,6 +14,7 @@ from ....ir.optable import OpKind
 from ....ir.sharding import Replicate, Shard
 from ....ops import tp as tpops
 from ..decision import COMM, Call, Decision, LayoutView, register
+from ..layout import paddable
 from .fallback import unknown
 
 
@@ -35,12 +36,14 @@ def embedding(node: fx.Node, view: LayoutView) -> Decision:
     padding = None if padding is not None and (not isinstance(padding, int) or padding < 0) else padding
     rows = Shard(0) if vocab % tp == 0 else Shard(0, size=vocab)
     tied = view.param_name(w) in view.linear_weights
-    if given == rows or (given is None and (vocab % tp == 0 or tied)):
+    splits = vocab % tp == 0 or paddable(vocab, tp)
+    if given == rows or (given is None and splits and (vocab % tp == 0 or tied)):
         return Decision(Replicate(), inputs=needs, params=((w, rows),),
                         swap=Call(tpops.vocab_parallel_embedding, (ids, w, padding, COMM)))
     if (given is None and width % tp == 0) or given == Shard(1):
         return Decision(Shard(len(view.shape(node)) - 1), inputs=needs, params=((w, Shard(1)),))
-    if given is None:  # neither divides: rows padded rather than every rank holding all of them
+    if given is None and splits:  # neither divides: rows padded rather than every rank holding all of them
         return Decision(Replicate(), inputs=needs, params=((w, rows),),
                         swap=Call(tpops.vocab_parallel_embedding, (ids, w, padding, COMM)))
-    return Decision(Replicate(), inputs=needs, reason=f"embedding left replicated: its weight is already sharded as {given}")
+    why = f"its weight is already sharded as {given}" if given is not None else f"{vocab} rows are too few for tp={tp}"
+    return Decision(Replicate(), inputs=needs, reason=f"embedding left replicated: {why}")

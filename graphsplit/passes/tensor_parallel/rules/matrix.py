@@ -23,7 +23,7 @@ from ....ir.meta import info
 from ....ir.optable import OpKind
 from ....ir.sharding import Partial, Replicate, Shard
 from ..decision import BROADCAST, SELF, Call, Decision, LayoutView, Need, register, replicated
-from ..layout import nearest_divisor
+from ..layout import nearest_divisor, paddable
 from ..lookahead import chunk_layout, column_pays_off, feeds_output, view_blocking_shard
 from ..spellings import describe, linear_form, without_bias
 
@@ -78,7 +78,7 @@ def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) 
             )
         return Decision(R, inputs=tuple(needs), reason=f"linear left replicated: {why}")
     # the output layer (the LM head) shards a vocabulary tp does not divide, padded
-    pad = out_features % tp != 0 and chunks is None and feeds_output(node, view.gm)
+    pad = paddable(out_features, tp) and chunks is None and feeds_output(node, view.gm)
     if (ok or pad) and not column_pays_off(node, view.gm):
         return Decision(R, inputs=tuple(needs), reason="linear left replicated: its sharded output would be gathered "
                                                        "before any row-parallel layer (a norm or reduction comes first)")
