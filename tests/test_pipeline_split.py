@@ -8,13 +8,14 @@ import torch
 import torch.nn as nn
 
 from graphsplit import GraphsplitError, Plan
+from graphsplit.analysis.balance import _Ends, balanced_cuts
 from graphsplit.analysis.shapes import annotate
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.meta import info
 from graphsplit.ir.optable import OpKind
 from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
-from graphsplit.passes.pipeline_split import balanced_cuts, liveness
+from graphsplit.passes.pipeline_split import liveness
 
 
 def program_for(path, **plan):
@@ -133,6 +134,24 @@ def test_balanced_cuts_is_optimal_against_brute_force():
         got = balanced_cuts(costs, comm, valid, stages)
         assert len(got) == stages - 1 and all(valid[k] for k in got)
         assert worst(got) == pytest.approx(best)
+
+
+def test_many_stage_feasibility_in_numpy_equals_the_stage_by_stage_greedy():
+    """The planner prices thousands of stages with the numpy form (doubling over every start at once);
+    it decides exactly what the Python greedy decides, also where stages outnumber the easy ends."""
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        n = int(rng.integers(3, 60))
+        costs = rng.uniform(0, 10, n) * (rng.random(n) < 0.9)  # some ops cost nothing
+        comm = rng.uniform(0, 3, n + 1)
+        valid = rng.random(n + 1) < 0.8
+        ends = _Ends(costs, comm, valid)
+        count = len(ends.ends)
+        if count < 2:
+            continue
+        stages = int(rng.integers(2, count + 1))
+        for limit in np.concatenate([rng.uniform(0, ends.total + 3, 6), [ends.total + ends.max_cut]]):
+            assert ends.reachable(stages, float(limit)) == (ends.greedy(stages, float(limit)) is not None), trial
 
 
 def test_balance_ratio_is_max_over_mean_of_stage_costs(examples_dir):

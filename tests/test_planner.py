@@ -18,6 +18,7 @@ from graphsplit.loader import load_model
 from graphsplit.planner import fold as fold_module
 from graphsplit.planner import load_hardware, plan_model
 from graphsplit.planner import stages as stages_module
+from graphsplit.planner import tile as tile_module
 from graphsplit.planner.estimate import estimate
 from graphsplit.planner.profile import profile_model
 from graphsplit.planner.schedules import bubble_fraction, in_flight_chunks
@@ -129,11 +130,48 @@ def test_folded_profile_equals_the_whole_graph(monkeypatch):
         assert np.array_equal(a.blocked, b.blocked) and a.blocks == b.blocks
 
 
-def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier():
+@pytest.fixture(scope="module")
+def deep():
+    """The Llama example 10 blocks deep: copies 1..9 of the folded block, measured over 4 and tiled."""
+    loaded = load_model(str(MODELS / "deep_llama.py"))
+    return loaded, profile_model(loaded, (2,))
+
+
+def _same_tables(a, b) -> None:
+    """Every field of two tables equal; storage and value ids compared by what they stand for."""
+    for name in ("flops", "bytes", "out", "live", "selective"):
+        assert all(np.array_equal(x, y) for x, y in zip(getattr(a, name), getattr(b, name))), name
+    for name in ("blocked", "low_rate", "compute", "block"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    for name in ("blocks", "block_inputs", "params", "param_bytes", "param_shapes", "collectives", "output", "period"):
+        assert getattr(a, name) == getattr(b, name), name
+
+    def kept(t):
+        return [[(t.storage_keys[i], int(t.storage[0][i]), int(t.storage[1][i])) for i in row] for row in t.kept]
+
+    def reads(t):
+        ids: dict[int, int] = {}
+        return [[(ids.setdefault(v, len(ids)), at, ps, c) for v, at, ps, c in row] for row in t.reads]
+
+    assert kept(a) == kept(b)
+    assert reads(a) == reads(b)
+
+
+def test_a_tiled_profile_equals_measuring_every_copy(deep, monkeypatch):
+    """Measuring 4 copies of the folded block and tiling the rest (tile.py) gives every number
+    measuring all 9 gives, at tp 1 and 2, in fp32 and low precision."""
+    loaded, tiled = deep
+    monkeypatch.setattr(tile_module, "SHORT", 10**6)
+    whole = profile_model(loaded, (2,))
+    for key in ((1, False), (1, True), (2, False), (2, True)):
+        assert tiled.variants[key].n == whole.variants[key].n > 0
+        _same_tables(tiled.variants[key], whole.variants[key])
+
+
+def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier(deep):
     """The search prices a stage deep in the repeated blocks as the same stage moved back (stages.py
-    `_shift`): every policy, at two micro-batch sizes, gives what pricing it where it lies gives."""
-    loaded = load_model(str(MODELS / "deep_llama.py"))  # 10 blocks: copies 1..9 of the folded block
-    table = profile_model(loaded, (1,)).variants[1, False]
+    `_shifts`): every policy, at two micro-batch sizes, gives what pricing it where it lies gives."""
+    table = deep[1].variants[1, False]
     first, length, end = table.period
     hw = load_hardware("h100")
     rng = np.random.default_rng(0)
@@ -141,7 +179,7 @@ def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier():
     while moved < 40:
         a = int(rng.integers(first, end))
         e = int(rng.integers(a + 1, end + 1))
-        shift = stages_module._shift(table, a, e)
+        shift = int(stages_module._shifts(table, np.array([a, e]))[0])
         if not shift:
             continue
         moved += 1

@@ -15,11 +15,10 @@ keep `stage=None`: a parameter is cloned into every stage that uses it.
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 import torch.fx as fx
 
+from ..analysis.balance import balanced_cuts
 from ..analysis.cost import boundary_cost, node_cost
 from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
@@ -133,60 +132,6 @@ def _explicit_cuts(gm: fx.GraphModule, seq: list[fx.Node], blocked: np.ndarray, 
             )
         cuts.append(k)
     return cuts
-
-
-def balanced_cuts(costs: np.ndarray, comm: np.ndarray, valid: np.ndarray, stages: int) -> list[int]:
-    """Cut positions minimizing the most expensive stage.
-
-    costs[i]: cost of node i; comm[k]: cost of sending across cut k; valid[k]:
-    whether cut k is allowed (k in 1..n-1). Returns `stages - 1` positions.
-
-    Bisection on the bottleneck T: a greedy pass that ends each stage at the
-    farthest allowed cut keeping it within T decides whether T is reachable
-    (ending a stage later never hurts the stages after it). Each stage's end is found by
-    bisection on the prefix sums (the planner prices many splits of graphs of thousands of ops).
-    """
-    n = len(costs)
-    prefix = np.concatenate([[0.0], np.cumsum(costs)])
-    ends_list = [k for k in range(1, n) if valid[k]] + [n]
-    at_end = prefix[ends_list].tolist()
-    cut_cost = [float(comm[k]) if k < n else 0.0 for k in ends_list]
-    total = float(prefix[n])
-
-    def greedy(limit: float) -> list[int] | None:
-        cuts: list[int] = []
-        start_sum, i = 0.0, 0
-        for s in range(stages - 1):
-            last_allowed = len(ends_list) - (stages - s)  # leave one cut position per later stage
-            # the stage may end at ends[i..stop): those within the limit (a prefix: sums only grow);
-            # bisect finds the place, the exact test below settles rounding at its edge
-            stop = min(max(bisect.bisect_right(at_end, start_sum + limit), i), last_allowed + 1)
-            while stop <= last_allowed and at_end[stop] - start_sum <= limit:
-                stop += 1
-            while stop > i and at_end[stop - 1] - start_sum > limit:
-                stop -= 1
-            best = stop - 1  # the farthest end that also pays for its send
-            while best >= i and at_end[best] - start_sum + cut_cost[best] > limit:
-                best -= 1
-            if best < i:
-                return None
-            cuts.append(ends_list[best])
-            start_sum, i = at_end[best], best + 1
-        return cuts if total - start_sum <= limit else None
-
-    lo, hi = 0.0, total + max(cut_cost)
-    found = greedy(hi)
-    assert found is not None, "the whole graph fits one bottleneck"
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        attempt = greedy(mid)
-        if attempt is None:
-            lo = mid
-        else:
-            hi, found = mid, attempt
-        if hi - lo <= 1e-12 * max(hi, 1.0):
-            break
-    return found
 
 
 def pipeline_split_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:

@@ -41,59 +41,10 @@ from ..plan import Plan
 from ..runtime.microbatch import split_microbatches
 from .fold import Fold, fold
 from .measure import measure, node_params, out_bytes
+from .table import OpTable
+from .tile import expand, short_fold
 
 SELECTIVE_KINDS = frozenset({OpKind.LINEAR, OpKind.MATMUL, OpKind.ATTENTION, OpKind.CONV})  # matmul-class
-
-
-@dataclass
-class OpTable:
-    """One variant of the whole op sequence; pairs are (per sample, constant)."""
-
-    tp: int
-    low: bool
-    flops: tuple[np.ndarray, np.ndarray]
-    bytes: tuple[np.ndarray, np.ndarray]
-    kept: list[tuple[int, ...]]  # per op: the storages it keeps for backward (ids into `storage`)
-    storage: tuple[np.ndarray, np.ndarray]  # per storage id: its bytes
-    out: tuple[np.ndarray, np.ndarray]  # the op's output
-    selective: tuple[np.ndarray, np.ndarray]  # what selective checkpointing keeps of it (its matmul outputs)
-    live: tuple[np.ndarray, np.ndarray]  # per cut 0..n: bytes live across it
-    blocked: np.ndarray  # per cut: a container is live across it
-    low_rate: np.ndarray  # bool: runs at the low-precision matmul rate
-    compute: np.ndarray  # bool: a matmul-class op (selective checkpointing keeps its output)
-    block: np.ndarray  # the repeated block each op lies in (index into `blocks`), -1 outside
-    blocks: list[str]
-    block_inputs: dict[int, tuple[tuple[int, int], tuple[int, int]]]  # block -> ((stream), (shared)) bytes pairs
-    reads: list[tuple[tuple[int, int, int, int], ...]]  # per op: (value id, producer position, bytes pair) it reads
-    params: list[tuple[str, ...]]  # per op: the parameters it reads (canonical names)
-    param_bytes: dict[str, int]  # per tp rank, as stored (fp32)
-    param_shapes: dict[str, tuple[int, ...]]  # per tp rank (FSDP shards dim 0 of these over dp)
-    collectives: list[tuple[int, str, str, int, int]]  # (op, direction, kind, bytes per sample, constant)
-    output: tuple[int, int]  # the model's output tensors on the last stage
-    # (first, length, end): ops [first, end) are copies of one block, each `length` ops, every copy
-    # priced as the one before it (a folded profile's blocks 1..L-1); None when nothing repeats
-    period: tuple[int, int, int] | None = None
-    cache: dict[Any, Any] = field(default_factory=dict, repr=False)
-
-    @property
-    def n(self) -> int:
-        return len(self.params)
-
-    def at(self, pair: tuple[np.ndarray, np.ndarray], b: int) -> np.ndarray:
-        """The values of `pair` (one of this table's per-sample + constant arrays) at `b` samples."""
-        key = ("at", id(pair[0]), b)
-        found = self.cache.get(key)
-        if found is None:
-            found = self.cache[key] = pair[0] * b + pair[1]
-        return found
-
-    def saved(self, ops: Any, b: int) -> int:
-        """Bytes the ops `ops` (indices) keep for backward when they run in one stage: each storage once."""
-        found = {k for i in ops for k in self.kept[i]}
-        if not found:
-            return 0
-        index = np.fromiter(found, dtype=np.int64)
-        return int((self.storage[0][index] * b + self.storage[1][index]).sum())
 
 
 @dataclass
@@ -190,8 +141,10 @@ def build_tables(src: _Source, tp: int) -> dict[bool, OpTable]:
 
 
 def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp: int, low: bool) -> OpTable:
-    """`gm` compiled at two samples: measured there and, annotated again, at four."""
-    fold_ = src.fold
+    """`gm` compiled at two samples: measured there and, annotated again, at four; a deep model's
+    over a few copies of its block, then tiled to all of them (tile.py)."""
+    whole = src.fold
+    fold_ = (short_fold(whole) or whole) if whole is not None else None
     four = _fresh_copy(gm)
     annotate(four, src.inputs[1], param_shardings=shardings, tp=tp)
     a = measure(gm, shardings, fold_, tp, src.inputs[0], src.fused_attention)
@@ -288,15 +241,16 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
         length = len(a.unf.second)
         period = (first, length, first + (fold_.count - 1) * length)
     output = _pair(sum(info(x).out_bytes for x in outputs), sum(info(same[x]).out_bytes for x in outputs))
-    return OpTable(
+    table = OpTable(
         tp=tp, low=low,
         flops=_linear(a.flops, b.flops), bytes=_linear(a.bytes, b.bytes), kept=kept_ids,
-        storage=(storage[:, 0], storage[:, 1]),
+        storage=(storage[:, 0], storage[:, 1]), storage_keys=list(ids),
         out=_linear(a.out, b.out), selective=_linear(a.selective, b.selective), live=_linear(a.live, b.live), blocked=a.blocked | b.blocked,
         low_rate=lows, compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs, reads=reads,
         params=params, param_bytes=param_bytes, param_shapes=param_shapes, collectives=collectives, output=output,
         period=period,
     )
+    return expand(table, fold_, whole) if fold_ is not whole else table
 
 
 def tokens_per_sample(flat: Sequence[Any]) -> int | None:

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis.balance import balanced_cuts
 from ..analysis.cost import BYTES_TO_FLOPS
-from ..passes.pipeline_split import balanced_cuts
 from ..plan import Plan
 from .estimate import Stages, group_link
 from .hardware import Hardware
@@ -190,25 +190,36 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray)
     return kept + shared, peak, recompute
 
 
-def _shift(table: OpTable, a: int, e: int) -> int:
-    """How far stage [a, e) can move back and cost the same: a stage inside the repeated blocks, from
-    the third copy on, prices as the same ops two copies in (copy 1 reads block 0, copy 2 a copy).
-    The last copy is never moved: the head's shared values (rotary tables, masks) die in it."""
+def _shifts(table: OpTable, bounds: np.ndarray) -> np.ndarray:
+    """How far each stage [a, e) of `bounds` can move back and cost the same: a stage inside the
+    repeated blocks, from the third copy on, prices as the same ops two copies in (copy 1 reads block
+    0, copy 2 a copy). The last copy is never moved: the head's shared values (rotary tables, masks)
+    die in it."""
+    a, e = bounds[:-1], bounds[1:]
     if table.period is None:
-        return 0
+        return np.zeros(len(a), dtype=np.int64)
     first, length, end = table.period
     k = (a - first) // length
-    return (k - 2) * length if a >= first and k > 2 and e <= end - length else 0
+    return np.where((a >= first) & (k > 2) & (e <= end - length), (k - 2) * length, 0)
 
 
-def _stage_kept(table: OpTable, policy: str, a: int, e: int, b: int, hw: Hardware) -> tuple[int, int, float]:
-    """`_kept` of stage [a, e), priced once per shape: a deep model's middle stages are the same ops."""
-    shift = _shift(table, a, e)
-    key = ("kept", policy, a - shift, e - shift, b, hw.name)
-    found = table.cache.get(key)
-    if found is None:
-        found = table.cache[key] = _kept(table, policy, a - shift, e - shift, b, op_seconds(table, b, hw))
-    return found
+def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hardware
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_kept` of every stage of `bounds` as three arrays, each shape priced once: a deep model's
+    middle stages are the same ops."""
+    edges = np.asarray(bounds, dtype=np.int64)
+    shift = _shifts(table, edges)
+    shapes, which = np.unique((edges[:-1] - shift) * (table.n + 1) + edges[1:] - shift, return_inverse=True)
+    found = []
+    for code in shapes.tolist():
+        a, e = divmod(code, table.n + 1)
+        key = ("kept", policy, a, e, b, hw.name)
+        kept = table.cache.get(key)
+        if kept is None:
+            kept = table.cache[key] = _kept(table, policy, a, e, b, op_seconds(table, b, hw))
+        found.append(kept)
+    saved, peak, recompute = (np.array([k[i] for k in found]) for i in range(3))
+    return saved[which].astype(np.int64), peak[which].astype(np.int64), recompute[which].astype(np.float64)
 
 
 def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
@@ -219,16 +230,16 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         return table.cache[key]
     split = _split(table, plan, b, hw)
     bounds = split["bounds"]
-    kept = [_stage_kept(table, plan.checkpoint, bounds[s], bounds[s + 1], b, hw) for s in range(plan.num_stages)]
+    saved, peak, recompute = _stage_kept(table, plan.checkpoint, bounds, b, hw)
     output = table.output[0] * b + table.output[1]
     found = Stages(
         param_bytes=split["param_bytes"],
         kept_param_bytes=_held(table, bounds, plan.dp) if plan.fsdp else split["param_bytes"],
-        saved_bytes=np.array([k[0] for k in kept], dtype=np.int64),
-        recompute_peak=np.array([k[1] for k in kept], dtype=np.int64),
+        saved_bytes=saved,
+        recompute_peak=peak,
         send_bytes=split["send"],
         forward_seconds=split["forward"],
-        recompute_seconds=np.array([k[2] for k in kept]),
+        recompute_seconds=recompute,
         tp_seconds=split["tp"],
         output_bytes=2 * output,  # the outputs, and the loss's buffer of their size (a log-softmax)
     )

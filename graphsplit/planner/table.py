@@ -1,0 +1,61 @@
+"""`OpTable`: one variant (tp degree x precision) of the whole op sequence, as arrays the search prices
+plans from: per op, per cut, per storage and per parameter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class OpTable:
+    """One variant of the whole op sequence; pairs are (per sample, constant)."""
+
+    tp: int
+    low: bool
+    flops: tuple[np.ndarray, np.ndarray]
+    bytes: tuple[np.ndarray, np.ndarray]
+    kept: list[tuple[int, ...]]  # per op: the storages it keeps for backward (ids into `storage`)
+    storage: tuple[np.ndarray, np.ndarray]  # per storage id: its bytes
+    storage_keys: list[tuple[str, int, int]]  # per storage id: (the node that made it, its copy, index)
+    out: tuple[np.ndarray, np.ndarray]  # the op's output
+    selective: tuple[np.ndarray, np.ndarray]  # what selective checkpointing keeps of it (its matmul outputs)
+    live: tuple[np.ndarray, np.ndarray]  # per cut 0..n: bytes live across it
+    blocked: np.ndarray  # per cut: a container is live across it
+    low_rate: np.ndarray  # bool: runs at the low-precision matmul rate
+    compute: np.ndarray  # bool: a matmul-class op (selective checkpointing keeps its output)
+    block: np.ndarray  # the repeated block each op lies in (index into `blocks`), -1 outside
+    blocks: list[str]
+    block_inputs: dict[int, tuple[tuple[int, int], tuple[int, int]]]  # block -> ((stream), (shared)) bytes pairs
+    reads: list[tuple[tuple[int, int, int, int], ...]]  # per op: (value id, producer position, bytes pair) it reads
+    params: list[tuple[str, ...]]  # per op: the parameters it reads (canonical names)
+    param_bytes: dict[str, int]  # per tp rank, as stored (fp32)
+    param_shapes: dict[str, tuple[int, ...]]  # per tp rank (FSDP shards dim 0 of these over dp)
+    collectives: list[tuple[int, str, str, int, int]]  # (op, direction, kind, bytes per sample, constant)
+    output: tuple[int, int]  # the model's output tensors on the last stage
+    # (first, length, end): ops [first, end) are copies of one block, each `length` ops, every copy
+    # priced as the one before it (a folded profile's blocks 1..L-1); None when nothing repeats
+    period: tuple[int, int, int] | None = None
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.params)
+
+    def at(self, pair: tuple[np.ndarray, np.ndarray], b: int) -> np.ndarray:
+        """The values of `pair` (one of this table's per-sample + constant arrays) at `b` samples."""
+        key = ("at", id(pair[0]), b)
+        found = self.cache.get(key)
+        if found is None:
+            found = self.cache[key] = pair[0] * b + pair[1]
+        return found
+
+    def saved(self, ops: Any, b: int) -> int:
+        """Bytes the ops `ops` (indices) keep for backward when they run in one stage: each storage once."""
+        found = {k for i in ops for k in self.kept[i]}
+        if not found:
+            return 0
+        index = np.fromiter(found, dtype=np.int64)
+        return int((self.storage[0][index] * b + self.storage[1][index]).sum())
