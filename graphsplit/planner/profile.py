@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import multiprocessing
+import os
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,15 +78,20 @@ class ModelProfile:
     def table(self, plan: Plan) -> OpTable:
         key = (plan.tp, plan.autocast is not None)
         if key not in self.variants:
-            try:
-                for low, table in build_tables(self.source, plan.tp).items():
-                    self.variants[plan.tp, low] = table
-            except GraphsplitError as exc:
-                self.variants[plan.tp, False] = self.variants[plan.tp, True] = f"tp={plan.tp}: {exc}"
+            self.add(build_all_tables(self.source, (plan.tp,)))
         found = self.variants[key]
         if isinstance(found, str):
             raise GraphsplitError(found)
         return found
+
+    def add(self, built: dict[int, dict[bool, OpTable] | str]) -> None:
+        """Tables `build_all_tables` built (or why a degree has none)."""
+        for tp, tables in built.items():
+            if isinstance(tables, str):
+                self.variants[tp, False] = self.variants[tp, True] = f"tp={tp}: {tables}"
+            else:
+                for low, table in tables.items():
+                    self.variants[tp, low] = table
 
 
 def _inputs_of(flat: Sequence[Any], samples: int) -> tuple[torch.Tensor, ...]:
@@ -112,8 +120,7 @@ def _fresh_copy(gm: fx.GraphModule) -> fx.GraphModule:
 def _compiled(src: _Source, tp: int) -> dict[bool, tuple[fx.GraphModule, dict[str, Any]]]:
     """The graph after the cost passes at two samples per micro-batch, in fp32 and in low precision:
     tensor parallelism runs once, autocast on a copy of its result."""
-    gm = _fresh_copy(src.base)
-    annotate(gm, src.inputs[0])
+    gm = _fresh_copy(src.base)  # annotated at two samples once (profile_model)
     plan = Plan(tp=tp)
     inp = PassInput(plan, src.inputs[0], None, src.losses[0])
     run = run_passes(gm, inp, [p for p in PASSES if p[0] in ("grad_mode", "tensor_parallel", "vocab_parallel_loss")])
@@ -138,6 +145,40 @@ def _pair(two: int, four: int) -> tuple[int, int]:
 def build_tables(src: _Source, tp: int) -> dict[bool, OpTable]:
     """The fp32 and the low-precision table of one tp degree."""
     return {low: build_table(gm, shardings, src, tp, low) for low, (gm, shardings) in _compiled(src, tp).items()}
+
+
+_FORKED: _Source | None = None  # what forked workers build from (a graph is not worth pickling)
+
+
+def _tables_in_worker(tp: int) -> dict[bool, OpTable] | str:
+    assert _FORKED is not None
+    try:
+        return build_tables(_FORKED, tp)
+    except GraphsplitError as exc:
+        return str(exc)
+
+
+def build_all_tables(src: _Source, tp_degrees: Sequence[int]) -> dict[int, dict[bool, OpTable] | str]:
+    """`build_tables` of every degree (or why it cannot be built), in forked processes where the machine
+    has cores to spare: the degrees are independent, and each costs seconds on a deep model."""
+    global _FORKED
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = min(len(tp_degrees), cores)
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        found: dict[int, dict[bool, OpTable] | str] = {}
+        for tp in tp_degrees:
+            try:
+                found[tp] = build_tables(src, tp)
+            except GraphsplitError as exc:
+                found[tp] = str(exc)
+        return found
+    _FORKED = src
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = {tp: pool.submit(_tables_in_worker, tp) for tp in tp_degrees}
+            return {tp: future.result() for tp, future in futures.items()}
+    finally:
+        _FORKED = None
 
 
 def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp: int, low: bool) -> OpTable:
@@ -279,14 +320,11 @@ def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,), fused_a
     found = fold(traced.gm)
     base, fold_ = found if found is not None else (traced.gm, None)
     source = _Source(base, fold_, (_inputs_of(flat, 2), _inputs_of(flat, 4)), losses, fused_attention)
+    annotate(base, source.inputs[0])
     profile = ModelProfile(batch=batch, tokens_per_sample=tokens_per_sample(flat), model_flops_per_sample=0.0,
                            max_stages=1, has_blocks=False, variants={}, folded=fold_ is not None, source=source)
+    profile.add(build_all_tables(source, sorted({1, *tp_degrees})))  # plans with a tp that failed are left out
     reference = profile.table(Plan())  # raises when the model cannot be compiled at all
-    for tp in tp_degrees:
-        try:
-            profile.table(Plan(tp=tp))
-        except GraphsplitError:
-            pass  # recorded: plans with this tp are left out with the reason
     profile.model_flops_per_sample = float(reference.flops[0].sum())
     profile.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
     profile.has_blocks = bool((reference.block >= 0).any())

@@ -127,30 +127,23 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
 
 def _regions(table: OpTable, a: int, e: int, per: int) -> tuple[list[tuple[int, int]], list[int]]:
     """Checkpoint regions of stage [a, e): runs of `per` consecutive blocks, each extended over the
-    non-block ops after it; and the ops outside every region."""
-    regions: list[tuple[int, int]] = []
-    outside: list[int] = []
-    block = table.block
-    start, count, last = None, 0, -1
-    for i in range(a, e):
-        bi = int(block[i])
-        if bi < 0:
-            if start is None:
-                outside.append(i)
-            continue
-        if bi != last:
-            if start is not None and count == per:
-                regions.append((start, i))
-                start, count = None, 0
-            if start is None:
-                start = i
-            count += 1
-            last = bi
-    if start is not None:
-        regions.append((start, e))
+    non-block ops after it; and the ops outside every region (those before the first block)."""
+    block = table.block[a:e]
+    inside = np.flatnonzero(block >= 0)
+    if not len(inside):
+        return [], list(range(a, e))
+    # where a new block begins: a block op whose block differs from the block op before it
+    ids = block[inside]
+    begins = inside[np.concatenate([[True], ids[1:] != ids[:-1]])] + a
+    starts = begins[::per].tolist()
+    regions = list(zip(starts, [*starts[1:], e]))
+    outside = list(range(a, starts[0]))
     # the pass checkpoints no region without FLOPs (a partial block of elementwise ops): its ops run plainly
-    flops = table.flops[0] + table.flops[1]
-    plain = [r for r in regions if not flops[r[0]:r[1]].any()]
+    key = ("flops_before",)
+    before = table.cache.get(key)
+    if before is None:
+        before = table.cache[key] = np.concatenate([[0], np.cumsum((table.flops[0] + table.flops[1]) > 0)])
+    plain = [r for r in regions if before[r[1]] == before[r[0]]]
     for lo, hi in plain:
         outside.extend(range(lo, hi))
     return [r for r in regions if r not in plain], outside
@@ -177,13 +170,13 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray)
             (stream, common) = table.block_inputs[bi]
             kept += stream[0] * b + stream[1]
             shared = max(shared, common[0] * b + common[1])
-        ops = np.arange(lo, hi)
+        ops = range(lo, hi)
         in_blocks = table.block[lo:hi] >= 0
         if selective:
             keeps = table.compute[lo:hi] & in_blocks
-            kept += int(chosen[lo:hi][in_blocks].sum()) + table.saved(ops[~in_blocks], b)
+            kept += int(chosen[lo:hi][in_blocks].sum()) + table.saved(lo + np.flatnonzero(~in_blocks), b)
             recompute += float(secs[lo:hi][~keeps & in_blocks].sum())
-            peak = max(peak, table.saved(ops[in_blocks], b))
+            peak = max(peak, table.saved(lo + np.flatnonzero(in_blocks), b))
         else:
             recompute += float(secs[lo:hi].sum())
             peak = max(peak, table.saved(ops, b))

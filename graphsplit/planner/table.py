@@ -52,10 +52,27 @@ class OpTable:
             found = self.cache[key] = pair[0] * b + pair[1]
         return found
 
-    def saved(self, ops: Any, b: int) -> int:
-        """Bytes the ops `ops` (indices) keep for backward when they run in one stage: each storage once."""
-        found = {k for i in ops for k in self.kept[i]}
-        if not found:
+    def _flat_kept(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`kept` as flat arrays: every (op, storage) pair in op order, and where each op's pairs start."""
+        found = self.cache.get("flat_kept")
+        if found is None:
+            sizes = np.fromiter((len(row) for row in self.kept), dtype=np.int64, count=self.n)
+            ids = np.fromiter((k for row in self.kept for k in row), dtype=np.int64, count=int(sizes.sum()))
+            found = self.cache["flat_kept"] = (ids, np.concatenate([[0], np.cumsum(sizes)]),
+                                               np.repeat(np.arange(self.n), sizes))
+        return found
+
+    def saved(self, ops: range | np.ndarray | list[int], b: int) -> int:
+        """Bytes the ops `ops` (a range, or indices) keep for backward when they run in one stage: each
+        storage once. A stage holds thousands of ops: their storages are read as one slice or mask."""
+        ids, start, owner = self._flat_kept()
+        if isinstance(ops, range) and ops.step == 1:
+            found = ids[start[ops.start]:start[max(ops.stop, ops.start)]]
+        else:
+            chosen = np.zeros(self.n, dtype=bool)
+            chosen[np.asarray(ops, dtype=np.int64)] = True
+            found = ids[chosen[owner]]
+        if not len(found):
             return 0
-        index = np.fromiter(found, dtype=np.int64)
+        index = np.unique(found)
         return int((self.storage[0][index] * b + self.storage[1][index]).sum())
