@@ -446,7 +446,7 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
             if nnodes > 1 and rdzv_endpoint is None:
                 raise GraphsplitError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT, node 0's address and a free port")
             per_node = nproc_per_node if nproc_per_node is not None else plan.world_size // max(nnodes, 1)
-            nodes = Nodes(nnodes, node_rank, rdzv_endpoint or "127.0.0.1:29500", per_node)
+            nodes = Nodes(nnodes, node_rank, rdzv_endpoint or "", per_node)
         opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, optim=optim, check=check, timeout_s=timeout_s,
                           weights=weights, save=save, resume=resume, collective_timeout_s=collective_timeout_s,
                           save_every=save_every, keep_last=keep_last, eval_every=eval_every, metrics=metrics,

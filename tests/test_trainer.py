@@ -30,7 +30,13 @@ from graphsplit.cli import main
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
 from graphsplit.launch.launcher import RunOptions, run_training
-from graphsplit.launch.parity import reference_run, reference_step
+from graphsplit.launch.parity import (
+    ATOL,
+    check_weights_after,
+    reference_run,
+    reference_step,
+    weight_tolerance,
+)
 from graphsplit.loader import load_model
 from graphsplit.runtime.clip import global_norm_and_clip, owned_grads, squared_norm_share
 from graphsplit.runtime.data import DataSource
@@ -121,6 +127,21 @@ def test_the_reference_run_clips_and_schedules():
                         train_data=True, eval_every=3)
     assert all(n > 0.05 for n in ref.norms) and len(ref.losses) == 3 and set(ref.eval_losses) == {3}
     assert len(set(ref.losses)) == 3  # distinct batches, distinct losses
+
+
+def test_the_weight_check_sees_a_wrong_update_and_tolerates_adamw_rounding(tmp_path):
+    """--check's last comparison: each rank's weights after the run against the untouched model's."""
+    loaded = load_model(WITH_DATA)
+    program = compile_loaded(loaded, Plan(pp=2)).program
+    model = loaded.build("cpu", seed=0)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save(weights, tmp_path / "weights0.pt")
+    assert check_weights_after(program, tmp_path, model, ATOL).ok
+    weights["layers.1.weight"][0, 0] += 1e-3  # one element moved by a tenth of an lr of 0.01
+    torch.save(weights, tmp_path / "weights0.pt")
+    cmp = check_weights_after(program, tmp_path, model, weight_tolerance(OptimConfig("adamw", 0.01), 4))
+    assert not cmp.ok and "weight layers.1.weight" in cmp.failures[0]
+    assert weight_tolerance(OptimConfig("sgd", 0.01), 4) == ATOL
 
 
 # -- data ---------------------------------------------------------------------------------------------

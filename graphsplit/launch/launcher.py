@@ -37,7 +37,7 @@ from ..runtime.materialize import model_tensors
 from ..runtime.schedule import check_schedule
 from ..runtime.training import OptimConfig
 from ..runtime.weights import check_weights, open_weights
-from .parity import Comparison, check_run, reference_run, reference_with_weights
+from .parity import Comparison, check_run, reference_run, reference_with_weights, weight_tolerance
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, supervise
 from .worker import RunSpec
 
@@ -67,7 +67,8 @@ class RunOptions:
 @dataclass(frozen=True)
 class Nodes:
     """torchrun's multi-node settings: `count` machines of `per_node` processes each, this one being
-    `rank`, meeting at `endpoint` (HOST:PORT of node 0, static rendezvous: node ranks as given)."""
+    `rank`, meeting at `endpoint` (HOST:PORT of node 0, static rendezvous: node ranks as given; ""
+    with one node: a standalone rendezvous)."""
 
     count: int
     rank: int
@@ -80,7 +81,7 @@ class Nodes:
         if not 0 <= self.rank < self.count:
             raise GraphsplitError(f"--node-rank must be in 0..{self.count - 1} for --nnodes {self.count}, got {self.rank}")
         host, _, port = self.endpoint.rpartition(":")
-        if not host or not port.isdigit():
+        if (self.endpoint or self.count > 1) and (not host or not port.isdigit()):
             raise GraphsplitError(f"--rdzv-endpoint must be HOST:PORT (node 0's address), got {self.endpoint!r}")
         if self.count * self.per_node != world:
             raise GraphsplitError(f"the plan needs {world} processes but --nnodes {self.count} x --nproc-per-node "
@@ -89,7 +90,7 @@ class Nodes:
 
 def torchrun_command(spec_path: Path, world: int, nodes: Nodes | None = None) -> list[str]:
     """The torchrun command line that starts this machine's ranks."""
-    if nodes is None:
+    if nodes is None or (nodes.count == 1 and not nodes.endpoint):  # this machine alone: a rendezvous of its own
         where = ["--standalone", f"--nproc-per-node={world}"]
     else:
         where = [f"--nnodes={nodes.count}", f"--node-rank={nodes.rank}", f"--nproc-per-node={nodes.per_node}",
@@ -221,7 +222,8 @@ def run_training(
         reference = reference_run(model, loaded, plan, opts.steps, config, opts.resume, first_step, skipped,
                                   train_data=loaded.train_data is not None, data_start=data_start,
                                   eval_every=opts.eval_every)
-        return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped, model=model)
+        return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped, model=model,
+                         weights_atol=weight_tolerance(config, opts.steps))
 
 
 def _check_data(loaded: LoadedModel, plan: Plan, opts: RunOptions, echo: Callable[[str], None]) -> int:

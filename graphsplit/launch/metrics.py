@@ -16,6 +16,7 @@ also holds `eval_loss`, the mean loss over eval_data() after that step.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -74,13 +75,16 @@ class StepLog:
         note = "  (fp16 overflow: step skipped, loss scale halved)" if skipped else ""
         norm = f"grad norm {grad_norm:.4g}{' (clipped)' if clipped else ''}"
         evaluated = f"  eval loss {eval_loss:.6f}" if eval_loss is not None else ""
-        self.echo(f"step {step:>3}  loss {loss:.6f}  lr {lr:.3e}  {norm}  {rate:,.0f} {self.unit}/s  "
-                  f"{seconds:.3f} s{evaluated}{note}")
+        # what training computed first, then after " | " the timings, which differ from run to run
+        self.echo(f"step {step:>3}  loss {loss:.6f}  lr {lr:.3e}  {norm}{evaluated}{note}  |  "
+                  f"{rate:,.0f} {self.unit}/s  {seconds:.3f} s")
         return row
 
     def _write(self, row: dict[str, Any]) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
+            # strict JSON: an fp16 overflow's infinite norm is written as null
+            clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+            self.file.write(json.dumps(clean, allow_nan=False) + "\n")
             self.file.flush()  # a killed run keeps the lines of the steps it finished
 
     def close(self) -> None:

@@ -115,7 +115,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     from ..plan import Plan
     from ..runtime.dcp.record import data_position, model_names, read_info
     from ..runtime.microbatch import gather_outputs
-    from ..runtime.schedule import make_scheduler
+    from ..runtime.schedule import advance, make_scheduler
     from .metrics import StepLog, work_per_step
     from .parity import RankStep
 
@@ -169,7 +169,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         lr = optimizer.param_groups[0]["lr"]
         stepped = pipe.optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+        advance(scheduler)
         if rank.device.type == "cuda":
             torch.cuda.synchronize(rank.device)
         seconds = time.perf_counter() - started

@@ -87,6 +87,12 @@ def global_norm_and_clip(
 ) -> float:
     """The global gradient norm (every rank gets the same value); with `max_norm`, every gradient on
     this rank scaled by the same clip factor. `all_reduce_sum` sums a 0-d tensor over all ranks in place."""
+    with torch.no_grad():  # an FSDP gradient's local shard is a view: scaled in place, never recorded
+        return _norm_and_clip(program, stages, tp_rank, dp_rank, dp_sharded, max_norm, all_reduce_sum)
+
+
+def _norm_and_clip(program: Program, stages: Mapping[int, nn.Module], tp_rank: int, dp_rank: int, dp_sharded: bool,
+                   max_norm: float | None, all_reduce_sum: Callable[[torch.Tensor], None]) -> float:
     owned = owned_grads(program, stages, tp_rank, dp_rank, dp_sharded)
     device = next((g.device for g in all_grads(stages)), torch.device("cpu"))
     share = squared_norm_share(owned, device)

@@ -15,6 +15,7 @@ lr an uninterrupted one would.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -59,3 +60,11 @@ def make_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_steps
         return lr_factor(schedule, done + local_step, warmup_steps, total_steps)
 
     return LambdaLR(optimizer, factor)
+
+
+def advance(scheduler: LambdaLR) -> None:
+    """`scheduler.step()` after a step, skipped or not: an fp16 overflow skips the optimizer's step
+    but the schedule goes on (every rank and the reference alike), which torch warns about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        scheduler.step()
