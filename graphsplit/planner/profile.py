@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import multiprocessing
-import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +41,7 @@ from ..plan import Plan
 from ..runtime.microbatch import split_microbatches
 from .fold import Fold, fold
 from .measure import measure, node_params, out_bytes
+from .parallel import fork_map
 from .table import OpTable
 from .tile import expand, short_fold
 
@@ -147,38 +145,17 @@ def build_tables(src: _Source, tp: int) -> dict[bool, OpTable]:
     return {low: build_table(gm, shardings, src, tp, low) for low, (gm, shardings) in _compiled(src, tp).items()}
 
 
-_FORKED: _Source | None = None  # what forked workers build from (a graph is not worth pickling)
-
-
-def _tables_in_worker(tp: int) -> dict[bool, OpTable] | str:
-    assert _FORKED is not None
+def _tables_or_reason(src: _Source, tp: int) -> dict[bool, OpTable] | str:
     try:
-        return build_tables(_FORKED, tp)
+        return build_tables(src, tp)
     except GraphsplitError as exc:
         return str(exc)
 
 
 def build_all_tables(src: _Source, tp_degrees: Sequence[int]) -> dict[int, dict[bool, OpTable] | str]:
-    """`build_tables` of every degree (or why it cannot be built), in forked processes where the machine
-    has cores to spare: the degrees are independent, and each costs seconds on a deep model."""
-    global _FORKED
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = min(len(tp_degrees), cores)
-    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        found: dict[int, dict[bool, OpTable] | str] = {}
-        for tp in tp_degrees:
-            try:
-                found[tp] = build_tables(src, tp)
-            except GraphsplitError as exc:
-                found[tp] = str(exc)
-        return found
-    _FORKED = src
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = {tp: pool.submit(_tables_in_worker, tp) for tp in tp_degrees}
-            return {tp: future.result() for tp, future in futures.items()}
-    finally:
-        _FORKED = None
+    """`build_tables` of every degree (or why it cannot be built), on the machine's cores: the degrees
+    are independent, and each costs seconds on a deep model."""
+    return dict(zip(tp_degrees, fork_map(_tables_or_reason, src, tp_degrees)))
 
 
 def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp: int, low: bool) -> OpTable:

@@ -23,6 +23,7 @@ from ..errors import GraphsplitError
 from ..plan import Plan, divisors
 from .estimate import Estimate, estimate
 from .hardware import Hardware
+from .parallel import fork_map
 from .stages import plan_stages
 
 SCHEDULE_CHOICES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
@@ -88,33 +89,64 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                                schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast)
 
 
-def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node: int | None = None,
-           optimizer: str = "adamw", top: int = 10) -> SearchResult:
-    """Price every candidate for `gpus` devices of `gpu_memory` bytes; the ones that fit, fastest first."""
-    start = time.perf_counter()
-    per_node = gpus_per_node or hw.gpus_per_node
-    left_out: Counter[str] = Counter()
-    fitting: list[Estimate] = []
-    closest: Estimate | None = None
-    considered = 0
-    budget = gpu_memory * USABLE_FRACTION
-    for plan in candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out):
-        considered += 1
+@dataclass
+class _Priced:
+    """One group of candidates priced: (candidate index, estimate) of those that fit, the one needing
+    the least memory of those that do not, and why the rest could not be priced."""
+
+    fitting: list[tuple[int, Estimate]]
+    closest: tuple[int, Estimate] | None
+    left_out: Counter[str]
+
+
+def _price(state: tuple[Any, Hardware, int, str], group: list[tuple[int, Plan]]) -> _Priced:
+    profile, hw, budget, optimizer = state
+    priced = _Priced([], None, Counter())
+    for index, plan in group:
         try:
             stages = plan_stages(profile, plan)
         except GraphsplitError as exc:
-            left_out[str(exc)] += 1
+            priced.left_out[str(exc)] += 1
             continue
         est = estimate(plan, stages, hw, profile.batch, profile.tokens_per_sample, profile.model_flops_per_sample,
                        optimizer)
         if est.memory["total"] <= budget:
-            fitting.append(est)
-        elif closest is None or est.memory["total"] < closest.memory["total"]:
-            closest = est
-    fitting.sort(key=lambda e: (e.step_seconds, e.memory["total"], e.plan.autocast == "fp16"))
-    result = SearchResult(bool(fitting), fitting, None if fitting else closest, None, None, considered, left_out)
-    if not fitting and closest is not None:
-        parts = {k: v for k, v in closest.memory.items() if k != "total"}
+            priced.fitting.append((index, est))
+        elif priced.closest is None or est.memory["total"] < priced.closest[1].memory["total"]:
+            priced.closest = (index, est)
+    return priced
+
+
+def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node: int | None = None,
+           optimizer: str = "adamw", top: int = 10) -> SearchResult:
+    """Price every candidate for `gpus` devices of `gpu_memory` bytes; the ones that fit, fastest first.
+
+    Candidates are priced in groups that share a table (one tp degree and precision), each group on a
+    core of its own where the machine has several (parallel.py): a group's cached cuts and stage
+    prices serve only its own plans."""
+    start = time.perf_counter()
+    per_node = gpus_per_node or hw.gpus_per_node
+    left_out: Counter[str] = Counter()
+    groups: dict[tuple[int, bool], list[tuple[int, Plan]]] = {}
+    plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out))
+    for index, plan in enumerate(plans):
+        groups.setdefault((plan.tp, plan.autocast is not None), []).append((index, plan))
+    budget = int(gpu_memory * USABLE_FRACTION)
+    fitting: list[tuple[int, Estimate]] = []
+    closest: tuple[int, Estimate] | None = None
+    for priced in fork_map(_price, (profile, hw, budget, optimizer), list(groups.values())):
+        fitting += priced.fitting
+        left_out.update(priced.left_out)
+        if priced.closest is not None and (closest is None or (priced.closest[1].memory["total"], priced.closest[0])
+                                           < (closest[1].memory["total"], closest[0])):
+            closest = priced.closest
+    # candidate order breaks ties, so the answer does not depend on which core priced what
+    fitting.sort(key=lambda p: (p[1].step_seconds, p[1].memory["total"], p[1].plan.autocast == "fp16", p[0]))
+    found = [est for _, est in fitting]
+    result = SearchResult(bool(found), found, None if found or closest is None else closest[1], None, None,
+                          len(plans), left_out)
+    if not found and closest is not None:
+        parts = {k: v for k, v in closest[1].memory.items() if k != "total"}
         result.too_large = max(parts, key=parts.__getitem__)
         result.devices_needed = _devices_needed(profile, gpus, gpu_memory, hw, per_node, optimizer)
     result.search_seconds = time.perf_counter() - start
