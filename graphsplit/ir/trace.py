@@ -47,6 +47,7 @@ from .grad_regions import (
     training_grad_mode,
 )
 from .meta import SourceLine, info
+from .trace_device import as_if_on_cpu, back_to_meta, fake_inputs, on_meta
 
 _SPECIALIZED = ("has been specialized",)
 
@@ -356,14 +357,22 @@ def _batch_dynamic(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 
 def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
 
-    meta_args, meta_kwargs = _to_model_device(model, (args, kwargs))
-    try:
-        ep = torch.export.export(
-            model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs), strict=False
-        )
-    except Exception:  # a symbolic batch dim is a bonus: retry fully static
-        ep = torch.export.export(model, meta_args, meta_kwargs, strict=False)
-    gm = ep.module()
+    with contextlib.ExitStack() as stack:
+        if on_meta(model):  # device-dependent branches take the CPU's side: trace_device.py
+            mode = stack.enter_context(as_if_on_cpu(model))
+            meta_args, meta_kwargs = pytree.tree_map_only(
+                torch.Tensor, functools.partial(fake_inputs, mode), (args, kwargs))
+        else:
+            meta_args, meta_kwargs = _to_model_device(model, (args, kwargs))
+        try:
+            ep = torch.export.export(
+                model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs), strict=False
+            )
+        except Exception:  # a symbolic batch dim is a bonus: retry fully static
+            ep = torch.export.export(model, meta_args, meta_kwargs, strict=False)
+        gm = ep.module()
+    if on_meta(model):
+        back_to_meta(gm, model)
     graph = gm.graph
     in_spec, out_spec = gm._in_spec, gm._out_spec
     graph._codegen = CodeGen()  # plain flat placeholders instead of pytree flattening

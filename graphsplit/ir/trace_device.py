@@ -1,0 +1,90 @@
+"""Export a model built on `meta` as if it sat on the CPU.
+
+Models branch on where their tensors live: HF's grouped experts feed `torch.histc`
+floats on "cpu"/"mps" and int32 elsewhere, since CPU has no integer histogram.
+Exported on `meta`, such a model takes the not-CPU branch, and the stage code then
+runs `histc` on an int tensor on the CPU and fails ("histogram_cpu" not implemented
+for 'Int'), although the untouched model runs. So a meta model is exported with fake
+tensors that claim the CPU (no memory is allocated): every branch is the one the
+model takes when built normally. CPU branches are the portable ones: they also run
+on CUDA, where the program's factory calls are retargeted as before.
+
+Afterwards the graph is made device-neutral again, exactly as a meta trace leaves it:
+`device=cpu` arguments read `meta` (materialize.py points them at the rank's device)
+and the module holds the model's own meta parameters and buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
+
+TRACE_DEVICE = torch.device("cpu")
+_META = torch.device("meta")
+
+
+def on_meta(model: nn.Module) -> bool:
+    tensors = [*model.parameters(), *model.buffers()]
+    return bool(tensors) and all(t.device.type == "meta" for t in tensors)
+
+
+@contextlib.contextmanager
+def as_if_on_cpu(model: nn.Module) -> Iterator[FakeTensorMode]:
+    """While inside, `model`'s meta parameters and buffers are fake CPU tensors (restored
+    on exit); inputs must be made fake with the yielded mode (`fake_inputs`)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        with mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=TRACE_DEVICE)
+
+    # export's verifier wants parameters to be nn.Parameter
+    state: dict[str, torch.Tensor] = {
+        name: nn.Parameter(fake(p), requires_grad=p.requires_grad)
+        for name, p in model.named_parameters(remove_duplicate=False)
+    }
+    state.update({name: fake(b) for name, b in model.named_buffers(remove_duplicate=False)})
+    with _reparametrize_module(model, state, tie_weights=True):
+        yield mode
+
+
+def fake_inputs(mode: FakeTensorMode, value: torch.Tensor) -> torch.Tensor:
+    with mode:
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=TRACE_DEVICE)
+
+
+def back_to_meta(gm: fx.GraphModule, model: nn.Module) -> None:
+    """The exported module as a meta trace leaves it: the model's meta tensors, `meta` devices."""
+    own = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
+    for sub_name, sub in list(gm.named_modules()):
+        for attr, value in list({**sub._parameters, **sub._buffers, **vars(sub)}.items()):
+            if not isinstance(value, FakeTensor):
+                continue
+            name = f"{sub_name}.{attr}" if sub_name else attr
+            meta = own.get(name)
+            if meta is None:  # a lifted constant: its shape survives, as on a meta trace
+                meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+            if attr in sub._parameters:
+                sub._parameters[attr] = meta if isinstance(meta, nn.Parameter) else nn.Parameter(meta)
+            elif attr in sub._buffers:
+                sub._buffers[attr] = meta
+            else:
+                setattr(sub, attr, meta)
+
+    def swap(value: object) -> object:
+        if isinstance(value, torch.device) and value == TRACE_DEVICE:
+            return _META
+        return value
+
+    for sub in gm.modules():
+        if isinstance(sub, fx.GraphModule):
+            for node in sub.graph.nodes:
+                node.args = fx.node.map_aggregate(node.args, swap)
+                node.kwargs = fx.node.map_aggregate(node.kwargs, swap)
+            sub.recompile()
