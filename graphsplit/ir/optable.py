@@ -57,6 +57,9 @@ class OpKind(enum.Enum):
     EMBEDDING         = ("embedding",         _C,                  None)
     CONV              = ("conv",              _C,                  Precision.LOW)
     MATMUL            = ("matmul",            _C | _PS,            Precision.LOW)
+    # one weight per expert ([E, in, out]), each token's rows through its expert's
+    # (HF's grouped experts: `transformers::grouped_mm_fallback`, torch's grouped_mm)
+    GROUPED_LINEAR    = ("grouped_linear",    _C,                  Precision.LOW)
     ATTENTION         = ("attention",         _C | _PS,            Precision.LOW)
     NORM              = ("norm",              _NS,                 Precision.FP32)
     VIEW              = ("view",              _PS | _NS | _LO,     None)
@@ -153,6 +156,10 @@ for _targets, _kind in (
     for _t in _targets:
         _FUNCTION_KINDS[_t] = _kind
 
+# by name: transformers registers its op only when imported, and torch spells grouped_mm
+# three ways across versions
+_GROUPED_MM_NAMES = frozenset({"grouped_mm_fallback", "grouped_mm", "_grouped_mm"})
+
 _METHOD_KINDS: dict[str, OpKind] = {
     "view": OpKind.VIEW,
     "reshape": OpKind.VIEW,
@@ -181,6 +188,8 @@ def classify(node: fx.Node, gm: fx.GraphModule) -> OpKind:
         return OpKind.OTHER
     if node.op == "call_method":
         return _METHOD_KINDS.get(str(node.target), OpKind.OTHER)
+    if node.op == "call_function" and op_name(node) in _GROUPED_MM_NAMES:
+        return OpKind.GROUPED_LINEAR
     try:
         return _FUNCTION_KINDS.get(node.target, OpKind.OTHER)
     except TypeError:  # unhashable target
@@ -255,8 +264,8 @@ def family(node: fx.Node, gm: fx.GraphModule) -> OpKind:
     """How a tensor-parallel shard flows through `node` (and where autocast puts it):
     `classify`, with `OTHER`, `VIEW` and `SHAPE` refined by the op's name."""
     kind = classify(node, gm)
-    if kind in (OpKind.LINEAR, OpKind.EMBEDDING, OpKind.CONV, OpKind.MATMUL, OpKind.ATTENTION, OpKind.NORM,
-                OpKind.GETITEM):
+    if kind in (OpKind.LINEAR, OpKind.GROUPED_LINEAR, OpKind.EMBEDDING, OpKind.CONV, OpKind.MATMUL, OpKind.ATTENTION,
+                OpKind.NORM, OpKind.GETITEM):
         return kind
     if node.op == "call_module":
         mod = gm.get_submodule(str(node.target))

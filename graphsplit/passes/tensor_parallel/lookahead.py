@@ -103,7 +103,7 @@ def column_pays_off(linear: fx.Node, gm: fx.GraphModule, limit: int = 500) -> bo
                 reached = True
                 continue
             kind = family(user, gm)
-            if kind == OpKind.LINEAR and linear_form(user) is not None:
+            if kind == OpKind.LINEAR and linear_form(user) is not None or kind == OpKind.GROUPED_LINEAR:
                 reached = True
             elif kind.passes_shard or info(user).value == "scalar":
                 todo.append(user)

@@ -64,6 +64,21 @@ def linear_form(node: fx.Node) -> tuple[Any, Any, Any, int, int] | None:
     return None
 
 
+def grouped_linear_form(node: fx.Node) -> tuple[Any, fx.Node, int, int] | None:
+    """(input, the parameter's get_attr, its out dim, its in dim) for a grouped linear
+    `grouped_mm(x [S, in], w [E, in, out], offsets)` whose `w` is a parameter held as
+    [E, in, out], or as [E, out, in] read through `transpose(-2, -1)` (HF's experts)."""
+    w = node.args[1] if len(node.args) > 1 else None
+    if not isinstance(w, fx.Node):
+        return None
+    if w.op == "get_attr":
+        return node.args[0], w, 2, 1
+    if (op_name_of(w) == "transpose" and len(w.args) == 3 and isinstance(w.args[0], fx.Node)
+            and w.args[0].op == "get_attr" and sorted(d % 3 for d in w.args[1:]) == [1, 2]):
+        return node.args[0], w.args[0], 1, 2
+    return None
+
+
 def _is_addmm(node: fx.Node) -> bool:
     return node.target is torch.addmm or getattr(node.target, "overloadpacket", None) is aten.addmm
 

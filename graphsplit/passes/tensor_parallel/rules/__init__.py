@@ -7,6 +7,7 @@ from . import (
            attention,
            cross_entropy,
            embedding,
+           experts,
            fallback,
            matrix,
            pointwise,
@@ -16,5 +17,5 @@ from . import (
            views,
 )
 
-__all__ = ["attention", "cross_entropy", "embedding", "fallback", "matrix", "pointwise", "reductions", "sizes",
+__all__ = ["attention", "cross_entropy", "embedding", "experts", "fallback", "matrix", "pointwise", "reductions", "sizes",
            "structure", "views"]
