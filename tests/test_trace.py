@@ -85,3 +85,28 @@ def test_op_table_classifies_module_and_function_spellings():
     kinds = [classify(n, t.gm) for n in t.gm.graph.nodes]
     assert kinds.count(OpKind.LINEAR) == 2
     assert kinds.count(OpKind.EMBEDDING) == 1
+
+
+class _DeviceBranch(nn.Module):
+    """Branches on where its tensors live, as HF's grouped experts do (histc takes floats on CPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, idx):
+        counts = torch.histc(idx.float() if idx.device.type == "cpu" else idx.int(), bins=4, min=0, max=3)
+        return counts * self.w
+
+
+def test_meta_model_traces_the_branch_it_takes_on_cpu():
+    idx = torch.tensor([0, 1, 1, 3])
+    with torch.device("meta"):
+        model = _DeviceBranch()
+    traced = trace_model(model, (idx,), {})
+    assert traced.tracer == "export"
+    assert all(p.device.type == "meta" for p in traced.gm.parameters())  # device-neutral, as on meta
+    histc = next(n for n in traced.gm.graph.nodes if "histc" in str(n.target))
+    # traced on meta as such, the int32 branch: "histogram_cpu" not implemented for 'Int' at run time
+    assert histc.args[0].meta["val"].dtype == torch.float32
+    assert "device(type='cpu')" not in traced.gm.code  # factory devices say meta, retargeted per rank

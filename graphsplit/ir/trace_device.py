@@ -44,12 +44,12 @@ def as_if_on_cpu(model: nn.Module) -> Iterator[FakeTensorMode]:
         with mode:
             return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=TRACE_DEVICE)
 
-    # export's verifier wants parameters to be nn.Parameter
+    # export's verifier wants parameters to be nn.Parameter; a tied weight is given once, under
+    # its first name, and `tie_weights` gives its other names the same fake tensor
     state: dict[str, torch.Tensor] = {
-        name: nn.Parameter(fake(p), requires_grad=p.requires_grad)
-        for name, p in model.named_parameters(remove_duplicate=False)
+        name: nn.Parameter(fake(p), requires_grad=p.requires_grad) for name, p in model.named_parameters()
     }
-    state.update({name: fake(b) for name, b in model.named_buffers(remove_duplicate=False)})
+    state.update({name: fake(b) for name, b in model.named_buffers()})
     with _reparametrize_module(model, state, tie_weights=True):
         yield mode
 
