@@ -390,7 +390,11 @@ def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: i
 @click.option("--eval-every", "eval_every", type=int, default=0, show_default=True,
               help="Every K steps, the mean loss over the model file's eval_data(), forward only (0: never).")
 @click.option("--metrics", "metrics", type=click.Path(), default=None,
-              help="Write one JSON line per step here: step, loss, lr, grad_norm, throughput, step_seconds, memory.")
+              help="Write one JSON line per step here: step, loss, lr, grad_norm, throughput, step_seconds, memory "
+                   "(graphsplit inspect FILE plots them).")
+@click.option("--tensorboard", "tensorboard", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Also write those numbers as TensorBoard scalars into DIR (tensorboard --logdir DIR); "
+                   "needs pip install 'graphsplit[tensorboard]'.")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="Machines taking part (torchrun's --nnodes).")
 @click.option("--node-rank", "node_rank", type=int, default=0, show_default=True, help="This machine's rank, 0..nnodes-1.")
 @click.option("--rdzv-endpoint", "rdzv_endpoint", default=None, metavar="HOST:PORT",
@@ -421,7 +425,7 @@ def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: i
 def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout_s: float, weights: str | None,
         save: str | None, resume: str | None, collective_timeout_s: float, save_every: int, keep_last: int,
         weight_decay: float | None, betas: str | None, lr_schedule: str, warmup_steps: int, grad_clip: float | None,
-        eval_every: int, metrics: str | None, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
+        eval_every: int, metrics: str | None, tensorboard: str | None, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
         nproc_per_node: int | None, print_command: bool, **kwargs: Any) -> None:
     """Train TARGET (a model file, or a folder written by transform) under torchrun, on this machine or
     with --nnodes on several; batches from the file's train_data() when it defines one."""
@@ -450,7 +454,7 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
         opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, optim=optim, check=check, timeout_s=timeout_s,
                           weights=weights, save=save, resume=resume, collective_timeout_s=collective_timeout_s,
                           save_every=save_every, keep_last=keep_last, eval_every=eval_every, metrics=metrics,
-                          nodes=nodes, print_command=print_command)
+                          tensorboard=tensorboard, nodes=nodes, print_command=print_command)
         cmp = run_training(model_spec, plan, opts, fixed_cuts, echo=click.echo)
     except GraphsplitError as exc:
         _fail(exc)

@@ -277,6 +277,93 @@ def test_print_command_prints_torchrun_and_starts_nothing(monkeypatch):
         shutil.rmtree(spec.parent)
 
 
+# -- tensorboard --------------------------------------------------------------------------------------
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard folder, by tag: [(step, value)], as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def _assert_scalars_are_the_metrics(folder: Path, rows: list[dict]) -> None:
+    from graphsplit.launch.tensorboard import TAGS
+
+    scalars = _scalars(folder)
+    keys = {k for r in rows for k in r if k in TAGS}
+    assert set(scalars) == {TAGS[k] for k in keys}
+    for key in keys:
+        want = [(r["step"], r[key]) for r in rows if key in r]
+        got = scalars[TAGS[key]]
+        assert [s for s, _ in got] == [s for s, _ in want], key  # one scalar per step
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), key  # float32 in the file
+
+
+def test_the_step_log_writes_each_metrics_line_as_tensorboard_scalars(tmp_path):
+    from graphsplit.launch.metrics import StepLog
+
+    echoed: list[str] = []
+    log = StepLog(str(tmp_path / "m.jsonl"), "tokens", 64, torch.device("cpu"), echo=echoed.append,
+                  tensorboard=str(tmp_path / "tb"))
+    log.step(1, 2.5, 0.01, 1.5, 0.25)
+    log.step(2, 2.25, 0.005, float("inf"), 0.5, skipped=True)  # an fp16 overflow: no grad_norm point
+    log.step(3, 2.0, 0.0025, 0.75, 0.125, clipped=True, eval_loss=2.125)
+    log.close()
+    rows = _metrics(tmp_path / "m.jsonl")
+    assert rows[1]["grad_norm"] is None and len(echoed) == 3
+    _assert_scalars_are_the_metrics(tmp_path / "tb", [{k: v for k, v in r.items() if v is not None} for r in rows])
+    assert [s for s, _ in _scalars(tmp_path / "tb")["train/grad_norm"]] == [1, 3]
+    assert _scalars(tmp_path / "tb")["eval/loss"] == [(3, 2.125)]
+
+
+def test_tensorboard_without_the_package_is_one_line_and_launches_nothing(monkeypatch, tmp_path):
+    import graphsplit.launch.launcher as launcher
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # `import tensorboard` raises ImportError
+    monkeypatch.setattr(launcher, "_launch", lambda *a, **k: pytest.fail("launched without tensorboard"))
+    monkeypatch.setattr(launcher, "load_model", lambda *a, **k: pytest.fail("loaded the model first"))
+    result = CliRunner().invoke(main, ["run", WITH_DATA, "--tensorboard", str(tmp_path / "tb")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "pip install 'graphsplit[tensorboard]'" in lines[0], result.output
+    assert lines[0].startswith("error: --tensorboard needs the tensorboard package")
+    assert not (tmp_path / "tb").exists()
+
+
+# -- moving batches to the device ---------------------------------------------------------------------------
+
+def test_batches_are_pinned_and_copied_asynchronously_only_onto_a_gpu(monkeypatch):
+    """No GPU here: torch.Tensor's pin_memory and to are recorded, not run, for the CUDA case."""
+    from graphsplit.runtime.transfer import to_device
+
+    calls: list[tuple] = []
+    real_to = torch.Tensor.to
+
+    def pin(t):
+        calls.append(("pin", tuple(t.shape)))
+        return t
+
+    def to(t, *args, **kwargs):
+        calls.append(("to", tuple(t.shape), str(args[0]), kwargs.get("non_blocking", False)))
+        return t if str(args[0]).startswith("cuda") else real_to(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    batch = ((torch.ones(2, 3), {"mask": torch.ones(2, dtype=torch.bool)}), torch.zeros(2), 7)
+
+    moved = to_device(batch, torch.device("cpu"))
+    assert moved[0][0] is batch[0][0] and moved[2] == 7
+    assert all(c[0] != "pin" for c in calls) and all(not c[3] for c in calls)  # nothing pinned on CPU
+
+    calls.clear()
+    moved = to_device(batch, torch.device("cuda", 1))
+    assert calls == [("pin", (2, 3)), ("to", (2, 3), "cuda:1", True), ("pin", (2,)), ("to", (2,), "cuda:1", True),
+                     ("pin", (2,)), ("to", (2,), "cuda:1", True)]
+    assert moved[2] == 7
+
+
 # -- real processes ---------------------------------------------------------------------------------------
 
 def _free_port() -> int:
@@ -301,7 +388,8 @@ def test_two_nodes_train_on_data_and_a_resume_from_the_middle_continues_exactly(
              "--warmup-steps", "1", "--grad-clip", "0.05", "--eval-every", "2", "--timeout", "200"]
     common = [sys.executable, "-m", "graphsplit", "run", WITH_DATA, "--dp", "2", "--pp", "2", *optim]
     nodes = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
-    first = [*common, "--steps", "4", "--save", "ck", "--save-every", "2", "--keep-last", "0", "--metrics", "m.jsonl", *nodes]
+    first = [*common, "--steps", "4", "--save", "ck", "--save-every", "2", "--keep-last", "0", "--metrics", "m.jsonl",
+             "--tensorboard", "tb", *nodes]
     launches = [subprocess.Popen([*first, "--node-rank", str(r)], cwd=tmp_path, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     try:
@@ -318,6 +406,8 @@ def test_two_nodes_train_on_data_and_a_resume_from_the_middle_continues_exactly(
         assert {"loss", "lr", "grad_norm", "samples_per_second", "step_seconds", "max_memory_bytes"} <= set(r)
         assert r["clipped"] and r["grad_norm"] > 0.05 and r["samples_per_second"] > 0 and r["max_memory_bytes"] > 0
     assert [("eval_loss" in r) for r in rows] == [False, True, False, True]
+    _assert_scalars_are_the_metrics(tmp_path / "tb", rows)  # from the same rank: one event file
+    assert len(list((tmp_path / "tb").iterdir())) == 1
 
     loaded = load_model(WITH_DATA)
     config = OptimConfig("adamw", 0.01, weight_decay=0.1, betas=(0.9, 0.95), lr_schedule="cosine",

@@ -60,6 +60,7 @@ class RunOptions:
     resume: str | None = None  # a DCP checkpoint (written at any plan), or a `save` folder: its newest
     eval_every: int = 0  # evaluate on eval_data() every this many steps (0: never)
     metrics: str | None = None  # a JSON-lines file: one line per step
+    tensorboard: str | None = None  # a TensorBoard log folder: the same numbers as scalars
     nodes: Nodes | None = None  # several machines (torchrun's multi-node rendezvous); None: this one alone
     print_command: bool = False  # print the torchrun command line and stop
 
@@ -132,6 +133,10 @@ def run_training(
     fixed_cuts: tuple[str, ...] | None = None,
     echo: Callable[[str], None] = print,
 ) -> Comparison | None:
+    if opts.tensorboard:  # before the model loads: a missing optional package is the first thing said
+        from .tensorboard import require_tensorboard
+
+        require_tensorboard()
     loaded = load_model(model_spec)
     if opts.save_every < 0 or opts.keep_last < 0:
         raise GraphsplitError(f"--save-every and --keep-last must be at least 0, got {opts.save_every} and {opts.keep_last}")
@@ -157,7 +162,8 @@ def run_training(
     # the ranks run in their own working directory: give them absolute paths
     opts = replace(opts, resume=opts.resume and str(Path(opts.resume).resolve()),
                    save=opts.save and str(Path(opts.save).resolve()),
-                   metrics=opts.metrics and str(Path(opts.metrics).resolve()))
+                   metrics=opts.metrics and str(Path(opts.metrics).resolve()),
+                   tensorboard=opts.tensorboard and str(Path(opts.tensorboard).resolve()))
     if opts.steps < (0 if opts.resume else 1) or (opts.check and opts.steps < 1):
         raise GraphsplitError(f"--steps must be at least 1 (0 only to re-save a checkpoint with --resume), got {opts.steps}")
     check_schedule(config.lr_schedule, config.warmup_steps, done + opts.steps)
@@ -199,6 +205,7 @@ def run_training(
             resume_dir=opts.resume, lean_init=lean, timeout_s=opts.timeout_s,
             collective_timeout_s=opts.collective_timeout_s, run_dir=str(tmp),
             train_data=loaded.train_data is not None, eval_every=opts.eval_every, metrics=opts.metrics,
+            tensorboard=opts.tensorboard,
         )
         spec.save(tmp / "spec.json")
         if opts.print_command:

@@ -10,7 +10,8 @@ Token-id inputs (an integer tensor of at least two dims: batch x sequence) give
 `tokens_per_second` instead of `samples_per_second`. `max_memory_bytes` is the
 peak of `torch.cuda.max_memory_allocated` on a GPU, of the process's resident
 memory on CPU (`memory` names which). With `--eval-every K`, every K-th step's line
-also holds `eval_loss`, the mean loss over eval_data() after that step.
+also holds `eval_loss`, the mean loss over eval_data() after that step. With
+`--tensorboard DIR` the same numbers go to TensorBoard too (launch/tensorboard.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from .tensorboard import ScalarWriter
 
 
 def work_per_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, int]:
@@ -47,10 +51,12 @@ def peak_memory(device: torch.device) -> tuple[str, int]:
 
 
 class StepLog:
-    """Progress lines through `echo`, JSON lines into `path` (appended to on a resume)."""
+    """Progress lines through `echo`, JSON lines into `path` (appended to on a resume), scalars into
+    the TensorBoard folder `tensorboard`."""
 
     def __init__(self, path: str | None, unit: str, per_step: int, device: torch.device,
-                 append: bool = False, echo: Callable[[str], None] | None = None) -> None:
+                 append: bool = False, echo: Callable[[str], None] | None = None,
+                 tensorboard: str | None = None) -> None:
         self.unit = unit
         self.per_step = per_step
         self.device = device
@@ -59,6 +65,11 @@ class StepLog:
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self.file = open(path, "a" if append else "w")  # noqa: SIM115 - open for the whole run
+        self.scalars: ScalarWriter | None = None
+        if tensorboard:
+            from .tensorboard import ScalarWriter
+
+            self.scalars = ScalarWriter(tensorboard)
 
     def step(self, step: int, loss: float, lr: float, grad_norm: float, seconds: float,
              clipped: bool = False, skipped: bool = False, eval_loss: float | None = None) -> dict[str, Any]:
@@ -72,6 +83,8 @@ class StepLog:
         if eval_loss is not None:
             row["eval_loss"] = eval_loss
         self._write(row)
+        if self.scalars is not None:
+            self.scalars.add(row)
         note = "  (fp16 overflow: step skipped, loss scale halved)" if skipped else ""
         norm = f"grad norm {grad_norm:.4g}{' (clipped)' if clipped else ''}"
         evaluated = f"  eval loss {eval_loss:.6f}" if eval_loss is not None else ""
@@ -90,3 +103,5 @@ class StepLog:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        if self.scalars is not None:
+            self.scalars.close()

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
+from ..runtime.transfer import to_device
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, RankReporter, set_collective_timeout
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class RunSpec:
     train_data: bool = False  # draw each step's batch from the model file's train_data()
     eval_every: int = 0  # evaluate on eval_data() every this many steps (0: never)
     metrics: str | None = None  # a JSON-lines file, one line per step (the rank holding the loss writes it)
+    tensorboard: str | None = None  # a TensorBoard log folder, the same numbers as scalars (the same rank)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -79,10 +80,6 @@ class RunSpec:
         from ..runtime.training import OptimConfig
 
         return OptimConfig(optimizer=self.optimizer, lr=self.lr, **self.optim)
-
-
-def _to(device: torch.device, value: Any) -> Any:
-    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)
 
 
 def _tensor_source(spec: RunSpec, loaded: LoadedModel, program: Program) -> TensorSource:
@@ -136,7 +133,8 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     batches = _train_batches(spec, loaded, program, rank.dp_rank, position, rank.device)
     prints_loss = pipe.is_last and rank.dp_rank == 0 and rank.tp_rank == 0
     unit, per_step = work_per_step(loaded.args, loaded.kwargs)
-    log = StepLog(spec.metrics if prints_loss else None, unit, per_step, rank.device, append=bool(spec.resume_dir))
+    log = StepLog(spec.metrics if prints_loss else None, unit, per_step, rank.device, append=bool(spec.resume_dir),
+                  tensorboard=spec.tensorboard if prints_loss else None)
     losses: list[float] = []
     norms: list[float] = []
     eval_losses: dict[int, float] = {}
@@ -163,7 +161,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         if step == done + 1 and spec.dump_dir:
             whole = gather_outputs(program, output, pipe.tp_comm)
             dump = RankStep(dist.get_rank(), tuple(sorted(rank.modules)), pipe.grads(), loss,
-                            _to(torch.device("cpu"), whole), rank.tp_rank, rank.dp_rank)
+                            to_device(whole, torch.device("cpu")), rank.tp_rank, rank.dp_rank)
             torch.save(vars(dump), Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
         norm = pipe.clip_grads(optimizer, settings.grad_clip)
         lr = optimizer.param_groups[0]["lr"]
@@ -217,7 +215,7 @@ def _train_batches(spec: RunSpec, loaded: LoadedModel, program: Program, dp_rank
     def prepared(batch: Batch) -> tuple[tuple[torch.Tensor, ...], Any]:
         inputs = program.traced.flatten_inputs(batch.args, batch.kwargs)
         target = batch.target if batch.target is not None else default_target(inputs)
-        return _to(device, inputs), _to(device, target)
+        return to_device(inputs, device), to_device(target, device)
 
     if spec.train_data:
         assert loaded.train_data is not None
@@ -249,7 +247,7 @@ def _evaluate(loaded: LoadedModel, program: Program, pipe: DistributedPipeline, 
     for batch in source.batches(plan.dp, dp_rank, cycle=False):
         inputs = program.traced.flatten_inputs(batch.args, batch.kwargs)
         target = batch.target if batch.target is not None else default_target(inputs)
-        loss = pipe.evaluate(_to(device, inputs), _to(device, target))
+        loss = pipe.evaluate(to_device(inputs, device), to_device(target, device))
         count += 1
         if loss is not None:
             total += float(loss)
