@@ -207,17 +207,32 @@ def main() -> None:
 @_plan_options
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None, help="Folder for plan.json and stage code.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout (logs go to stderr).")
-def transform(model: str, out_dir: Path | None, as_json: bool, **kwargs: Any) -> None:
+@click.option("--device-map", "device_map_file", type=click.Path(path_type=Path), default=None,
+              help="Also write a device map (module -> device index, one device per pipeline stage) for "
+                   "accelerate.dispatch_model or from_pretrained(device_map=...): one process, layers on several devices.")
+def transform(model: str, out_dir: Path | None, as_json: bool, device_map_file: Path | None, **kwargs: Any) -> None:
     """Plan and rewrite MODEL (path/to/model.py[:factory]); write artifacts to --out."""
     from .api import transform as do_transform
+    from .loader import load_model
     from .report.summary import render
 
     try:
         plan, _ = _plan_from(kwargs)
-        result = do_transform(model, plan, out_dir)
+        if device_map_file is not None:
+            from .report.device_map import check_device_map_target
+
+            check_device_map_target(device_map_file, plan)
+        loaded = load_model(model)
+        result = do_transform(loaded, plan, out_dir)
+        if device_map_file is not None:
+            from .report.device_map import write_device_map
+
+            write_device_map(device_map_file, result.program, loaded.build("meta"))
     except GraphsplitError as exc:
         _fail(exc)
         return
+    if device_map_file is not None:
+        click.echo(f"wrote {device_map_file}", err=True)
     if as_json:
         click.echo(json.dumps(result.summary, indent=2, default=str))
         if out_dir is not None:
@@ -230,43 +245,83 @@ def transform(model: str, out_dir: Path | None, as_json: bool, **kwargs: Any) ->
 
 @main.command()
 @click.argument("out_dir", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary (or a run's steps) as JSON.")
 @click.option("--open", "open_report", is_flag=True,
-              help="Also open the folder's report.html (overview, graph, stage code, plan) in a web browser.")
+              help="Also open the folder's report.html (overview, graph, stage code, plan, training) in a web browser.")
 def inspect(out_dir: Path, as_json: bool, open_report: bool) -> None:
     """Print the summary of a folder written by transform (stages, balance, collectives, memory per rank);
-    --open also shows its report.html."""
-    from .report.artifacts import read_plan_record
-    from .report.summary import render
+    --open also shows its report.html.
+
+    OUT_DIR may also be a run's --metrics file (or a folder holding metrics.jsonl): its steps are
+    printed as a table and its loss, lr, gradient-norm and throughput curves put into the folder's
+    report.html (a transform's report gains a Training tab)."""
+    from .report.artifacts import PLAN_FILE, REPORT_FILE, read_plan_record
+    from .report.training import check_report_writable, find_metrics, read_metrics
 
     try:
-        report = _report_path(out_dir) if open_report else None
-        record = read_plan_record(out_dir)
+        metrics = find_metrics(out_dir)
+        rows = read_metrics(metrics) if metrics is not None else None
+        if metrics is not None:
+            check_report_writable(metrics.parent / REPORT_FILE)  # before anything is printed
+        # a transform's folder (given as the folder) shows its summary, with or without a run's metrics
+        summarize = metrics is None or (out_dir.is_dir() and (out_dir / PLAN_FILE).exists())
+        report = _report_path(out_dir) if open_report and metrics is None else None
+        record = read_plan_record(out_dir) if summarize else None
     except GraphsplitError as exc:
         _fail(exc)
         return
+    if record is not None:
+        _show_summary(record, out_dir, as_json)
+    if metrics is not None and rows is not None:
+        report = _show_training(metrics, rows, as_json, summarized=record is not None)
+    if open_report and report is not None:
+        _open_report(report)
+
+
+def _show_summary(record: dict[str, Any], out_dir: Path, as_json: bool) -> None:
+    from .report.summary import render
+
     summary = record.get("summary")
     if summary is None:
         _fail(GraphsplitError(f"{out_dir}/plan.json has no summary; re-run graphsplit transform"))
         return
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
-    else:
+        return
+    from rich.console import Console
+
+    console = Console()
+    try:  # drawn whole before anything is printed: a summary from another version fails cleanly
+        with console.capture() as drawn:
+            render(summary, console)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        _fail(GraphsplitError(f"{out_dir}/plan.json holds a summary this graphsplit cannot read "
+                              f"({type(exc).__name__}: {exc}); re-run graphsplit transform MODEL --out {out_dir}"))
+        return
+    click.echo(f"{record['model']['path']}:{record['model']['factory']} (graphsplit {record['graphsplit_version']}, "
+               f"torch {record.get('torch_version', 'unknown')})")
+    click.echo(drawn.get(), nl=False)
+
+
+def _show_training(metrics: Path, rows: list[dict[str, Any]], as_json: bool, summarized: bool) -> Path:
+    """A run's steps as a table (as JSON with --json, unless the transform summary took stdout), and its
+    curves into the folder's report.html; returns the report's path."""
+    from .report.training import render_table, write_training_report
+
+    if as_json and not summarized:
+        click.echo(json.dumps(rows, indent=2))
+    elif not as_json:
         from rich.console import Console
 
-        console = Console()
-        try:  # drawn whole before anything is printed: a summary from another version fails cleanly
-            with console.capture() as drawn:
-                render(summary, console)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            _fail(GraphsplitError(f"{out_dir}/plan.json holds a summary this graphsplit cannot read "
-                                  f"({type(exc).__name__}: {exc}); re-run graphsplit transform MODEL --out {out_dir}"))
-            return
-        click.echo(f"{record['model']['path']}:{record['model']['factory']} (graphsplit {record['graphsplit_version']}, "
-                   f"torch {record.get('torch_version', 'unknown')})")
-        click.echo(drawn.get(), nl=False)
-    if report is not None:
-        _open_report(report)
+        click.echo(f"training: {metrics}")
+        render_table(rows, Console())
+    try:
+        report = write_training_report(metrics.parent, rows, metrics)
+    except GraphsplitError as exc:
+        _fail(exc)
+        raise  # not reached: _fail exits
+    click.echo(f"wrote the training curves to {report}", err=as_json)
+    return report
 
 
 def _report_path(out_dir: Path) -> Path:

@@ -332,3 +332,128 @@ def llama_80(tmp_path_factory: pytest.TempPathFactory):
     result = transform(ready, Plan(tp=2, pp=8), out)
     code = {st.index: stage_source(st, result.program) for st in result.program.stages}
     return out, result.program, plan_record(result.program, ready, out, result.summary), code
+
+
+# --- training curves (inspect on a run's --metrics file) ------------------------------
+
+POLYLINE = re.compile(r'<polyline data-series="([^"]+)" points="([^"]*)"')
+
+
+def _curves(html: str) -> dict[str, list[tuple[float, float]]]:
+    return {name: [tuple(map(float, p.split(","))) for p in points.split()] for name, points in POLYLINE.findall(html)}
+
+
+def _write_metrics(path: Path, losses: list[float], evals: dict[int, float] | None = None, start: int = 1) -> list[dict]:
+    rows = []
+    for step, loss in enumerate(losses, start):
+        row = {"step": step, "loss": loss, "lr": 0.01 / step, "grad_norm": 1.0 + step, "clipped": step == 2,
+               "step_seconds": 0.1, "tokens_per_second": 640.0, "max_memory_bytes": 2**26, "memory": "cpu_peak_rss"}
+        if evals and step in evals:
+            row["eval_loss"] = evals[step]
+        rows.append(row)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_inspect_a_metrics_file_prints_the_steps_and_plots_the_curves(tmp_path):
+    from graphsplit.report.curves import BOTTOM, HEIGHT, LEFT, RIGHT, TOP, WIDTH
+
+    metrics = tmp_path / "out" / "m.jsonl"
+    losses = [2.5, 2.0, 2.25, 1.5, 1.75, 1.25]
+    _write_metrics(metrics, losses, evals={3: 2.4, 6: 1.9})
+    with metrics.open("a") as f:  # a run resumed from step 5 trained step 6 again: its latest line counts
+        f.write(json.dumps({"step": 6, "loss": 1.0, "eval_loss": 1.8}) + "\n")
+    losses[-1] = 1.0
+    r = CliRunner().invoke(cli_main, ["inspect", str(metrics)])
+    assert r.exit_code == 0, r.output
+    assert "6 steps" in r.stdout and "2.500000" in r.stdout and "1.000000" in r.stdout and "3*" in r.stdout
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    curves = _curves(html)
+    assert set(curves) == {"loss", "eval loss", "lr", "grad_norm", "tokens_per_second"}
+    loss = curves["loss"]
+    assert len(loss) == len(losses)  # one point per step
+    assert [x for x, _ in loss] == sorted(x for x, _ in loss) and loss[0][0] == LEFT and loss[-1][0] == WIDTH - RIGHT
+    # y follows the losses: the highest at the top of the plot, the lowest at its bottom, linear between
+    ys = [y for _, y in loss]
+    assert ys[losses.index(max(losses))] == pytest.approx(TOP) and ys[losses.index(min(losses))] == pytest.approx(HEIGHT - BOTTOM)
+    for (_, y), value in zip(loss, losses):
+        assert y == pytest.approx(TOP + (HEIGHT - TOP - BOTTOM) * (2.5 - value) / (2.5 - 1.0), abs=0.01)
+    assert len(curves["eval loss"]) == 2 and "6 steps (1 to 6)" in html and "lowest 1 at step 6" in html
+
+    # again on the folder: the section is replaced, not added to
+    _write_metrics(tmp_path / "out" / "metrics.jsonl", [3.0, 2.0, 1.0])
+    assert CliRunner().invoke(cli_main, ["inspect", str(tmp_path / "out")]).exit_code == 0
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.count("<h2>Training</h2>") == 1 and len(_curves(html)["loss"]) == 3
+    as_json = CliRunner().invoke(cli_main, ["inspect", str(tmp_path / "out"), "--json"])
+    assert [row["step"] for row in json.loads(as_json.stdout)] == [1, 2, 3]
+
+
+def test_a_long_run_prints_evenly_spaced_steps_and_plots_them_all(tmp_path):
+    _write_metrics(tmp_path / "metrics.jsonl", [1.0 / s for s in range(1, 1001)])
+    r = CliRunner().invoke(cli_main, ["inspect", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "1000 steps (showing 25)" in r.stdout and re.search(r"\b1000\b", r.stdout)
+    assert len(_curves((tmp_path / "report.html").read_text())["loss"]) == 1000
+
+
+@pytest.fixture(scope="module")
+def gpt_trained(gpt_pp4, tmp_path_factory) -> Path:
+    """A transform folder that also holds the metrics of a run, inspected."""
+    out = tmp_path_factory.mktemp("trained") / "gpt"
+    shutil.copytree(gpt_pp4, out)
+    _write_metrics(out / "metrics.jsonl", [4.0, 3.5, 3.0], evals={3: 3.25})
+    r = CliRunner().invoke(cli_main, ["inspect", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "balance" in r.stdout and "3 steps" in r.stdout  # the summary, then the training table
+    return out
+
+
+def test_a_transform_report_gains_a_training_section(gpt_trained, gpt_pp4):
+    html = (gpt_trained / "report.html").read_text()
+    assert page_data(html) == page_data((gpt_pp4 / "report.html").read_text())  # the rest unchanged
+    assert len(_curves(html)["loss"]) == 3 and html.count("<h2>Training</h2>") == 1
+    assert "<h2>Training</h2>" not in (gpt_pp4 / "report.html").read_text()
+
+
+METRICS_ROWS = [
+    ("missing", None, r"m\.jsonl does not exist; write it with graphsplit run MODEL --metrics"),
+    ("garbled", b'{"step": 1, "loss": 2.0}\n{"step": 2, "lo', r"m\.jsonl line 2 is not JSON \(.*\); give the file"),
+    ("not-a-line", b'[1, 2]\n', r"m\.jsonl line 1 is not a metrics line \(each holds an integer 'step' and a 'loss'\)"),
+    ("no-loss", b'{"step": 1}\n', r"line 1 is not a metrics line"),
+    ("binary", bytes(range(256)), r"m\.jsonl is not text \(byte 128 is not UTF-8\)"),
+    ("empty", b"", r"m\.jsonl holds no steps"),
+    ("a-foreign-report", b'{"step": 1, "loss": 2.0}\n', r"report\.html has no place for the training curves"),
+]
+
+
+@pytest.mark.parametrize("content, pattern", [r[1:] for r in METRICS_ROWS], ids=[r[0] for r in METRICS_ROWS])
+def test_a_bad_metrics_file_is_one_line(tmp_path, content, pattern):
+    metrics = tmp_path / "m.jsonl"
+    if content is not None:
+        metrics.write_bytes(content)
+    if pattern.startswith("report"):
+        (tmp_path / "report.html").write_text("<html>the user's own page</html>")
+    r = CliRunner().invoke(cli_main, ["inspect", str(metrics)])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and r.stdout == "", r.output
+    assert re.search(pattern, lines[0]), lines[0]
+    if pattern.startswith("report"):
+        assert (tmp_path / "report.html").read_text() == "<html>the user's own page</html>"
+    else:
+        assert not (tmp_path / "report.html").exists()
+
+
+def test_page_training_tab(browser, gpt_trained, gpt_pp4):
+    page = Page(browser, gpt_pp4 / "report.html")  # no run's metrics: no Training tab
+    assert not page.page.locator('#tabs button[data-tab="training"]').is_visible()
+    page.close()
+    page = Page(browser, gpt_trained / "report.html")
+    p = page.page
+    p.click('#tabs button[data-tab="training"]')
+    assert p.locator("#training-tab svg.chart").count() == 4 and p.locator("#training-tab").is_visible()
+    assert "3 steps (1 to 3)" in p.locator("#training-tab").inner_text()
+    page.close()
