@@ -158,7 +158,6 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray)
     per = int(policy.split(":")[1]) if policy.startswith("every:") else 1
     selective = policy == "selective"
     regions, outside = _regions(table, a, e, per)
-    chosen = table.at(table.selective, b)
     kept, peak, recompute, shared = table.saved(outside, b), 0, 0.0, 0
     for lo, hi in regions:
         bi = int(table.block[lo])
@@ -170,17 +169,36 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray)
             (stream, common) = table.block_inputs[bi]
             kept += stream[0] * b + stream[1]
             shared = max(shared, common[0] * b + common[1])
-        ops = range(lo, hi)
-        in_blocks = table.block[lo:hi] >= 0
-        if selective:
-            keeps = table.compute[lo:hi] & in_blocks
-            kept += int(chosen[lo:hi][in_blocks].sum()) + table.saved(lo + np.flatnonzero(~in_blocks), b)
-            recompute += float(secs[lo:hi][~keeps & in_blocks].sum())
-            peak = max(peak, table.saved(lo + np.flatnonzero(in_blocks), b))
-        else:
-            recompute += float(secs[lo:hi].sum())
-            peak = max(peak, table.saved(ops, b))
+        add, region_peak, region_recompute = _region(table, lo, hi, b, secs, selective)
+        kept += add
+        peak = max(peak, region_peak)
+        recompute += region_recompute
     return kept + shared, peak, recompute
+
+
+def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, selective: bool) -> tuple[int, int, float]:
+    """One checkpoint region [lo, hi): (what it keeps beyond its inputs, its activations while it is
+    recomputed, its recompute seconds); priced once per shape, as stages are (`_shifts`)."""
+    shift = 0
+    if table.period is not None:  # `_shifts` of one region, in plain Python (called thousands of times)
+        first, length, end = table.period
+        k = (lo - first) // length
+        shift = (k - 2) * length if lo >= first and k > 2 and hi <= end - length else 0
+    key = ("region", selective, lo - shift, hi - shift, b, id(secs))  # secs: cached on the table, per (b, hardware)
+    found = table.cache.get(key)
+    if found is not None:
+        return found
+    lo, hi = lo - shift, hi - shift
+    in_blocks = table.block[lo:hi] >= 0
+    if selective:
+        keeps = table.compute[lo:hi] & in_blocks
+        chosen = table.at(table.selective, b)
+        found = (int(chosen[lo:hi][in_blocks].sum()) + table.saved(lo + np.flatnonzero(~in_blocks), b),
+                 table.saved(lo + np.flatnonzero(in_blocks), b), float(secs[lo:hi][~keeps & in_blocks].sum()))
+    else:
+        found = (0, table.saved(range(lo, hi), b), float(secs[lo:hi].sum()))
+    table.cache[key] = found
+    return found
 
 
 def _shifts(table: OpTable, bounds: np.ndarray) -> np.ndarray:
