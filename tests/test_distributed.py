@@ -22,17 +22,15 @@ pytestmark = pytest.mark.slow
 CASES = [
     # each schedule once, on models whose stages pass several tensors (unet's skip connections,
     # last_input's model input carried to the last stage) and BatchNorm buffers (resnet)
-    # (1F1B, the default, is the tensor x pipeline case below)
+    # (1F1B, the default: tests/test_weights.py's tensor x pipeline run)
     ("unet.py", Plan(pp=3, schedule="gpipe")),  # batch 4: the default gives 4 micro-batches, not one per stage
-    ("resnet.py", Plan(pp=2, schedule="interleaved-1f1b", stages_per_rank=2)),
+    # interleaved under DDP; BatchNorm: each replica keeps its own statistics (no buffer broadcast)
+    ("resnet.py", Plan(dp=2, pp=2, schedule="interleaved-1f1b", stages_per_rank=2)),
     ("last_input.py", Plan(pp=4, schedule="looped-bfs", stages_per_rank=2, microbatches=8)),
-    # tensor x pipeline: tp collectives on real groups between pipeline sends, recomputed by
-    # activation checkpointing in backward, and the vocab-parallel loss on the last stage
-    ("gpt.py", Plan(tp=2, pp=2, checkpoint="blocks")),
+    # tensor x pipeline with activation checkpointing: tests/test_weights.py's run from a weights file
     # data parallel: DDP over the dp axis, each replica its share of the batch, gradients averaged
+    # (tied embeddings synced per replica: test_parallelize's FSDP dp2 x pp2 x tp2 gpt)
     ("mlp.py", Plan(dp=2)),  # one stage: DDP without a schedule (no_sync on all but the last micro-batch)
-    ("gpt.py", Plan(dp=2, pp=2)),  # DDP under a pipeline schedule, tied embedding groups per replica
-    ("resnet.py", Plan(dp=2, pp=2)),  # BatchNorm: each replica keeps its own statistics (no buffer broadcast)
 ]
 
 

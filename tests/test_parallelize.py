@@ -70,12 +70,6 @@ def _matches_untouched_model(folder, dp, pp, tp, fsdp):
     assert curve == pytest.approx(ref_curve, rel=1e-4)
 
 
-@pytest.mark.timeout(300)
-def test_parallelize_in_a_torchrun_script(tmp_path):
-    _torchrun(4, "--pp", "2", "--tp", "2", "--steps", str(STEPS), "--dump", str(tmp_path))
-    _matches_untouched_model(tmp_path, 1, 2, 2, False)
-
-
 @pytest.mark.timeout(400)
 def test_parallelize_3d_with_fsdp(fsdp_3d):
     _matches_untouched_model(fsdp_3d, 2, 2, 2, True)

@@ -44,13 +44,16 @@ def test_weights_files_are_read_lazily_and_errors_are_clear(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_run_from_a_safetensors_file_matches_the_model_holding_it(tmp_path):
+    """tp 2 x pp 2 with activation checkpointing on real groups (tests/test_distributed.py's tensor x
+    pipeline case): tp collectives between pipeline sends, recomputed in backward, the vocab-parallel
+    loss on the last stage; every rank starting from the file."""
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     model = loaded.build("cpu", seed=123)  # not the plan's seed: the file must be what is used
     path = tmp_path / "gpt.safetensors"
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(path))
     lines: list[str] = []
     opts = RunOptions(steps=2, check=True, timeout_s=240, weights=str(path))
-    cmp = run_training(str(EXAMPLES / "gpt.py"), Plan(tp=2, pp=2), opts, echo=lines.append)
+    cmp = run_training(str(EXAMPLES / "gpt.py"), Plan(tp=2, pp=2, checkpoint="blocks"), opts, echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     with torch.no_grad():
         expected = loaded.loss_fn(model(*loaded.args), loaded.target)
