@@ -1,10 +1,7 @@
 """Activation checkpointing: the same numbers, bit for bit, and less kept for backward."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ from graphsplit.runtime.materialize import materialize_stage, model_tensors
 from graphsplit.runtime.training import make_loss
 
 from .conftest import EXAMPLES
+from .test_cli import cli
 
 
 def step(loaded, plan):
@@ -163,12 +161,6 @@ def test_summary_reports_saved_bytes_with_overrides():
     rows = summarize(compile_loaded(loaded, plan).program)["activation_bytes"]
     assert [r["stage"] for r in rows] == [0, 1]
     assert all(0 < r["with"] < r["without"] for r in rows)
-
-
-def cli(*args):
-    env = dict(os.environ, COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "graphsplit", *map(str, args)],
-                          capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_cli_checkpoint_module_option(tmp_path):

@@ -463,7 +463,7 @@ def _crash(proc) -> None:
 @pytest.mark.timeout(500)
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the run's processes in /proc")
 def test_a_killed_run_resumes_from_its_last_checkpoint_and_trains_on_as_the_untouched_model(tmp_path):
-    """tp2 x pp2 with AdamW, killed after its step-2 checkpoint: the resumed run names the checkpoint,
+    """pp2 with AdamW, killed after its step-2 checkpoint: the resumed run names the checkpoint,
     its losses continue the untouched model's curve, and --check (the untouched model starting from
     the checkpoint's weights and AdamW state) passes. That a resume equals an uninterrupted run to
     the bit is tests/test_fp16.py's resume test (which also carries the loss scale)."""
@@ -471,7 +471,8 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_trains_on_as_the_unto
     import sys
 
     model = str(MODELS / "slow_loss.py")  # slow steps: the kill lands before the next checkpoint
-    common = ["--tp", "2", "--pp", "2", "--optimizer", "adamw", "--lr", "0.01", "--timeout", "240"]
+    # 2 processes (the suite's budget): tp-sharded AdamW state across a resume is test_parallelize's
+    common = ["--pp", "2", "--optimizer", "adamw", "--lr", "0.01", "--timeout", "240"]
 
     def graphsplit(*args: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "graphsplit", "run", model, *common, *args], cwd=tmp_path,
@@ -479,7 +480,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_trains_on_as_the_unto
 
     # what an uninterrupted run's 4 steps give: the untouched model trained in this process
     loaded = load_model(model)
-    _, curve = reference_train(loaded.build("cpu", seed=0), loaded, Plan(tp=2, pp=2), 4, "adamw", 0.01)
+    _, curve = reference_train(loaded.build("cpu", seed=0), loaded, Plan(pp=2), 4, "adamw", 0.01)
 
     def uninterrupted(steps):
         return {k: pytest.approx(curve[k - 1], rel=1e-4) for k in steps}

@@ -152,20 +152,23 @@ def _long_run(tmp_path, *extra: str) -> Run:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_stops_every_rank_and_saves_nothing(tmp_path, sig):
-    run = _long_run(tmp_path)
-    run.wait_for("step   3")
-    ranks = run.ranks()
-    assert len(ranks) == 2
-    run.proc.send_signal(sig)
-    code, err, took = run.finish(timeout=30)
-    assert took < 10, f"the launcher took {took:.1f} s to stop"
-    assert not _gone_within(ranks, 10 - took), "a rank outlived the launcher"
-    assert code == 128 + sig
-    first = err.strip().splitlines()[0]
-    assert first.startswith(f"error: stopped by {'Ctrl-C (SIGINT)' if sig == signal.SIGINT else 'SIGTERM'}"), err
-    assert not (tmp_path / "ckpt").exists(), "a checkpoint was written after the stop"
+def test_interrupt_stops_every_rank_and_saves_nothing(tmp_path):
+    """Ctrl-C and SIGTERM, each to its own run (both runs at once: the suite's budget)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        (tmp_path / sig.name).mkdir()
+    runs = {sig: _long_run(tmp_path / sig.name) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, run in runs.items():
+        run.wait_for("step   3")
+        ranks = run.ranks()
+        assert len(ranks) == 2
+        run.proc.send_signal(sig)
+        code, err, took = run.finish(timeout=30)
+        assert took < 10, f"the launcher took {took:.1f} s to stop"
+        assert not _gone_within(ranks, 10 - took), "a rank outlived the launcher"
+        assert code == 128 + sig
+        first = err.strip().splitlines()[0]
+        assert first.startswith(f"error: stopped by {'Ctrl-C (SIGINT)' if sig == signal.SIGINT else 'SIGTERM'}"), err
+        assert not (tmp_path / sig.name / "ckpt").exists(), "a checkpoint was written after the stop"
 
 
 @pytest.mark.slow
