@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from typing import Any
 
 import click
 
+from .cli_errors import DEBUG_ENV, debug_enabled, fail, internal, set_debug
+from .cli_inspect import inspect
 from .errors import GraphsplitError
 from .launch.supervise import DEFAULT_COLLECTIVE_TIMEOUT_S
 from .plan import SCHEDULES, Plan
@@ -121,39 +122,6 @@ def _override(text: str) -> tuple[str, str]:
     return glob.strip(), policy.strip()
 
 
-DEBUG_ENV = "GRAPHSPLIT_DEBUG"
-INTERNAL_ERROR_EXIT = 3
-
-
-_debug_flag = [False]  # `graphsplit --debug`, for this invocation
-
-
-def _debug() -> bool:
-    return _debug_flag[0] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-
-
-def _fail(exc: GraphsplitError) -> None:
-    click.echo(f"error: {exc}", err=True)
-    if getattr(exc, "detail", None):
-        click.echo(exc.detail.rstrip(), err=True)
-    if _debug():
-        traceback.print_exception(exc, file=sys.stderr)
-    sys.exit(exc.exit_code)
-
-
-def _internal(exc: BaseException) -> None:
-    """Not the user's input: graphsplit's own bug. Say so, in one line, and how to see and report it."""
-    from .report.artifacts import _version
-
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    click.echo(f"error: internal error in graphsplit {_version()} ({type(exc).__name__}: {first}); this is a bug, "
-               f"not your input: please report it with the command line and the traceback "
-               f"(graphsplit --debug ... or {DEBUG_ENV}=1 prints it)", err=True)
-    if _debug():
-        traceback.print_exception(exc, file=sys.stderr)
-    sys.exit(INTERNAL_ERROR_EXIT)
-
-
 class _Main(click.Group):
     """The `graphsplit` group: click's usage errors and anything a command let through, as one line."""
 
@@ -161,7 +129,7 @@ class _Main(click.Group):
              standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
-        _debug_flag[0] = False
+        set_debug(False)
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
         except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:  # bare `graphsplit`: the help
@@ -178,20 +146,20 @@ class _Main(click.Group):
             click.echo("Aborted!", err=True)
             sys.exit(1)
         except GraphsplitError as exc:  # raised outside a command's own handler (a click callback)
-            _fail(exc)
+            fail(exc)
         except OSError as exc:  # the file system said no: the path tells the user what to look at
             click.echo(f"error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}; check that path "
                        "(graphsplit --debug ... prints where it happened)", err=True)
-            if _debug():
+            if debug_enabled():
                 traceback.print_exception(exc, file=sys.stderr)
             sys.exit(2)
         except Exception as exc:
-            _internal(exc)
+            internal(exc)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    _debug_flag[0] = _debug_flag[0] or value  # read by _fail/_internal, after the command's context is gone
+    set_debug(value, keep=True)  # read by fail/internal, after the command's context is gone
 
 
 @click.group(cls=_Main)
@@ -200,6 +168,9 @@ def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
               help=f"Print the traceback after an error's one line (also {DEBUG_ENV}=1).")
 def main() -> None:
     """Turn an ordinary PyTorch model into a pipeline / tensor / data-parallel training program."""
+
+
+main.add_command(inspect)
 
 
 @main.command()
@@ -229,7 +200,7 @@ def transform(model: str, out_dir: Path | None, as_json: bool, device_map_file: 
 
             write_device_map(device_map_file, result.program, loaded.build("meta"))
     except GraphsplitError as exc:
-        _fail(exc)
+        fail(exc)
         return
     if device_map_file is not None:
         click.echo(f"wrote {device_map_file}", err=True)
@@ -241,107 +212,6 @@ def transform(model: str, out_dir: Path | None, as_json: bool, device_map_file: 
         render(result.summary)
         if out_dir is not None:
             click.echo(f"wrote {out_dir}/plan.json and {len(result.program.stages)} stage files")
-
-
-@main.command()
-@click.argument("out_dir", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary (or a run's steps) as JSON.")
-@click.option("--open", "open_report", is_flag=True,
-              help="Also open the folder's report.html (overview, graph, stage code, plan, training) in a web browser.")
-def inspect(out_dir: Path, as_json: bool, open_report: bool) -> None:
-    """Print the summary of a folder written by transform (stages, balance, collectives, memory per rank);
-    --open also shows its report.html.
-
-    OUT_DIR may also be a run's --metrics file (or a folder holding metrics.jsonl): its steps are
-    printed as a table and its loss, lr, gradient-norm and throughput curves put into the folder's
-    report.html (a transform's report gains a Training tab)."""
-    from .report.artifacts import PLAN_FILE, REPORT_FILE, read_plan_record
-    from .report.training import check_report_writable, find_metrics, read_metrics
-
-    try:
-        metrics = find_metrics(out_dir)
-        rows = read_metrics(metrics) if metrics is not None else None
-        if metrics is not None:
-            check_report_writable(metrics.parent / REPORT_FILE)  # before anything is printed
-        # a transform's folder (given as the folder) shows its summary, with or without a run's metrics
-        summarize = metrics is None or (out_dir.is_dir() and (out_dir / PLAN_FILE).exists())
-        report = _report_path(out_dir) if open_report and metrics is None else None
-        record = read_plan_record(out_dir) if summarize else None
-    except GraphsplitError as exc:
-        _fail(exc)
-        return
-    if record is not None:
-        _show_summary(record, out_dir, as_json)
-    if metrics is not None and rows is not None:
-        report = _show_training(metrics, rows, as_json, summarized=record is not None)
-    if open_report and report is not None:
-        _open_report(report)
-
-
-def _show_summary(record: dict[str, Any], out_dir: Path, as_json: bool) -> None:
-    from .report.summary import render
-
-    summary = record.get("summary")
-    if summary is None:
-        _fail(GraphsplitError(f"{out_dir}/plan.json has no summary; re-run graphsplit transform"))
-        return
-    if as_json:
-        click.echo(json.dumps(summary, indent=2, default=str))
-        return
-    from rich.console import Console
-
-    console = Console()
-    try:  # drawn whole before anything is printed: a summary from another version fails cleanly
-        with console.capture() as drawn:
-            render(summary, console)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        _fail(GraphsplitError(f"{out_dir}/plan.json holds a summary this graphsplit cannot read "
-                              f"({type(exc).__name__}: {exc}); re-run graphsplit transform MODEL --out {out_dir}"))
-        return
-    click.echo(f"{record['model']['path']}:{record['model']['factory']} (graphsplit {record['graphsplit_version']}, "
-               f"torch {record.get('torch_version', 'unknown')})")
-    click.echo(drawn.get(), nl=False)
-
-
-def _show_training(metrics: Path, rows: list[dict[str, Any]], as_json: bool, summarized: bool) -> Path:
-    """A run's steps as a table (as JSON with --json, unless the transform summary took stdout), and its
-    curves into the folder's report.html; returns the report's path."""
-    from .report.training import render_table, write_training_report
-
-    if as_json and not summarized:
-        click.echo(json.dumps(rows, indent=2))
-    elif not as_json:
-        from rich.console import Console
-
-        click.echo(f"training: {metrics}")
-        render_table(rows, Console())
-    try:
-        report = write_training_report(metrics.parent, rows, metrics)
-    except GraphsplitError as exc:
-        _fail(exc)
-        raise  # not reached: _fail exits
-    click.echo(f"wrote the training curves to {report}", err=as_json)
-    return report
-
-
-def _report_path(out_dir: Path) -> Path:
-    from .report.artifacts import REPORT_FILE
-
-    path = out_dir / REPORT_FILE
-    if not path.is_file():
-        raise GraphsplitError(f"{out_dir} has no {REPORT_FILE}; run graphsplit transform MODEL --out {out_dir} to write it")
-    return path
-
-
-def _open_report(path: Path) -> None:
-    """Open in the user's browser ($BROWSER or the system's); the page needs no server."""
-    import webbrowser
-
-    uri = path.resolve().as_uri()
-    if webbrowser.open(uri):
-        click.echo(f"opened {uri}", err=True)
-    else:
-        click.echo(f"no web browser found here; open {uri} in one", err=True)
 
 
 @main.command()
@@ -372,7 +242,7 @@ def advise(model: str, gpus: int, gpu_memory: str, nodes: int, hardware: str, as
         hw = load_hardware(hardware)
         result = do_advise(load_model(model), gpus, memory, gpus // nodes, hw)
     except GraphsplitError as exc:
-        _fail(exc)
+        fail(exc)
         return
     if as_json:
         click.echo(json.dumps(result, indent=2))
@@ -412,7 +282,7 @@ def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: i
         if out is not None and result.fits:
             write_plan_file(out, result, context)
     except GraphsplitError as exc:
-        _fail(exc)
+        fail(exc)
         return
     if as_json:
         click.echo(json.dumps({**context, "batch": profile.batch, **result.to_dict(top)}, indent=2))
@@ -512,7 +382,7 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
                           tensorboard=tensorboard, nodes=nodes, print_command=print_command)
         cmp = run_training(model_spec, plan, opts, fixed_cuts, echo=click.echo)
     except GraphsplitError as exc:
-        _fail(exc)
+        fail(exc)
         return
     if cmp is not None and not cmp.ok:
         sys.exit(1)
@@ -531,7 +401,7 @@ def export_weights(checkpoint: Path, out: Path) -> None:
         source = resolve_checkpoint(checkpoint)
         names = do_export(source, out)
     except GraphsplitError as exc:
-        _fail(exc)
+        fail(exc)
         return
     click.echo(f"wrote {out}: {len(names)} tensors from {source}")
 

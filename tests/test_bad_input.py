@@ -22,7 +22,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from graphsplit.cli import INTERNAL_ERROR_EXIT, main
+from graphsplit.cli import main
+from graphsplit.cli_errors import INTERNAL_ERROR_EXIT
 from graphsplit.runtime import atomic
 
 from .conftest import EXAMPLES, MODELS

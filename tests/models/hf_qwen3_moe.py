@@ -4,12 +4,14 @@ as is, from a tiny config (no download).
     graphsplit run tests/models/hf_qwen3_moe.py --tp 2 --pp 2 --check
 """
 
+import sys
+from pathlib import Path
+
 import torch
-import torch.nn.functional as F
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-VOCAB = 64
-BATCH, SEQ = 4, 8
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_tokens import VOCAB, example_inputs, example_target, loss_fn  # noqa: E402, F401
 
 
 def build_model():
@@ -22,17 +24,3 @@ def build_model():
     )
     return Qwen3MoeForCausalLM(config)
 
-
-def example_inputs():
-    g = torch.Generator().manual_seed(0)
-    return {"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)}
-
-
-def example_target():
-    g = torch.Generator().manual_seed(1)
-    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
-
-
-def loss_fn(output, target):
-    logits = output.logits if hasattr(output, "logits") else output[0]
-    return F.cross_entropy(logits.flatten(0, 1), target.flatten())
