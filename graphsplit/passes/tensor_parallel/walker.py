@@ -28,6 +28,7 @@ from ...ops import tp as tpops
 from ..functionalize import NORM_MODULES, functionalize_modules
 from ..manager import PassInput, PassResults
 from . import rules  # noqa: F401  (fills RULES)
+from .fuse_sums import fuse_partial_sums
 from .decision import COMM, SELF, Call, Decision, LayoutView, Local, decide
 from .redistribute import Redistribute
 
@@ -40,6 +41,7 @@ def _walk(gm: fx.GraphModule, tp: int, sequence_parallel: bool = False) -> Walke
     functionalize_modules(gm, (nn.Linear, nn.Embedding, *NORM_MODULES) if sequence_parallel else (nn.Linear, nn.Embedding))
     walker = Walker(gm, tp, sequence_parallel)
     walker.run()
+    fuse_partial_sums(gm)  # parallel-residual blocks: one collective for the two row-parallel sums
     gm.graph.lint()
     gm.recompile()
     return walker
