@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from ...ir.meta import info, insert_node
 from ...ir.optable import OpKind
@@ -29,23 +30,43 @@ from ...ops import tp as tpops
 _REDUCES = (tpops.reduce_from_tp, tpops.reduce_scatter_to_tp)
 
 
+_ADDS = (operator.add, torch.add, torch.ops.aten.add.Tensor)
+
+
 def _is_add(node: Any) -> bool:
     if not isinstance(node, fx.Node) or node.kwargs or len(node.args) != 2 or info(node).value != "tensor":
         return False
-    if node.op == "call_function" and node.target in (operator.add, torch.add):
+    if node.op == "call_function" and node.target in _ADDS:
         return all(isinstance(a, fx.Node) and info(a).value == "tensor" for a in node.args)
     return False
 
 
-def _terms(root: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
-    """(the terms a tree of adds sums, its inner adds): an add operand is expanded when the tree
-    is its only user."""
+def _is_no_dropout(node: Any, gm: fx.GraphModule) -> bool:
+    """A dropout of probability 0 (HF's `hidden_dropout=0.0` between a block's sums): the identity.
+    A real dropout is not looked through: each tp rank would mask its own partial sum."""
+    if not isinstance(node, fx.Node) or len(node.users) != 1:
+        return False
+    if node.op == "call_module":
+        mod = gm.get_submodule(str(node.target))
+        return isinstance(mod, torch.nn.Dropout) and mod.p == 0
+    if node.op == "call_function" and node.target in (F.dropout, torch.ops.aten.dropout.default):
+        p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+        return p == 0
+    return False
+
+
+def _terms(root: fx.Node, gm: fx.GraphModule) -> tuple[list[fx.Node], list[fx.Node]]:
+    """(the terms a tree of adds sums, its inner nodes): an add operand is expanded when the tree
+    is its only user, and looked through a dropout of probability 0."""
     terms, inner, todo = [], [], list(root.args)
     while todo:
         a = todo.pop(0)
         if _is_add(a) and len(a.users) == 1:
             inner.append(a)
             todo.extend(a.args)
+        elif _is_no_dropout(a, gm):
+            inner.append(a)
+            todo.append(a.args[0])
         else:
             terms.append(a)
     return terms, inner
@@ -72,7 +93,7 @@ def fuse_partial_sums(gm: fx.GraphModule) -> int:
             continue
         if len(root.users) == 1 and _is_add(next(iter(root.users))):
             continue  # inside a larger tree: its root decides
-        terms, inner = _terms(root)
+        terms, inner = _terms(root, gm)
         groups: dict[tuple[Any, ...], list[fx.Node]] = defaultdict(list)
         for t in terms:
             if (key := _key(t, root)) is not None:
