@@ -14,7 +14,6 @@ import torch
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.collectives import collectives, count_table
 from graphsplit.compile import compile_loaded
-from graphsplit.ir.sharding import Shard
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
@@ -41,11 +40,10 @@ def test_plan_field_is_validated_and_round_trips(tmp_path):
     assert r.returncode != 0 and "Plan.sequence_parallel" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_megatron_sequence_parallel_count_per_block():
+def assert_megatron_sequence_parallel_count(program) -> None:
     """Forward: 2 all-gathers (into the column-parallel layers) and 2 reduce-scatters (out of the
     row-parallel ones) per block, no all-reduce; backward the mirror, plus the sums of the
     gradients of the replicated weights the tokens' shards read."""
-    program = compile_loaded(load_model(str(EXAMPLES / "gpt.py")), SP).program
     table = per_block(program)
     blocks = {k: v for k, v in table.items() if k.startswith("h.")}
     assert len(blocks) == 4
@@ -53,20 +51,21 @@ def test_megatron_sequence_parallel_count_per_block():
         assert counts["forward"] == {"all_gather": 2, "reduce_scatter": 2}, name
         assert counts["backward"] == {"all_gather": 2, "reduce_scatter": 2, "all_reduce": REPLICATED_GRAD_SUMS}, name
     assert table["wte"]["forward"] == {"reduce_scatter": 1}  # the embedding's sum left split on the sequence
-    assert "ln_1.weight" not in str(program.param_shardings)  # norms stay replicated
-    code = program.stages[0].gm.code
-    assert "layer_norm" in code and "reduce_from_tp" not in code
+    assert not any("ln_" in k for k in program.param_shardings)  # norms stay replicated
+    assert "reduce_from_tp" not in program.stages[0].gm.code
 
 
 @pytest.mark.parametrize("spec, plan", [
     ("gpt.py", SP), ("gpt.py", SP_PP), ("llama.py", SP), ("llama.py", SP_PP),
-    ("hf_llama.py", SP_PP),
-], ids=["gpt-tp2", "gpt-tp2-pp2", "llama-tp2", "llama-tp2-pp2", "hf_llama-tp2-pp2"])
+    ("hf_llama.py", SP),
+], ids=["gpt-tp2", "gpt-tp2-pp2", "llama-tp2", "llama-tp2-pp2", "hf_llama-tp2"])
 def test_sequence_parallel_equals_the_untouched_model(spec, plan):
     path = EXAMPLES / spec if (EXAMPLES / spec).exists() else MODELS / spec
     program, cmp = check_locally(load_model(str(path)), plan)
     assert cmp.ok, cmp.failures
-    assert {"loss", "output[0]"} <= set(cmp.max_diff) or "loss" in cmp.max_diff
+    assert "loss" in cmp.max_diff
+    if spec == "gpt.py" and plan.pp == 1:
+        assert_megatron_sequence_parallel_count(program)
     found = count_table(collectives(st.gm.graph for st in program.stages))["total"]
     assert found["forward"].get("reduce_scatter") and "all_reduce" not in found["forward"]
     for rank in range(2):  # every rank's gradients compared: sharded ones, and replicated norms' whole
@@ -98,29 +97,25 @@ def test_parallel_residual_sums_before_one_collective(plan, forward, backward):
 
 
 def test_hf_gpt_neox_parallel_residual_one_forward_all_reduce():
-    """HF's GPT-NeoX (use_parallel_residual, a norm per branch): 1 all-reduce forward per block
-    (against Megatron's 2); backward keeps one per norm, each branch's f."""
-    program = compile_loaded(load_model(str(MODELS / "hf_gpt_neox.py")), Plan(tp=2)).program
-    table = per_block(program)
-    layers = {k: v for k, v in table.items() if k.startswith("gpt_neox.layers.")}
+    """HF's GPT-NeoX (use_parallel_residual, a norm per branch) equals the untouched model with
+    1 all-reduce forward per block (against Megatron's 2); backward keeps one per norm, each
+    branch's f."""
+    program, cmp = check_locally(load_model(str(MODELS / "hf_gpt_neox.py")), Plan(tp=2))
+    assert cmp.ok, cmp.failures
+    layers = {k: v for k, v in per_block(program).items() if k.startswith("gpt_neox.layers.")}
     assert len(layers) == 2
     for name, counts in layers.items():
         assert counts == {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 2}}, name
 
 
-def test_hf_gpt_neox_parallel_residual_equals_the_untouched_model():
-    program, cmp = check_locally(load_model(str(MODELS / "hf_gpt_neox.py")), SP)
-    assert cmp.ok, cmp.failures
-    assert any(isinstance(s, Shard) for s in program.param_shardings.values())
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_torchrun_sequence_parallel_parallel_residual():
-    """Real gloo ranks: reduce-scatters and all-gathers of the sequence across processes and a
-    pipeline cut carrying the tokens' shards; step 1's gradients and every step's loss match."""
+    """Real gloo ranks: gloo's reduce-scatters and all-gathers of the sequence across processes;
+    step 1's gradients and every step's loss match (pipeline cuts carrying the tokens' shards run
+    in the local backend above)."""
     lines: list[str] = []
-    cmp = run_training(str(MODELS / "parallel_residual.py"), SP_PP, RunOptions(steps=2, check=True, timeout_s=240),
+    cmp = run_training(str(MODELS / "parallel_residual.py"), SP, RunOptions(steps=2, check=True, timeout_s=240),
                        echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("rank" in k for k in cmp.max_diff)

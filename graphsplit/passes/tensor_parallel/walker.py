@@ -28,8 +28,8 @@ from ...ops import tp as tpops
 from ..functionalize import NORM_MODULES, functionalize_modules
 from ..manager import PassInput, PassResults
 from . import rules  # noqa: F401  (fills RULES)
-from .fuse_sums import fuse_partial_sums
 from .decision import COMM, SELF, Call, Decision, LayoutView, Local, decide
+from .fuse_sums import fuse_partial_sums
 from .redistribute import Redistribute
 
 R = Replicate()

@@ -5,12 +5,11 @@ gradients summed over tp; any other norm gets its input whole."""
 
 from __future__ import annotations
 
-import torch.fx as fx
-
-from ....ir.meta import info
 import torch
+import torch.fx as fx
 import torch.nn.functional as F
 
+from ....ir.meta import info
 from ....ir.optable import OpKind
 from ....ir.sharding import Shard
 from ..decision import BROADCAST, Decision, LayoutView, register, replicated
