@@ -3,6 +3,7 @@ measured, beside the ideal (the whole model's figure divided by the shards).
 
     python bench/memory.py                  # gpt at GPT-2-small shape, several plans
     python bench/memory.py --layers 4 --dim 256
+    python bench/memory.py --sequence-parallel   # activations at tp 2 with and without it
 
 Parameters are materialized for real on CPU, rank by rank (the busiest rank is
 shown); gradients are allocated like the parameters and AdamW takes one step so
@@ -15,6 +16,9 @@ the bytes of the tensors each stage's repeated blocks (h.N) read from outside
 themselves, found on the graph without checkpointing; the ratio is the worst
 stage's measured / bound. The loss (outside the stage graphs, run by the
 schedule) is not part of these figures.
+
+`--sequence-parallel` prints, at tp 2 and tp 2 x pp 2, the activation bytes one rank keeps for
+backward with and without sequence parallelism (measured the same way) and their ratio.
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--sequence-parallel", action="store_true",
+                        help="Only the activations at tp 2 with and without sequence parallelism.")
     args = parser.parse_args()
     loaded = load_model(str(ROOT / "examples" / "gpt.py"))
     cfg = dict(n_layer=args.layers, n_embd=args.dim, n_head=args.heads, vocab_size=args.vocab, block_size=args.seq)
@@ -96,6 +102,9 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, args.vocab, (8, args.seq), generator=g)
     loaded.args, loaded.target = (idx,), idx.clone()
+    if args.sequence_parallel:
+        sequence_parallel_rows(loaded)
+        return
     model = loaded.build("cpu", seed=0)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     print(f"gpt: {args.layers} layers, dim {args.dim}, vocab {args.vocab}, {total / 4 / 1e6:.1f}M parameters "
@@ -128,6 +137,25 @@ def main() -> None:
         else:
             row += f" {'-':>8} {'-':>6}"
         print(row, flush=True)
+
+
+def stage_activations(program) -> list[int]:
+    """Bytes each stage keeps for backward, one micro-batch, on one tp rank."""
+    found = []
+    for st in program.stages:
+        names = {id(st.gm.get_parameter(k)): c for k, c in st.param_sources.items()}
+        found.append(saved_bytes(st.gm, st.input_examples(), program.plan.tp, True, program.param_shardings, names))
+    return found
+
+
+def sequence_parallel_rows(loaded) -> None:
+    """Activations per rank with and without sequence parallelism, the reference (tp alone) first."""
+    print(f"{'plan':28} {'acts/mb (busiest stage, MiB)':>30} {'ratio sp/tp':>12}")
+    for plan in (Plan(tp=2), Plan(tp=2, pp=2)):
+        plain = max(stage_activations(compile_loaded(loaded, plan).program))
+        sp = max(stage_activations(compile_loaded(loaded, plan.replace(sequence_parallel=True)).program))
+        print(f"{f'tp={plan.tp} pp={plan.pp}':28} {mib(plain):>30}", flush=True)
+        print(f"{f'tp={plan.tp} pp={plan.pp} sequence-parallel':28} {mib(sp):>30} {sp / plain:12.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--pp", type=int, default=None, help="Pipeline-parallel ranks."),
         click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (Megatron-style plan found from the graph)."),
+        click.option("--sequence-parallel", "sequence_parallel", is_flag=True, default=None,
+                     help="Megatron's sequence parallelism with --tp: norms, dropout and residual adds run on "
+                          "1/tp of the sequence (reduce-scatter + all-gather instead of all-reduce)."),
         click.option("--dp", type=int, default=None, help="Data-parallel replicas (gradients averaged over them)."),
         click.option("--fsdp", is_flag=True, default=None,
                      help="Shard parameters, gradients and optimizer state over the dp replicas (FSDP2, ZeRO-3)."),
@@ -63,7 +66,7 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-_PLAN_KEYS = ("pp", "tp", "dp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank", "split_at", "seed", "checkpoint",
+_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank", "split_at", "seed", "checkpoint",
               "checkpoint_overrides", "autocast")
 
 

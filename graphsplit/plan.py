@@ -49,7 +49,8 @@ def divisors(n: int) -> list[int]:
 class Plan:
     """How to parallelize a model.
 
-    pp: pipeline ranks. stages_per_rank: virtual stages each pp rank holds
+    pp: pipeline ranks. sequence_parallel: Megatron's sequence parallelism on top of
+    tp (norms, dropout and residual adds on 1/tp of the sequence). stages_per_rank: virtual stages each pp rank holds
     (2 or more needs an interleaved schedule). microbatches: how many pieces
     the batch is cut into (default: the number of stages). split_at: module
     names where a new stage starts (overrides the automatic cut).
@@ -65,6 +66,9 @@ class Plan:
     dp: int = 1
     fsdp: bool = False
     sync_bn: bool = False  # BatchNorm statistics over all dp replicas (one all-reduce per layer)
+    # Megatron's sequence parallelism: between a row-parallel output and the next column-parallel
+    # input (norms, dropout, residual adds) activations are split over tp on the sequence dim
+    sequence_parallel: bool = False
     microbatches: int | None = None
     schedule: str = "1f1b"
     stages_per_rank: int = 1
@@ -79,6 +83,11 @@ class Plan:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise _fail(name, f"must be a positive integer, got {value!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise _fail("sequence_parallel", f"must be true or false, got {self.sequence_parallel!r}")
+        if self.sequence_parallel and self.tp < 2:
+            raise _fail("sequence_parallel", f"splits activations over the tensor-parallel ranks but tp={self.tp}; "
+                                             "give tp=2 or more, or drop sequence parallelism")
         if self.microbatches is not None and (
             not isinstance(self.microbatches, int) or self.microbatches < 1
         ):

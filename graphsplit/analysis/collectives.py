@@ -24,6 +24,9 @@ COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
     tpops.vocab_parallel_embedding: [("forward", "all_reduce")],
     tpops.gather_from_tp: [("forward", "all_gather")],
     tpops.scatter_to_tp: [("backward", "all_gather")],
+    # sequence parallelism: g and f become a reduce-scatter and an all-gather each way
+    tpops.reduce_scatter_to_tp: [("forward", "reduce_scatter"), ("backward", "all_gather")],
+    tpops.gather_for_column: [("forward", "all_gather"), ("backward", "reduce_scatter")],
     # max, sum of exponentials, target logit: three all-reduces of one number per token
     tpops.vocab_parallel_cross_entropy: [("forward", "all_reduce")] * 3,
 }
@@ -31,6 +34,11 @@ COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
 
 def node_collectives(node: fx.Node) -> list[tuple[str, str]]:
     """(direction, kind) for each collective `node` runs in one step."""
+    if node.op == "call_function" and node.target is tpops.vocab_parallel_embedding and node.kwargs.get("seq_dim") is not None:
+        # its sum left split on the sequence dim: reduce-scatter forward, all-gather of the gradient
+        weight = node.args[1]
+        grad = isinstance(weight, fx.Node) and info(weight).tensor is not None and info(weight).tensor.requires_grad
+        return [("forward", "reduce_scatter")] + ([("backward", "all_gather")] if grad else [])
     found = []
     for direction, kind in COLLECTIVES_OF.get(node.target, []) if node.op == "call_function" else []:
         if direction == "backward":

@@ -65,6 +65,9 @@ class ThreadLink:
     def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
         return self.hub.exchange(self.rank, x, lambda parts: [p.clone() for p in parts])
 
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hub.exchange(self.rank, x, lambda parts: torch.stack(parts).sum(0).chunk(self.size)[self.rank].clone())
+
 
 def run_ranks(hub: ThreadHub, work: Callable[[int], T]) -> list[T]:
     """`work(rank)` for every rank of `hub`, each in its own thread; the results in rank order.

@@ -11,8 +11,13 @@ the last argument of each is the graph's communicator, `self.tp_comm` (a `TPComm
 - `scatter_to_tp(x, dim, comm)`   keep this rank's slice forward, all-gather backward
   (both take `size=`: the dim's real size where tp does not divide it; the gathered value
   is cut to it, and the scattered blocks end in zero padding; `ir/sharding.py`)
-- `vocab_parallel_embedding(ids, weight, padding_idx, comm)`: lookup in this rank's rows,
-  zero elsewhere, all-reduce forward
+- `reduce_scatter_to_tp(x, dim, comm)`  reduce-scatter along `dim` forward, all-gather backward
+  (sequence parallelism: after a row-parallel layer, the sum left split on the sequence dim)
+- `gather_for_column(x, dim, comm)`  all-gather along `dim` forward, reduce-scatter backward
+  (sequence parallelism: before a column-parallel layer, whose ranks each make a partial
+  gradient of the whole input)
+- `vocab_parallel_embedding(ids, weight, padding_idx, comm, seq_dim=None)`: lookup in this
+  rank's rows, zero elsewhere, all-reduce forward (`seq_dim`: reduce-scatter along it)
 - `vocab_parallel_cross_entropy(logits, target, ignore_index, reduction, comm, vocab=None)`
   (`vocab`: the real vocabulary when the logits' last blocks end in padding columns)
 
@@ -52,6 +57,10 @@ class TPLink(Protocol):
 
     def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]: ...
 
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of `x`, this rank's block of its dim 0."""
+        ...
+
 
 class GroupLink:
     """Collectives over a `torch.distributed` process group (one rank per process)."""
@@ -69,6 +78,11 @@ class GroupLink:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x, group=self.group)
         return parts
+
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty((x.shape[0] // self.size, *x.shape[1:]))
+        dist.reduce_scatter_tensor(out, x, group=self.group)
+        return out
 
 
 class TPComm(nn.Module):
@@ -128,6 +142,17 @@ class TPComm(nn.Module):
             x = x.detach() if direction is None else x
             whole = torch.cat(self.link.all_gather(x.contiguous()), dim=dim)
         return whole if size is None else whole.narrow(dim, 0, size)
+
+    def reduce_scatter(self, x: torch.Tensor, dim: int, direction: str) -> torch.Tensor:
+        """The sum over the ranks of `x`, this rank's block of `dim` (which tp divides)."""
+        if self.link is None:
+            return self.local_slice(x, dim)
+        self.counts[(direction, "reduce_scatter")] += 1
+        if self.size == 1:
+            return x
+        # the link scatters dim 0: move `dim` there and back (a copy only when dim != 0)
+        moved = x.movedim(dim, 0).contiguous()
+        return self.link.reduce_scatter(moved).movedim(0, dim).contiguous()
 
     def local_slice(self, x: torch.Tensor, dim: int, size: int | None = None) -> torch.Tensor:
         """This rank's block of `x`; `size` given: of `x` padded with zeros to a multiple of tp."""
@@ -199,6 +224,30 @@ class _ScatterToTP(torch.autograd.Function):
         return ctx.comm.all_gather(grad, ctx.dim, "backward", ctx.size), None, None, None
 
 
+class _ReduceScatterToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, comm):  # type: ignore[override]
+        ctx.dim, ctx.comm = dim, comm
+        return comm.reduce_scatter(x, dim, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return ctx.comm.all_gather(grad, ctx.dim, "backward"), None, None
+
+
+class _GatherForColumn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, comm):  # type: ignore[override]
+        ctx.dim, ctx.comm = dim, comm
+        return comm.all_gather(x, dim, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        # each rank's gradient of the whole input is a partial sum (its columns' share):
+        # summed and split in one collective, as f's all-reduce followed by the gather's slice
+        return ctx.comm.reduce_scatter(grad, ctx.dim, "backward"), None, None
+
+
 @torch.fx.wrap
 def copy_to_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     return _CopyToTP.apply(x, comm)
@@ -220,9 +269,20 @@ def scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = No
 
 
 @torch.fx.wrap
+def reduce_scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
+    return _ReduceScatterToTP.apply(x, dim, comm)
+
+
+@torch.fx.wrap
+def gather_for_column(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
+    return _GatherForColumn.apply(x, dim, comm)
+
+
+@torch.fx.wrap
 def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None,
-                             comm: TPComm) -> torch.Tensor:
-    """`F.embedding` over a vocabulary split in contiguous row blocks across the tp ranks."""
+                             comm: TPComm, seq_dim: int | None = None) -> torch.Tensor:
+    """`F.embedding` over a vocabulary split in contiguous row blocks across the tp ranks;
+    `seq_dim` given (sequence parallelism): the sum left split along that dim."""
     rows = weight.shape[0]
     start = comm.rank * rows
     outside = (ids < start) | (ids >= start + rows)
@@ -230,6 +290,8 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_id
     local_padding = padding_idx - start if padding_idx is not None and start <= padding_idx < start + rows else None
     out = torch.nn.functional.embedding(local, weight, padding_idx=local_padding)
     out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+    if seq_dim is not None:
+        return reduce_scatter_to_tp(out, seq_dim, comm)
     return reduce_from_tp(out, comm)
 
 

@@ -46,7 +46,9 @@ class _Marker:
 BROADCAST = _Marker(
     "BROADCAST",
     "A replicated input every rank reads whole while computing its shard of the output: "
-    "unchanged forward, its gradient summed over tp in backward (Megatron's f, `copy_to_tp`).",
+    "unchanged forward, its gradient summed over tp in backward (Megatron's f, `copy_to_tp`). "
+    "Asked of a value sharded on a dim (sequence parallelism's tokens before a column-parallel "
+    "layer): all-gathered forward, its gradient reduce-scattered (`gather_for_column`).",
 )
 COMM = _Marker("COMM", "In a Call's arguments: the graph's communicator (`self.tp_comm`).")
 SELF = _Marker("SELF", "In `Decision.then`'s arguments: the node's own (reduced) value.")
@@ -102,9 +104,12 @@ class Decision:
 class LayoutView:
     """What rules may read: layouts decided so far, global shapes, parameter shardings."""
 
-    def __init__(self, gm: fx.GraphModule, tp: int, param_shardings: Mapping[str, Shard] | None = None) -> None:
+    def __init__(self, gm: fx.GraphModule, tp: int, param_shardings: Mapping[str, Shard] | None = None,
+                 sequence_parallel: bool = False) -> None:
         self.gm = gm
         self.tp = tp
+        # row-parallel sums left split on the sequence dim, the tokens gathered before column-parallel layers
+        self.sequence_parallel = sequence_parallel
         self.param_shardings: Mapping[str, Shard] = param_shardings if param_shardings is not None else {}
         self.canonical = canonical_names(gm)
         # the most heads any view splits a feature dim into: the query heads, which must divide

@@ -10,6 +10,8 @@
 A padded shard (`Shard(d, size=n)`, a dim tp does not divide) moves the same
 way with `size=n`: the gather cuts the padding off, the scatter's blocks end in it.
     R    -> BROADCAST   copy_to_tp(value)               all-reduce backward (f), if it needs a gradient
+    S(d) -> BROADCAST   gather_for_column(value, d)     all-gather forward, reduce-scatter backward
+                        (sequence parallelism: the tokens before a column-parallel layer)
 
 One collective per (value, need), reused by every consumer: the input
 gradients of column-parallel layers reading one value are summed by autograd
@@ -66,6 +68,10 @@ class Redistribute:
         return made
 
     def _make(self, value: fx.Node, have: Layout, need: Need, at: fx.Node) -> fx.Node:
+        if need is BROADCAST and isinstance(have, Shard):
+            if have.chunks or have.padded:  # whole first, then f: the same sums in two collectives
+                return self.to(self.to(value, R, at), BROADCAST, at)
+            return self._insert(tpops.gather_for_column, (value, have.dim), like=value, owner=at, layout=R, before=at)
         if need is BROADCAST:
             spec = info(value).tensor
             if not have.is_replicate() or spec is None or not spec.requires_grad:
@@ -93,6 +99,13 @@ class Redistribute:
     def reduce_after(self, node: fx.Node) -> fx.Node:
         """The sum over tp of the partial `node`, right after it (Megatron's g)."""
         return self._insert(tpops.reduce_from_tp, (node,), like=node, layout=R, after=node)
+
+    def reduce_scatter_after(self, node: fx.Node, dim: int) -> fx.Node:
+        """The sum over tp of the partial `node`, split along `dim`, right after it (sequence
+        parallelism's replacement for g)."""
+        # shaped as the whole value, as the rules read every value (the analysis after the walk
+        # gives the local shape)
+        return self._insert(tpops.reduce_scatter_to_tp, (node, dim), like=node, layout=Shard(dim), after=node)
 
     def _insert(
         self, fn: Callable[..., Any], args: tuple[Any, ...], *, like: fx.Node, layout: Layout,

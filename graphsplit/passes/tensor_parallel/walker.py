@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch.fx as fx
+import torch.nn as nn
 
 from ...analysis.shapes import annotate
 from ...errors import GraphsplitError
@@ -24,19 +25,23 @@ from ...ir.meta import info, insert_node, replace_node
 from ...ir.optable import OpKind, family
 from ...ir.sharding import Partial, Replicate, Shard
 from ...ops import tp as tpops
-from ..functionalize import functionalize_modules
+from ..functionalize import NORM_MODULES, functionalize_modules
 from ..manager import PassInput, PassResults
 from . import rules  # noqa: F401  (fills RULES)
 from .decision import COMM, SELF, Call, Decision, LayoutView, Local, decide
+from .fuse_sums import fuse_partial_sums
 from .redistribute import Redistribute
 
 R = Replicate()
 
 
-def _walk(gm: fx.GraphModule, tp: int) -> Walker:
-    functionalize_modules(gm)  # one spelling of linears and embeddings, weights as graph values
-    walker = Walker(gm, tp)
+def _walk(gm: fx.GraphModule, tp: int, sequence_parallel: bool = False) -> Walker:
+    # one spelling of linears and embeddings, weights as graph values (and the norms' weights,
+    # whose gradients sequence parallelism sums over the ranks)
+    functionalize_modules(gm, (nn.Linear, nn.Embedding, *NORM_MODULES) if sequence_parallel else (nn.Linear, nn.Embedding))
+    walker = Walker(gm, tp, sequence_parallel)
     walker.run()
+    fuse_partial_sums(gm)  # parallel-residual blocks: one collective for the two row-parallel sums
     gm.graph.lint()
     gm.recompile()
     return walker
@@ -65,7 +70,7 @@ def tensor_parallel_pass(
 ) -> tuple[fx.GraphModule, TensorParallelResult | None]:
     if inp.plan.tp == 1:
         return gm, None
-    walker = _walk(gm, inp.plan.tp)
+    walker = _walk(gm, inp.plan.tp, inp.plan.sequence_parallel)
     # what one rank computes: local shapes, FLOPs and bytes
     annotate(gm, inp.example_inputs, param_shardings=walker.param_shardings, tp=inp.plan.tp)
     return gm, TensorParallelResult(MappingProxyType(dict(walker.param_shardings)), tuple(walker.left_whole))
@@ -86,13 +91,14 @@ class Walker:
     """Walks one graph (the model's or the loss's) for `tp` ranks; collects the parameter
     shardings it decided and what it left whole."""
 
-    def __init__(self, gm: fx.GraphModule, tp: int) -> None:
+    def __init__(self, gm: fx.GraphModule, tp: int, sequence_parallel: bool = False) -> None:
         self.gm = gm
         self.graph = gm.graph
         self.tp = tp
+        self.sequence_parallel = sequence_parallel
         self.param_shardings: dict[str, Shard] = {}
         self.left_whole: list[LeftWhole] = []
-        self.view = LayoutView(gm, tp, self.param_shardings)
+        self.view = LayoutView(gm, tp, self.param_shardings, sequence_parallel)
         self.redistribute = Redistribute(gm, tp)
 
     def run(self) -> None:
@@ -139,11 +145,29 @@ class Walker:
         if partial or decision.then is not None:
             users = list(node.users)
             # a partial sum is summed where it is made (Megatron's g): no consumer sees one
-            last = self.redistribute.reduce_after(node) if partial else node
+            reduced = self._reduce(node) if partial else node
+            last = reduced
             if decision.then is not None:
-                last = self._then(node, last, decision.then)
+                last = self._then(node, reduced, decision.then)
+                if partial and isinstance(info(reduced).sharding, Shard):  # a bias on the tokens' shard
+                    self.apply(last, decide(last, self.view, family(last, self.gm)))
             for user in users:
                 user.replace_input_with(node, last)
+
+    def _reduce(self, node: fx.Node) -> fx.Node:
+        """The partial `node` summed over tp: all-reduced, or under sequence parallelism the output
+        of a row-parallel layer over tokens ([..., s, h]) reduce-scattered along the sequence dim."""
+        shape = self.view.shape(node)
+        if not self.sequence_parallel or family(node, self.gm) != OpKind.LINEAR or shape is None or len(shape) < 3:
+            return self.redistribute.reduce_after(node)
+        seq = len(shape) - 2
+        if shape[seq] % self.tp:
+            raise GraphsplitError(
+                f"sequence parallelism splits the sequence dim of '{info(node).module or '<root>'}' "
+                f"(size {shape[seq]} in {list(shape)}) over tp={self.tp}, which does not divide it; give a "
+                f"sequence length that is a multiple of {self.tp}, or drop --sequence-parallel"
+            )
+        return self.redistribute.reduce_scatter_after(node, seq)
 
     def _shard_param(self, node: fx.Node, layout: Shard) -> None:
         """Record the parameter `node` reads as sharded, unless it already is otherwise."""

@@ -38,12 +38,22 @@ def embedding(node: fx.Node, view: LayoutView) -> Decision:
     tied = view.param_name(w) in view.linear_weights
     splits = vocab % tp == 0 or paddable(vocab, tp)
     if given == rows or (given is None and splits and (vocab % tp == 0 or tied)):
-        return Decision(Replicate(), inputs=needs, params=((w, rows),),
-                        swap=Call(tpops.vocab_parallel_embedding, (ids, w, padding, COMM)))
+        return _vocab_parallel(node, view, needs, rows, (ids, w, padding, COMM))
     if (given is None and width % tp == 0) or given == Shard(1):
         return Decision(Shard(len(view.shape(node)) - 1), inputs=needs, params=((w, Shard(1)),))
     if given is None and splits:  # neither divides: rows padded rather than every rank holding all of them
-        return Decision(Replicate(), inputs=needs, params=((w, rows),),
-                        swap=Call(tpops.vocab_parallel_embedding, (ids, w, padding, COMM)))
+        return _vocab_parallel(node, view, needs, rows, (ids, w, padding, COMM))
     why = f"its weight is already sharded as {given}" if given is not None else f"{vocab} rows are too few for tp={tp}"
     return Decision(Replicate(), inputs=needs, reason=f"embedding left replicated: {why}")
+
+
+def _vocab_parallel(node: fx.Node, view: LayoutView, needs: tuple, rows: Shard, args: tuple) -> Decision:
+    """The lookup in this rank's rows, summed over tp; under sequence parallelism the sum is left
+    split on the sequence dim (the one before the features: [b, s, h], or [s, h] for positions),
+    as Megatron's embedding reduce-scatters, when tp divides it."""
+    shape = view.shape(node)
+    if view.sequence_parallel and shape is not None and len(shape) >= 2 and shape[-2] > 1 and shape[-2] % view.tp == 0:
+        seq = len(shape) - 2
+        return Decision(Shard(seq), inputs=needs, params=((args[1], rows),),
+                        swap=Call(tpops.vocab_parallel_embedding, args, {"seq_dim": seq}))
+    return Decision(Replicate(), inputs=needs, params=((args[1], rows),), swap=Call(tpops.vocab_parallel_embedding, args))

@@ -9,7 +9,9 @@ of the input.
   columns the cross-entropy masks and a gather cuts off.
 - input S(-1): row-parallel. The weight is sharded over input features, the partial
   products summed by g, the bias added once after the sum.
-- input sharded on a leading dim: every rank applies the whole weight to its rows.
+- input sharded on a leading dim: every rank applies the whole weight to its rows; under
+  sequence parallelism, where the layer would be column-parallel, the input is gathered
+  into it instead (all-gather forward, reduce-scatter backward).
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ def linear(node: fx.Node, view: LayoutView) -> Decision:
         bias = Call(operator.add, (SELF, b)) if b is not None else None
         return Decision(Partial(), params=((w, want),), edit=Call(*without_bias(node)) if b is not None else None,
                         then=bias)
+    if view.sequence_parallel and not have.chunks and not have.padded:
+        # the tokens split over tp: gathered into a column-parallel layer where it is one (Megatron's
+        # sequence parallelism), all-gather forward, reduce-scatter of the input gradient backward
+        column = _column(node, view, list(needs))
+        if not column.out.is_replicate():
+            return column
     # sharded on a leading (batch-like) dim: every rank applies the whole weight to its rows
     if view.param_layout(w) is not None:
         needs.append((w, R))

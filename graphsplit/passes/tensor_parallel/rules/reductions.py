@@ -1,14 +1,18 @@
-"""Softmax and reductions over another dim keep a shard; over the sharded dim, or a
-norm (which normalizes over the features), the input is made whole."""
+"""Softmax and reductions over another dim keep a shard; over the sharded dim the input is
+made whole. A layer or RMS norm over the last dims keeps a shard of a dim before them
+(sequence parallelism's tokens), its weights read whole by every rank and their
+gradients summed over tp; any other norm gets its input whole."""
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from ....ir.meta import info
 from ....ir.optable import OpKind
 from ....ir.sharding import Shard
-from ..decision import Decision, LayoutView, register, replicated
+from ..decision import BROADCAST, Decision, LayoutView, register, replicated
 from ..layout import norm_dim
 from ..spellings import arg_of, describe
 
@@ -38,6 +42,23 @@ def reduction(node: fx.Node, view: LayoutView) -> Decision:
     return Decision(Shard(have.dim if keepdim else have.dim - sum(1 for x in dims if x < have.dim)))
 
 
+# norm -> argument positions of (weight, bias): they normalize each row over the trailing
+# `normalized_shape` dims, so rows may sit on any rank
+_ROW_NORMS = {
+    F.layer_norm: (2, 3), torch.ops.aten.layer_norm.default: (2, 3),
+    F.rms_norm: (2,), torch.ops.aten.rms_norm.default: (2,),
+}
+
+
 @register(OpKind.NORM)
 def norm(node: fx.Node, view: LayoutView) -> Decision:
+    src = node.args[0] if node.args else None
+    have = view.layout(src)
+    affine = _ROW_NORMS.get(node.target) if node.op == "call_function" else None
+    if isinstance(have, Shard) and affine is not None and not have.chunks and not have.padded:
+        normalized = arg_of(node, 1, "normalized_shape")
+        n = len(normalized) if isinstance(normalized, (list, tuple)) else 1
+        if have.dim < len(view.shape(src)) - n:
+            params = [arg_of(node, i, ("weight", "bias")[k]) for k, i in enumerate(affine)]
+            return Decision(have, inputs=tuple((p, BROADCAST) for p in params if isinstance(p, fx.Node)))
     return replicated(node, view, f"{describe(node)} normalizes over the sharded dim")
