@@ -115,6 +115,13 @@ class Plan:
                 f"schedule {self.schedule!r} places exactly 2 stages on each rank (a V: rank r holds stages r "
                 f"and {2 * self.pp - 1} - r); set stages_per_rank=2, not {self.stages_per_rank}",
             )
+        if self.schedule in SPLIT_BACKWARD_SCHEDULES and self.dp > 1 and not self.fsdp:
+            raise _fail(
+                "schedule",
+                f"schedule {self.schedule!r} splits each backward into input and weight gradients with "
+                "autograd.grad, which DDP's gradient all-reduce never sees (replicas would keep different "
+                f"gradients); with dp={self.dp} add --fsdp, or choose 1f1b / interleaved-1f1b",
+            )
         if self.schedule in ROUND_SCHEDULES and self.microbatches is not None and self.microbatches % self.pp:
             raise _fail(
                 "microbatches",
