@@ -26,7 +26,7 @@ from .cli_errors import DEBUG_ENV, debug_enabled, fail, internal, set_debug
 from .cli_inspect import inspect
 from .errors import GraphsplitError
 from .launch.supervise import DEFAULT_COLLECTIVE_TIMEOUT_S
-from .plan import SCHEDULES, Plan
+from .plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
 from .runtime.schedule import LR_SCHEDULES
 
 
@@ -43,7 +43,7 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sync-bn", "sync_bn", is_flag=True, default=None,
                      help="BatchNorm statistics over all dp replicas (one all-reduce per layer), not per replica."),
         click.option("--microbatches", type=int, default=None, help="Micro-batches per step (default: number of stages)."),
-        click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None, help="Pipeline schedule (default 1f1b)."),
+        click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None, help="Pipeline schedule (default 1f1b); the interleaved ones (interleaved-1f1b, looped-bfs, zero-bubble, zbv, dualpipev) default to 2 stages per rank."),
         click.option("--stages-per-rank", type=int, default=None, help="Virtual stages per pp rank (interleaved schedules)."),
         click.option("--split-at", default=None, help="Comma-separated module names that start a new stage, e.g. h.6,h.12."),
         click.option("--seed", type=int, default=None, help="Seed for the model's initialization (default 0)."),
@@ -83,7 +83,7 @@ def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
         given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])
     if "split_at" in given:
         given["split_at"] = _split_points(given["split_at"])
-    if given.get("schedule") in ("interleaved-1f1b", "looped-bfs") and "stages_per_rank" not in given:
+    if given.get("schedule") in MULTI_STAGE_SCHEDULES and "stages_per_rank" not in given:
         given["stages_per_rank"] = 2
     return Plan(**given), bool(given)
 

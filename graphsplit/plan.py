@@ -20,14 +20,26 @@ from typing import Any
 from .errors import GraphsplitError
 
 # Pipeline schedules by name -> torch.distributed.pipelining class name.
-# "interleaved-1f1b" and "looped-bfs" hold several stages per rank.
+# All but gpipe and 1f1b hold several stages per rank. The zero-bubble ones split each backward
+# into its input-gradient part (sent upstream at once) and its weight-gradient part (run later,
+# in what would be a bubble): torch's stage does that with autograd on the stage's outputs.
 SCHEDULES: dict[str, str] = {
     "gpipe": "ScheduleGPipe",
     "1f1b": "Schedule1F1B",
     "interleaved-1f1b": "ScheduleInterleaved1F1B",
     "looped-bfs": "ScheduleLoopedBFS",
+    "zero-bubble": "ScheduleInterleavedZeroBubble",  # ZB-1P, Qi et al. 2024 (arXiv 2401.10241)
+    "zbv": "ScheduleZBVZeroBubble",  # ZB-V, same paper, sec. 6
+    "dualpipev": "ScheduleDualPipeV",  # DeepSeek-V3's DualPipe folded into a V (arXiv 2412.19437)
 }
-MULTI_STAGE_SCHEDULES = frozenset({"interleaved-1f1b", "looped-bfs"})
+MULTI_STAGE_SCHEDULES = frozenset({"interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv", "dualpipev"})
+# V placement: pp rank r holds stages r and 2 * pp - 1 - r (exactly two), so the first and the last
+# stage share rank 0 (torch's generate_stage_to_rank_mapping(style="v")).
+V_SCHEDULES = frozenset({"zbv", "dualpipev"})
+# Schedules that split backward into input and weight parts (torch runs them with autograd.grad)
+SPLIT_BACKWARD_SCHEDULES = frozenset({"zero-bubble", "zbv", "dualpipev"})
+# graphsplit asks micro-batches divisible by pp of these (torch's rounds of pp micro-batches)
+ROUND_SCHEDULES = frozenset({"interleaved-1f1b", "looped-bfs", "zero-bubble"})
 CHECKPOINT_POLICIES = ("none", "blocks", "stage", "selective")
 # What a per-module override (Plan.checkpoint_overrides) does to the modules its glob matches:
 # none: never checkpointed; full: one region, recomputed whole; selective: one region that
@@ -106,10 +118,29 @@ class Plan:
                 "stages_per_rank",
                 f"schedule {self.schedule!r} holds several stages per rank; set stages_per_rank >= 2",
             )
-        if multi and self.microbatches is not None and self.microbatches % self.pp:
+        if self.schedule in V_SCHEDULES and self.stages_per_rank != 2:
+            raise _fail(
+                "stages_per_rank",
+                f"schedule {self.schedule!r} places exactly 2 stages on each rank (a V: rank r holds stages r "
+                f"and {2 * self.pp - 1} - r); set stages_per_rank=2, not {self.stages_per_rank}",
+            )
+        if self.schedule in SPLIT_BACKWARD_SCHEDULES and self.dp > 1 and not self.fsdp:
+            raise _fail(
+                "schedule",
+                f"schedule {self.schedule!r} splits each backward into input and weight gradients with "
+                "autograd.grad, which DDP's gradient all-reduce never sees (replicas would keep different "
+                f"gradients); with dp={self.dp} add --fsdp, or choose 1f1b / interleaved-1f1b",
+            )
+        if self.schedule in ROUND_SCHEDULES and self.microbatches is not None and self.microbatches % self.pp:
             raise _fail(
                 "microbatches",
                 f"schedule {self.schedule!r} needs microbatches divisible by pp={self.pp}, got {self.microbatches}",
+            )
+        if self.schedule == "dualpipev" and self.microbatches is not None and self.microbatches < self.num_stages:
+            raise _fail(
+                "microbatches",
+                f"schedule 'dualpipev' needs at least one micro-batch per stage ({self.num_stages}), "
+                f"got {self.microbatches}",
             )
         if isinstance(self.split_at, str) or not isinstance(self.split_at, (tuple, list)):
             raise _fail("split_at", f"must be a list of module names, got {self.split_at!r}")
@@ -160,7 +191,7 @@ class Plan:
         (torch's 1F1B needs one micro-batch per stage; with fewer the two run the same order)."""
         if self.microbatches is not None or share < 1 or share % self.num_stages == 0:
             return self
-        step = self.pp if self.stages_per_rank > 1 else 1
+        step = self.pp if self.schedule in ROUND_SCHEDULES else 1
         counts = [d for d in divisors(share) if d % step == 0]
         if not counts:
             return self  # the refusal names the problem
@@ -171,7 +202,10 @@ class Plan:
         return self.replace(microbatches=counts[-1], schedule=schedule)
 
     def stage_rank(self, stage: int) -> int:
-        """The pp rank that holds `stage` (loop-style placement for interleaving)."""
+        """The pp rank that holds `stage`: loop-style for interleaving (stage s on rank s % pp), a V
+        for zbv and dualpipev (rank r holds stages r and 2 * pp - 1 - r)."""
+        if self.schedule in V_SCHEDULES:
+            return stage if stage < self.pp else 2 * self.pp - 1 - stage
         return stage % self.pp
 
     def stages_of_rank(self, pp_rank: int) -> list[int]:

@@ -3,7 +3,9 @@
 The batch is cut into the same micro-batches `torch.distributed.pipelining`
 makes; each runs through the stages in order, the loss of each is
 back-propagated, and gradients are summed then divided by the number of
-micro-batches (the schedules' `scale_grads`). Copies of a tied parameter
+micro-batches (the schedules' `scale_grads`). Under a zero-bubble schedule each
+backward is split as torch's stage splits it: input gradients stage by stage
+(outputs detached in place), weight gradients after. Copies of a tied parameter
 held by several stages get the sum of their gradients.
 
 With tp > 1 each tp rank is a thread holding its own shards of every stage
@@ -29,6 +31,7 @@ import torch.utils._pytree as pytree
 from ..errors import GraphsplitError
 from ..ir.program import Program
 from ..ops import tp as tpops
+from ..plan import SPLIT_BACKWARD_SCHEDULES
 from ..runtime.microbatch import gather_outputs, merge_outputs, split_microbatches
 from ..runtime.training import LossFn, make_loss, named_grads, sync_tied_grads
 from .threads import ThreadHub, ThreadLink, run_ranks
@@ -46,6 +49,52 @@ class LocalPipeline:
         self.program = program
         self.stages = list(stage_modules)
         self.loss_fn = loss_fn
+
+    @property
+    def split_backward(self) -> bool:
+        return self.program.plan.schedule in SPLIT_BACKWARD_SCHEDULES
+
+    def _split_backward(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[Any, torch.Tensor]:
+        """One micro-batch as a zero-bubble schedule runs it, with the functions torch's stage calls:
+        each stage's inputs detached as if received; backward stage by stage from the last, input
+        gradients first (`stage_backward_input`, which detaches the stage's outputs in place), the
+        weight gradients after all of them (`stage_backward_weight`; stage 0 runs a full backward
+        then, as torch's does)."""
+        from torch.distributed.pipelining._backward import (
+            stage_backward,
+            stage_backward_input,
+            stage_backward_weight,
+        )
+
+        values: tuple[Any, ...] = inputs
+        saved: list[tuple[list[Any], list[torch.Tensor]]] = []
+        for index, stage in enumerate(self.stages):
+            if index > 0:  # a received activation: a leaf that needs a gradient exactly when the sent one had one
+                values = tuple(v.detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+                               for v in values)
+            result = stage(*values)
+            outs = [result] if isinstance(result, torch.Tensor) else list(result)
+            saved.append((list(values), outs))
+            values = tuple(outs)
+        out = result
+        loss = self.loss_fn(out, target)
+        grads: Any = None
+        weight_steps: list[Callable[[], Any]] = []
+        for index in reversed(range(len(self.stages))):
+            stage_inputs, outs = saved[index]
+            roots, root_grads = ([loss], None) if index == len(self.stages) - 1 else (outs, grads)
+            params = self.stages[index].parameters
+            if index == 0:
+                weight_steps.append(lambda r=roots, g=root_grads, i=stage_inputs: stage_backward(r, g, i))
+                continue
+            grads, groups = stage_backward_input(roots, root_grads, stage_inputs, params())
+            # an input whose gradient is None (read only where no gradient flows) is sent as zeros
+            grads = [torch.zeros_like(x) if g is None and isinstance(x, torch.Tensor) and x.requires_grad else g
+                     for g, x in zip(grads, stage_inputs)]
+            weight_steps.append(lambda p=params, gr=groups: stage_backward_weight(p(), gr))
+        for run_weights in weight_steps:
+            run_weights()
+        return pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out), loss
 
     def forward_stages(self, inputs: tuple[torch.Tensor, ...]) -> Any:
         values: Any = inputs
@@ -65,9 +114,12 @@ class LocalPipeline:
                     for stage in self.stages:
                         if hasattr(stage, "no_sync"):
                             quiet.enter_context(stage.no_sync())
-                out = self.forward_stages(mb_in)
-                loss = self.loss_fn(out, mb_target)
-                loss.backward()
+                if self.split_backward:
+                    out, loss = self._split_backward(mb_in, mb_target)
+                else:
+                    out = self.forward_stages(mb_in)
+                    loss = self.loss_fn(out, mb_target)
+                    loss.backward()
             losses.append(loss.detach())
             outputs.append(out)
         for stage in self.stages:

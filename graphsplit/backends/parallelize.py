@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from ..errors import GraphsplitError
 from ..ir.program import Program
 from ..ops import tp as tpops
 from ..ops.sync_bn import bind_dp_group
@@ -112,6 +113,18 @@ def grad_scaler(device: torch.device) -> Any:
     return scaler
 
 
+def schedule_class(name: str) -> type:
+    """torch.distributed.pipelining's class for schedule `name`, or one line saying this torch lacks it
+    (graphsplit accepts torch >= 2.6; the zero-bubble and DualPipeV schedules came later)."""
+    import torch.distributed.pipelining as pipelining
+
+    cls = getattr(pipelining, SCHEDULES[name], None)
+    if cls is None:
+        raise GraphsplitError(f"schedule {name!r} needs torch.distributed.pipelining.{SCHEDULES[name]}, which torch "
+                              f"{torch.__version__} does not have; upgrade torch or choose another --schedule")
+    return cls
+
+
 def build_schedule(program: Program, runners: Mapping[int, nn.Module], loss_fn: LossFn, mesh: DeviceMesh,
                    device: torch.device) -> Any:
     """The pipeline schedule over the pp axis driving this rank's stages.
@@ -129,7 +142,7 @@ def build_schedule(program: Program, runners: Mapping[int, nn.Module], loss_fn: 
                                  input_args=examples[index][0], output_args=examples[index][1])
         for index, module in sorted(runners.items())
     ]
-    cls = getattr(pipelining, SCHEDULES[plan.schedule])
+    cls = schedule_class(plan.schedule)
     common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
     if plan.schedule in MULTI_STAGE_SCHEDULES:
         return cls(stages, **common)

@@ -27,8 +27,9 @@ import torch.fx as fx
 from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
 from ..ops.pipeline import dense_grad
+from ..ops.pipeline import sent as sent_alias
 from ..passes.grad_mode import is_detach, params_without_grad
-from ..plan import Plan
+from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .meta import META_KEY, TensorSpec, canonical_names, info
 from .optable import OpKind
 from .sharding import Layout, Replicate, Shard, local_shape
@@ -245,7 +246,11 @@ def build_program(
         if s < num - 1:
             outs = [get(by_name[v]) for v in boundaries[s].values]
             # Collectives send only dense tensors (gloo refuses strided views); a no-op when already dense.
-            sent = [graph.call_method("contiguous", (o,)) for o in outs]
+            # Zero-bubble schedules detach the outputs in place: each gets a tensor object of its own.
+            if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
+                sent = [graph.call_function(sent_alias, (o,)) for o in outs]
+            else:
+                sent = [graph.call_method("contiguous", (o,)) for o in outs]
             for o, c in zip(outs, sent):
                 c.meta = dict(o.meta)
             graph.output(tuple(sent))

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from ..plan import Plan
+from ..plan import V_SCHEDULES, Plan
 from .hardware import Hardware
-from .schedules import bubble_fraction, in_flight, in_flight_chunks
+from .schedules import bubble_fraction, in_flight, last_stage_in_flight
 
 FP32 = 4
 ADAMW_STATES = 2  # exp_avg, exp_avg_sq
@@ -123,15 +123,17 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     share = max(1.0, plan.world_size / hw.shared_cores) if hw.shared_cores else 1.0  # CPU ranks sharing cores
 
     def by_rank(values: np.ndarray, how: str) -> np.ndarray:
-        """Stage s lies on pp rank s % pp: fold the stages of each rank together."""
+        """Stage s lies on pp rank s % pp (a V: rank r also holds stage 2 * pp - 1 - r): fold the
+        stages of each rank together."""
         grid = values.reshape(v, pp)
+        if plan.schedule in V_SCHEDULES:
+            grid = np.stack([grid[0], grid[1][::-1]])
         return grid.sum(axis=0) if how == "sum" else grid.max(axis=0)
 
     params = by_rank(st.param_bytes, "sum")
     acts = in_flight(plan.schedule, pp, m, v) * by_rank(st.saved_bytes, "max") + by_rank(st.recompute_peak, "max")
     outputs = np.zeros(pp, dtype=np.int64)
-    outputs[(plan.num_stages - 1) % pp] = st.output_bytes * (in_flight_chunks(plan.schedule, pp, m, 1, pp - 1)
-                                                             if pp > 1 else 1)
+    outputs[plan.stage_rank(plan.num_stages - 1)] = st.output_bytes * last_stage_in_flight(plan.schedule, pp, m, v)
     states = ADAMW_STATES if optimizer == "adamw" else 0
     kept = by_rank(st.kept_param_bytes, "sum")  # FSDP: the first dp rank's shards, the largest
     parts = {"parameters": kept, "gradients": kept, "optimizer_state": states * kept}

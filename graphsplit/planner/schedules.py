@@ -15,14 +15,32 @@ drives), so the memory model holds what the runtime holds:
 The bubble is the idle fraction of the step: (pp - 1) / (m + pp - 1) for GPipe
 and 1F1B; interleaving divides the fill and drain by v (Narayanan et al. 2021,
 "Efficient Large-Scale Language Model Training on GPU Clusters", sec. 2.2.2).
+
+The zero-bubble schedules (zero-bubble = torch's interleaved ZB-1P, zbv, dualpipev)
+split each backward into an input-gradient part I and a weight-gradient part W run
+later; their closed forms (Qi et al. 2024, "Zero Bubble Pipeline Parallelism",
+arXiv 2401.10241: ZB-H1 leaves (pp - 1)(F + I - W), ZB-V none when F = I = W;
+DeepSeek-V3's DualPipe table: (PP/2 - 1)(F&B + B - 3W)) hold only at their ideal
+micro-batch counts, so both counts are read from torch's own action order instead
+(`rank_actions`: the schedule class built on stand-in stages, as every rank builds
+it): activations in flight are the peak of forwards whose weight gradient has not
+run yet (an I keeps what W will read); the bubble is that order timed with the ZB
+paper's unit costs, F = I = W = 1 per whole stage (a full backward B = I + W = 2),
+each action waiting for its neighbours' (`simulated_bubble`).
 """
 
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import numpy as np
+
+# torch's action orders are used for these (the closed forms above are for the others)
+ORDERED_SCHEDULES = ("zero-bubble", "zbv", "dualpipev")
+# the ZB paper's unit costs of one whole stage's forward, input backward and weight backward
+UNIT_COST = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}
 
 
 def in_flight_chunks(schedule: str, pp: int, microbatches: int, stages_per_rank: int, rank: int) -> int:
@@ -41,6 +59,8 @@ def in_flight_chunks(schedule: str, pp: int, microbatches: int, stages_per_rank:
         return min(warmup + 1, m * v)
     if schedule == "looped-bfs":
         return m * v
+    if schedule in ORDERED_SCHEDULES:
+        return _peak_held(rank_actions(schedule, pp, m, v)[rank])
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
@@ -57,6 +77,8 @@ def bubble_fraction(schedule: str, pp: int, microbatches: int, stages_per_rank: 
     """The fraction of a step each rank spends idle waiting for the pipeline to fill and drain."""
     if pp == 1:
         return 0.0
+    if schedule in ORDERED_SCHEDULES:
+        return simulated_bubble(schedule, pp, microbatches, stages_per_rank)
     fill = (pp - 1) / (stages_per_rank if schedule in ("interleaved-1f1b", "looped-bfs") else 1)
     return fill / (microbatches + fill)
 
@@ -70,3 +92,87 @@ def underfilled_note(plan: Any) -> str | None:
     return (f"the batch gives {m} micro-batch{'es' if m > 1 else ''} for {stages} pipeline stages: at most {m} "
             f"{'stages work' if m > 1 else 'stage works'} at a time (bubble {bubble:.0%}); a batch of {stages} or "
             "more per replica fills the pipeline")
+
+
+Action = tuple[str, int, int]  # (F, I, W or B; stage index; micro-batch)
+
+
+@functools.cache
+def rank_actions(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> tuple[tuple[Action, ...], ...]:
+    """Each pp rank's compute actions in the order torch's schedule runs them (idle slots left out;
+    an overlapped forward-backward pair as its two parts): the schedule class built on stand-in
+    stages, which its constructor reads only for their places."""
+    import torch.distributed.pipelining as pipelining
+
+    from ..plan import SCHEDULES
+
+    cls = getattr(pipelining, SCHEDULES[schedule])
+    stages = [types.SimpleNamespace(group_size=pp, group_rank=0, num_stages=pp * stages_per_rank, stage_index=i,
+                                    is_first=i == 0, is_last=i == pp * stages_per_rank - 1, submod=None,
+                                    has_backward=True, stage_index_to_group_rank={})
+              for i in range(stages_per_rank)]
+    order = cls(stages, n_microbatches=microbatches, loss_fn=lambda out, target: out).pipeline_order
+    def flat(action: Any) -> list[Action]:
+        if action is None:
+            return []
+        if action.sub_actions:
+            return [a for sub in action.sub_actions for a in flat(sub)]
+        return [(action.computation_type.value, action.stage_index, action.microbatch_index)]
+
+    return tuple(tuple(a for action in order[r] for a in flat(action)) for r in range(pp))
+
+
+def last_stage_in_flight(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> int:
+    """Micro-batches whose last-stage output (and loss) are held at once, on the rank holding it."""
+    if pp == 1:
+        return 1
+    if schedule not in ORDERED_SCHEDULES:
+        return in_flight_chunks(schedule, pp, microbatches, 1, pp - 1)
+    last = pp * stages_per_rank - 1
+    return max(_peak_held(tuple(a for a in actions if a[1] == last))
+               for actions in rank_actions(schedule, pp, microbatches, stages_per_rank))
+
+
+def _peak_held(actions: tuple[Action, ...]) -> int:
+    """The most stage-chunks a rank holds activations for: a forward takes one, a weight gradient
+    (or a full backward) gives it back; an input gradient keeps what its weight gradient reads."""
+    held = peak = 0
+    for kind, _, _ in actions:
+        held += 1 if kind == "F" else -1 if kind in ("W", "B") else 0
+        peak = max(peak, held)
+    return peak
+
+
+@functools.cache
+def simulated_bubble(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> float:
+    """The idle fraction of torch's action order for `schedule`, timed with UNIT_COST: each rank runs
+    its actions in order; a forward waits for the previous stage's forward of its micro-batch, an input
+    (or full) backward for the next stage's and its own forward, a weight backward for its input one."""
+    orders = rank_actions(schedule, pp, microbatches, stages_per_rank)
+    num_stages = pp * stages_per_rank
+    cost = {k: c / stages_per_rank for k, c in UNIT_COST.items()}
+    done: dict[tuple[str, int, int], float] = {}  # (F or I, stage, micro-batch) -> when it finished
+    clock = [0.0] * pp
+    nxt = [0] * pp
+    while any(nxt[r] < len(orders[r]) for r in range(pp)):
+        moved = False
+        for r in range(pp):
+            while nxt[r] < len(orders[r]):
+                kind, stage, mb = orders[r][nxt[r]]
+                if kind == "F":
+                    needs = [("F", stage - 1, mb)] if stage > 0 else []
+                elif kind in ("I", "B"):
+                    needs = [("F", stage, mb)] + ([("I", stage + 1, mb)] if stage < num_stages - 1 else [])
+                else:
+                    needs = [("I", stage, mb)]
+                if any(n not in done for n in needs):
+                    break
+                start = max([clock[r], *(done[n] for n in needs)])
+                clock[r] = start + cost[kind]
+                done[("I" if kind == "B" else kind, stage, mb)] = clock[r]
+                nxt[r] += 1
+                moved = True
+        if not moved:
+            raise RuntimeError(f"torch's {schedule} order deadlocks in the simulation (pp={pp}, m={microbatches})")
+    busy = microbatches * sum(UNIT_COST[k] for k in "FIW")
+    return 1.0 - busy / max(clock)

@@ -1,0 +1,106 @@
+"""Zero-bubble schedules (zero-bubble, zbv, dualpipev): V placement, what a plan they cannot drive is
+told, the planner's counts read from torch's own action order, and parity with the untouched model.
+
+The local backend splits each backward as torch's stage does (`stage_backward_input`, then
+`stage_backward_weight`), so these parity checks run the functions the real schedules run; the real
+processes (gloo, torchrun) run zbv on gpt in tests/test_distributed.py.
+"""
+
+import pytest
+
+import graphsplit.ir.program as program_module
+from graphsplit import Plan
+from graphsplit.cli import _plan_from
+from graphsplit.errors import GraphsplitError
+from graphsplit.launch.parity import check_locally
+from graphsplit.loader import load_model
+from graphsplit.planner.schedules import (
+    bubble_fraction,
+    in_flight_chunks,
+    last_stage_in_flight,
+    rank_actions,
+)
+
+from .conftest import EXAMPLES, MODELS
+
+
+def test_v_placement_puts_first_and_last_stage_on_rank_zero():
+    plan = Plan(pp=3, schedule="zbv", stages_per_rank=2)
+    assert [plan.stage_rank(s) for s in range(6)] == [0, 1, 2, 2, 1, 0]
+    assert plan.stages_of_rank(1) == [1, 4]
+    # the loop placement of the interleaved zero-bubble schedule stays as interleaved-1f1b's
+    assert Plan(pp=2, schedule="zero-bubble", stages_per_rank=2).stages_of_rank(0) == [0, 2]
+
+
+def test_the_cli_gives_the_multi_stage_schedules_two_stages_per_rank():
+    for schedule in ("zero-bubble", "zbv", "dualpipev"):
+        plan, _ = _plan_from({"pp": 2, "schedule": schedule, "plan_file": None, **{k: None for k in
+                              ("tp", "dp", "fsdp", "sync_bn", "microbatches", "stages_per_rank", "seed",
+                               "checkpoint", "autocast")}, "split_at": None, "checkpoint_overrides": ()})
+        assert plan.stages_per_rank == 2 and plan.num_stages == 4
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"pp": 2, "schedule": "zbv", "stages_per_rank": 3}, "exactly 2 stages on each rank"),
+    ({"pp": 2, "schedule": "dualpipev", "stages_per_rank": 2, "microbatches": 3}, "at least one micro-batch per stage"),
+    ({"pp": 2, "schedule": "zero-bubble", "stages_per_rank": 2, "microbatches": 3}, "divisible by pp=2"),
+    # DDP's all-reduce hangs on autograd hooks that autograd.grad never fires: replicas would differ
+    ({"pp": 2, "dp": 2, "schedule": "zbv", "stages_per_rank": 2}, "add --fsdp"),
+])
+def test_plans_a_zero_bubble_schedule_cannot_drive_are_refused_with_the_reason(kwargs, says):
+    with pytest.raises(GraphsplitError, match=says):
+        Plan(**kwargs)
+    if kwargs.get("dp", 1) > 1:
+        Plan(**kwargs, fsdp=True)  # FSDP reduces its gradients itself, after the schedule's last W
+
+
+def test_the_planner_reads_torchs_action_order():
+    # every stage-chunk is run forward, input-backward and weight-backward once, on its own rank
+    for schedule in ("zero-bubble", "zbv", "dualpipev"):
+        orders = rank_actions(schedule, 2, 4, 2)
+        plan = Plan(pp=2, schedule=schedule, stages_per_rank=2, microbatches=4)
+        for rank, actions in enumerate(orders):
+            assert {a[1] for a in actions} == set(plan.stages_of_rank(rank))
+            done = {(kind, stage, mb) for kind, stage, mb in actions}
+            for stage in plan.stages_of_rank(rank):
+                for mb in range(4):
+                    assert ("F", stage, mb) in done
+                    assert ("B", stage, mb) in done or {("I", stage, mb), ("W", stage, mb)} <= done
+    # ZB-V keeps 1F1B's activation memory (Qi et al. 2024, sec. 6): pp micro-batches of a whole rank,
+    # 2 * pp chunks of half a rank; DualPipeV one chunk more (DeepSeek-V3's table: PP + 1)
+    assert [in_flight_chunks("zbv", 4, 8, 2, r) for r in range(4)] == [8] * 4
+    assert [in_flight_chunks("dualpipev", 4, 8, 2, r) for r in range(4)] == [9] * 4
+    assert last_stage_in_flight("zbv", 4, 8, 2) >= 1
+    # with F = I = W the only idle time left is the first forward reaching the last rank:
+    # (pp - 1) chunk forwards, ZB-H1's (pp - 1)(F + I - W) per chunk; interleaved 1F1B leaves 3x that
+    for schedule in ("zero-bubble", "zbv", "dualpipev"):
+        assert bubble_fraction(schedule, 4, 8, 2) == pytest.approx(1 - 24 / 25.5)
+    assert bubble_fraction("interleaved-1f1b", 4, 8, 2) == pytest.approx(1.5 / 9.5)
+
+
+CASES = [
+    # its input crosses every stage, its first and last layers share a weight
+    ("last_input.py", Plan(pp=2, schedule="zero-bubble", stages_per_rank=2, microbatches=4)),
+    ("last_input.py", Plan(pp=2, schedule="zbv", stages_per_rank=2)),
+    # long skip connections: a stage sends a tensor its own next convolution saved for its weight gradient
+    ("unet.py", Plan(pp=2, schedule="dualpipev", stages_per_rank=2)),
+]
+
+
+@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n.removesuffix('.py')}-{p.schedule}" for n, p in CASES])
+def test_split_backward_matches_untouched_model(name, plan):
+    path = EXAMPLES / name if (EXAMPLES / name).exists() else MODELS / name
+    _, cmp = check_locally(load_model(str(path)), plan)
+    assert cmp.ok, cmp.failures
+    assert any("rank" in k for k in cmp.max_diff)
+
+
+def test_stage_outputs_need_their_own_tensor_under_split_backward(monkeypatch):
+    # the norm's output is sent and saved by `first`; torch's input backward detaches what a stage sent
+    plan = Plan(pp=2, schedule="zbv", stages_per_rank=2, split_at=("norm", "second", "out"))
+    model = load_model(str(MODELS / "sent_and_saved.py"))
+    _, cmp = check_locally(model, plan)
+    assert cmp.ok, cmp.failures
+    monkeypatch.setattr(program_module, "SPLIT_BACKWARD_SCHEDULES", frozenset())  # sent as itself
+    with pytest.raises(RuntimeError, match="detached in-place"):
+        check_locally(model, plan)
