@@ -72,7 +72,7 @@ _PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "fsdp", "sync_bn", "microba
 
 def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
     plan_file = kwargs.pop("plan_file", None)
-    given = {k: kwargs.pop(k) for k in _PLAN_KEYS}
+    given = {k: kwargs.pop(k, None) for k in _PLAN_KEYS}
     given = {k: v for k, v in given.items() if v is not None and v != ()}
     if plan_file is not None:
         if given:
