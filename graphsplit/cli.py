@@ -55,6 +55,8 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "selective; the last matching one wins, e.g. --checkpoint-module 'h.0=none'."),
         click.option("--autocast", type=click.Choice(["bf16", "fp16"]), default=None,
                      help="Mixed precision: matmuls in this dtype, parameters, norms and the loss in fp32."),
+        click.option("--compile", "compile", is_flag=True, default=None,
+                     help="Run each stage under torch.compile (inductor); tp collectives stay eager, between compiled pieces."),
         click.option("--plan", "plan_file", type=click.Path(path_type=Path), default=None,
                      help="A plan file (what graphsplit plan --out writes) instead of the flags above."),
     ]
@@ -64,7 +66,7 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _PLAN_KEYS = ("pp", "tp", "dp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank", "split_at", "seed", "checkpoint",
-              "checkpoint_overrides", "autocast")
+              "checkpoint_overrides", "autocast", "compile")
 
 
 def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:

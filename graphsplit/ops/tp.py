@@ -155,6 +155,12 @@ def tp_comms(module: nn.Module) -> list[TPComm]:
     return [m for m in module.modules() if isinstance(m, TPComm)]
 
 
+# --compile: a collective is a graph break, not something dynamo traces into: its communicator is
+# Python (a process group, or the local backend's threads), and the compiled pieces between
+# collectives are where the work is
+_eager = torch.compiler.disable
+
+
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm):  # type: ignore[override]
@@ -200,21 +206,25 @@ class _ScatterToTP(torch.autograd.Function):
 
 
 @torch.fx.wrap
+@_eager
 def copy_to_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     return _CopyToTP.apply(x, comm)
 
 
 @torch.fx.wrap
+@_eager
 def reduce_from_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     return _ReduceFromTP.apply(x, comm)
 
 
 @torch.fx.wrap
+@_eager
 def gather_from_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Tensor:
     return _GatherFromTP.apply(x, dim, comm, size)
 
 
 @torch.fx.wrap
+@_eager
 def scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Tensor:
     return _ScatterToTP.apply(x, dim, comm, size)
 
