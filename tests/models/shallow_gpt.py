@@ -12,6 +12,3 @@ from gpt import example_inputs, example_target, loss_fn  # noqa: E402, F401
 def build_model():
     return _build_gpt(n_layer=2)
 
-
-def build_one_block():
-    return _build_gpt(n_layer=1)
