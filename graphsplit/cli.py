@@ -58,6 +58,8 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "selective; the last matching one wins, e.g. --checkpoint-module 'h.0=none'."),
         click.option("--autocast", type=click.Choice(["bf16", "fp16"]), default=None,
                      help="Mixed precision: matmuls in this dtype, parameters, norms and the loss in fp32."),
+        click.option("--compile", "compile", is_flag=True, default=None,
+                     help="Run each stage under torch.compile (inductor); tp collectives stay eager, between compiled pieces."),
         click.option("--plan", "plan_file", type=click.Path(path_type=Path), default=None,
                      help="A plan file (what graphsplit plan --out writes) instead of the flags above."),
     ]
@@ -66,8 +68,8 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank", "split_at", "seed", "checkpoint",
-              "checkpoint_overrides", "autocast")
+_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank",
+              "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "compile")
 
 
 def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
@@ -332,6 +334,10 @@ def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: i
 @click.option("--print-command", "print_command", is_flag=True,
               help="Print the torchrun command line (its spec file kept) and exit without training.")
 @click.option("--check", is_flag=True, help="Also train the untouched model and compare loss, outputs and gradients.")
+@click.option("--init", "init", type=click.Choice(["auto", "exact", "fast"]), default="auto", show_default=True,
+              help="Without --weights: exact runs the model's constructor on every rank (its values to the bit); "
+                   "fast draws only each rank's blocks, the same values at every plan; auto: exact with --check "
+                   "or below 500M parameters, fast above.")
 @click.option("--weights", "weights", type=click.Path(), default=None,
               help="A .safetensors file or torch state dict; each rank reads only its own shards.")
 @click.option("--save", "save", type=click.Path(), default=None,
@@ -354,7 +360,7 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
         save: str | None, resume: str | None, collective_timeout_s: float, save_every: int, keep_last: int,
         weight_decay: float | None, betas: str | None, lr_schedule: str, warmup_steps: int, grad_clip: float | None,
         eval_every: int, metrics: str | None, tensorboard: str | None, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
-        nproc_per_node: int | None, print_command: bool, **kwargs: Any) -> None:
+        nproc_per_node: int | None, print_command: bool, init: str, **kwargs: Any) -> None:
     """Train TARGET (a model file, or a folder written by transform) under torchrun, on this machine or
     with --nnodes on several; batches from the file's train_data() when it defines one."""
     from .launch.launcher import Nodes, RunOptions, run_training
@@ -382,7 +388,7 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
         opts = RunOptions(steps=steps, optimizer=optimizer, lr=lr, optim=optim, check=check, timeout_s=timeout_s,
                           weights=weights, save=save, resume=resume, collective_timeout_s=collective_timeout_s,
                           save_every=save_every, keep_last=keep_last, eval_every=eval_every, metrics=metrics,
-                          tensorboard=tensorboard, nodes=nodes, print_command=print_command)
+                          tensorboard=tensorboard, nodes=nodes, print_command=print_command, init=init)
         cmp = run_training(model_spec, plan, opts, fixed_cuts, echo=click.echo)
     except GraphsplitError as exc:
         fail(exc)

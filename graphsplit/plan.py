@@ -71,6 +71,7 @@ class Plan:
     checkpoint_overrides: (glob, policy) pairs, e.g. (("h.0", "none"),
     ("h.1*", "selective")): modules whose path matches the glob (fnmatch) get
     the policy (none, full or selective) instead; the last matching pair wins.
+    compile: each stage module runs under `torch.compile` (backends/compile_stages.py).
     """
 
     pp: int = 1
@@ -89,6 +90,7 @@ class Plan:
     checkpoint_overrides: tuple[tuple[str, str], ...] = ()
     autocast: str | None = None
     seed: int = 0
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("pp", "tp", "dp", "stages_per_rank"):
@@ -168,6 +170,8 @@ class Plan:
         if self.checkpoint not in CHECKPOINT_POLICIES and not re.fullmatch(r"every:[1-9]\d*", str(self.checkpoint)):
             raise _fail("checkpoint", f"unknown policy {self.checkpoint!r}; choose one of {', '.join(CHECKPOINT_POLICIES)} or every:K")
         object.__setattr__(self, "checkpoint_overrides", _overrides(self.checkpoint_overrides))
+        if not isinstance(self.compile, bool):
+            raise _fail("compile", f"must be true or false, got {self.compile!r}")
         if self.autocast not in AUTOCAST_DTYPES:
             raise _fail("autocast", f"unknown dtype {self.autocast!r}; choose bf16 or fp16")
 

@@ -10,6 +10,7 @@ def test_defaults_and_json_round_trip():
     again = Plan.from_json(plan.to_json())
     assert again == plan
     assert isinstance(again.split_at, tuple)
+    assert not plan.compile and Plan.from_json(plan.replace(compile=True).to_json()).compile
 
 
 def test_checkpoint_overrides_round_trip_through_json():
@@ -46,6 +47,7 @@ def test_interleaved_placement_loops_over_ranks():
         ({"pp": 2, "split_at": ("a", "b")}, "Plan.split_at"),
         ({"checkpoint": "always"}, "Plan.checkpoint"),
         ({"autocast": "int8"}, "Plan.autocast"),
+        ({"compile": "yes"}, "Plan.compile"),
         ({"checkpoint_overrides": (("h.0", "sometimes"),)}, "Plan.checkpoint_overrides"),
         ({"checkpoint_overrides": ("h.0",)}, "Plan.checkpoint_overrides"),
         ({"checkpoint_overrides": (("", "none"),)}, "Plan.checkpoint_overrides"),

@@ -34,6 +34,7 @@ from ..ops import tp as tpops
 from ..plan import SPLIT_BACKWARD_SCHEDULES
 from ..runtime.microbatch import gather_outputs, merge_outputs, split_microbatches
 from ..runtime.training import LossFn, make_loss, named_grads, sync_tied_grads
+from .compile_stages import DEFAULT_BACKEND, apply_compile
 from .threads import ThreadHub, ThreadLink, run_ranks
 
 
@@ -154,7 +155,8 @@ class LocalRankStep:
 class LocalProgram:
     """A whole program in this process: one `LocalPipeline` per tp rank, a thread each when tp > 1."""
 
-    def __init__(self, program: Program, source: Mapping[str, torch.Tensor], user_loss: LossFn | None) -> None:
+    def __init__(self, program: Program, source: Mapping[str, torch.Tensor], user_loss: LossFn | None,
+                 compile_backend: str = DEFAULT_BACKEND) -> None:
         from ..runtime.materialize import materialize_stages
 
         plan = program.plan
@@ -174,6 +176,8 @@ class LocalProgram:
                 link = ThreadLink(self.hub, rank)
                 for module in (*stages, *([loss_graph] if loss_graph is not None else []), comm):
                     tpops.bind_tp(module, link)
+            if plan.compile:
+                apply_compile(stages, compile_backend)
             self.ranks.append(LocalPipeline(program, stages, make_loss(program, user_loss, loss_graph)))
             self.loss_graphs.append(loss_graph)
             self.comms.append(comm)

@@ -3,6 +3,7 @@
 
     apply_tp        the graphs' tp communicators bound to the mesh's tp group
     apply_sync_bn   synchronized BatchNorm layers bound to the dp group
+    apply_compile   --compile: each stage under torch.compile (compile_stages.py)
     apply_fsdp      FSDP2 `fully_shard` over the dp axis (ZeRO-3)
     tied_groups     one group per tied parameter over the pp ranks holding a copy
     apply_ddp       DistributedDataParallel over the dp axis (plain dp)
@@ -30,6 +31,7 @@ from ..ops import tp as tpops
 from ..ops.sync_bn import bind_dp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
 from ..runtime.training import LossFn
+from .compile_stages import apply_compile
 from .local import LocalPipeline
 from .torch_distributed import DistributedPipeline, stage_examples
 
@@ -157,6 +159,8 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     loss_graphs = [program.loss_gm] if program.loss_gm is not None else []
     output_comm = apply_tp([*modules.values(), *loss_graphs], mesh, plan)
     apply_sync_bn(modules.values(), mesh, plan)
+    if plan.compile:  # before FSDP and DDP wrap the modules, as torchtitan orders them
+        apply_compile(modules.values())
     if plan.fsdp:
         apply_fsdp(modules.values(), mesh)
     tied = tied_groups(program, mesh)

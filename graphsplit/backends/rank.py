@@ -23,13 +23,15 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..ir.program import Program
+from ..runtime.fast_init import FastInit
 from ..runtime.materialize import materialize_stages
 from ..runtime.training import LossFn, make_loss
 from .parallelize import parallelize_stages
 from .torch_distributed import DEFAULT_TIMEOUT_S, DistributedPipeline, init_distributed, make_mesh
 
-# the stages this rank holds -> the original model's tensors by name (None: each module's own init)
-TensorSource = Callable[[Sequence[int]], Mapping[str, torch.Tensor] | None]
+# the stages this rank holds -> the original model's tensors by name, or fast init drawing this rank's
+# blocks (None: each module's own init)
+TensorSource = Callable[[Sequence[int]], Mapping[str, torch.Tensor] | FastInit | None]
 
 
 class SetUpObserver(Protocol):

@@ -32,6 +32,8 @@ from ..plan import Plan
 from ..planner.schedules import underfilled_note
 from ..runtime.dcp.record import read_info
 from ..runtime.dcp.series import require_save_folder, resolve_checkpoint
+from ..runtime.fast_init import fast_model
+from ..runtime.init_mode import choose_init
 from ..runtime.lean_init import lean_init_works
 from ..runtime.materialize import model_tensors
 from ..runtime.schedule import check_schedule
@@ -63,6 +65,7 @@ class RunOptions:
     tensorboard: str | None = None  # a TensorBoard log folder: the same numbers as scalars
     nodes: Nodes | None = None  # several machines (torchrun's multi-node rendezvous); None: this one alone
     print_command: bool = False  # print the torchrun command line and stop
+    init: str = "auto"  # without weights: exact, fast or auto (runtime/init_mode.py)
 
 
 @dataclass(frozen=True)
@@ -179,8 +182,20 @@ def run_training(
         tempfile.TemporaryDirectory(prefix="graphsplit-run-")
     with folder as tmp_str:
         tmp = Path(tmp_str)
-        lean = False
+        lean = fast = False
+        mode = "exact"
+        if opts.weights is not None and opts.init == "fast":
+            raise GraphsplitError("--init fast draws a new model and --weights gives one; drop one of them")
         if opts.weights is None:
+            mode, why = choose_init(opts.init, loaded.build("meta"), opts.check)
+            echo(f"initialization: {why}")
+        if mode == "fast":
+            # each rank draws its own blocks (runtime/fast_init.py); the whole model at tp 1 holds the
+            # same values, so it is the reference
+            fast = True
+            weights = None
+            model = fast_model(loaded, plan.seed) if opts.check else None
+        elif opts.weights is None:
             # the model's own initialization: each rank runs the constructor keeping only its tensors
             # (runtime/lean_init.py), or, when the init code reads other tensors, the model is built here once
             # and saved for the ranks to slice
@@ -202,7 +217,7 @@ def run_training(
             fixed_cuts=list(fixed_cuts) if fixed_cuts is not None else None,
             weights=weights, user_weights=opts.weights is not None, dump_dir=str(tmp) if opts.check else None,
             save_dir=opts.save, save_every=opts.save_every, keep_last=opts.keep_last,
-            resume_dir=opts.resume, lean_init=lean, timeout_s=opts.timeout_s,
+            resume_dir=opts.resume, lean_init=lean, fast_init=fast, timeout_s=opts.timeout_s,
             collective_timeout_s=opts.collective_timeout_s, run_dir=str(tmp),
             train_data=loaded.train_data is not None, eval_every=opts.eval_every, metrics=opts.metrics,
             tensorboard=opts.tensorboard,

@@ -319,16 +319,18 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
     return cmp
 
 
-def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] | None = None) -> tuple[Program, Comparison]:
+def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] | None = None,
+                  compile_backend: str = "inductor") -> tuple[Program, Comparison]:
     """Compile `loaded` under `plan`, run step 1 of every stage and tp shard in this process (the
-    local backend), and compare loss, output and every shard's gradients with the untouched model."""
+    local backend), and compare loss, output and every shard's gradients with the untouched model.
+    `compile_backend`: torch.compile's backend when the plan compiles its stages."""
     from ..backends.local import LocalProgram
     from ..compile import compile_loaded
     from ..runtime.materialize import model_tensors
 
     model = loaded.build("cpu", seed=plan.seed)
     program = compile_loaded(loaded, plan, fixed_cuts).program
-    local = LocalProgram(program, model_tensors(model), loaded.loss_fn)
+    local = LocalProgram(program, model_tensors(model), loaded.loss_fn, compile_backend)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
     target = loaded.target if loaded.target is not None else default_target(inputs)
     everything = tuple(range(len(program.stages)))

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..backends.torch_distributed import DistributedPipeline
     from ..ir.program import Program
     from ..loader import LoadedModel
+    from ..runtime.fast_init import FastInit
     from ..runtime.training import OptimConfig
 
 
@@ -64,6 +65,7 @@ class RunSpec:
     keep_last: int = 3  # the newest checkpoints kept in save_dir (0: all)
     resume_dir: str | None = None  # a DCP checkpoint folder to start from (written at any plan)
     lean_init: bool = False  # no weights file: run the constructor keeping only this rank's parameters
+    fast_init: bool = False  # no weights file: draw only this rank's blocks (runtime/fast_init.py)
     train_data: bool = False  # draw each step's batch from the model file's train_data()
     eval_every: int = 0  # evaluate on eval_data() every this many steps (0: never)
     metrics: str | None = None  # a JSON-lines file, one line per step (the rank holding the loss writes it)
@@ -84,9 +86,14 @@ class RunSpec:
 
 def _tensor_source(spec: RunSpec, loaded: LoadedModel, program: Program) -> TensorSource:
     """Where this rank's tensors come from: the plan's seed through the model's own constructor,
-    keeping only this rank's parameters (lean init), or a weights file mapped into memory."""
+    keeping only this rank's parameters (lean init), fast init drawing only this rank's blocks,
+    or a weights file mapped into memory."""
 
-    def tensors(stages: Sequence[int]) -> Mapping[str, torch.Tensor] | None:
+    def tensors(stages: Sequence[int]) -> Mapping[str, torch.Tensor] | FastInit | None:
+        if spec.fast_init:
+            from ..runtime.fast_init import FastInit
+
+            return FastInit.for_model(loaded, program.plan.seed)
         if spec.lean_init:
             from ..runtime.lean_init import lean_build
 

@@ -180,6 +180,12 @@ def tp_comms(module: nn.Module) -> list[TPComm]:
     return [m for m in module.modules() if isinstance(m, TPComm)]
 
 
+# --compile: a collective is a graph break, not something dynamo traces into: its communicator is
+# Python (a process group, or the local backend's threads), and the compiled pieces between
+# collectives are where the work is
+_eager = torch.compiler.disable
+
+
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm):  # type: ignore[override]
@@ -249,36 +255,43 @@ class _GatherForColumn(torch.autograd.Function):
 
 
 @torch.fx.wrap
+@_eager
 def copy_to_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     return _CopyToTP.apply(x, comm)
 
 
 @torch.fx.wrap
+@_eager
 def reduce_from_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     return _ReduceFromTP.apply(x, comm)
 
 
 @torch.fx.wrap
+@_eager
 def gather_from_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Tensor:
     return _GatherFromTP.apply(x, dim, comm, size)
 
 
 @torch.fx.wrap
+@_eager
 def scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Tensor:
     return _ScatterToTP.apply(x, dim, comm, size)
 
 
 @torch.fx.wrap
+@_eager
 def reduce_scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
     return _ReduceScatterToTP.apply(x, dim, comm)
 
 
 @torch.fx.wrap
+@_eager
 def gather_for_column(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
     return _GatherForColumn.apply(x, dim, comm)
 
 
 @torch.fx.wrap
+@_eager
 def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None,
                              comm: TPComm, seq_dim: int | None = None) -> torch.Tensor:
     """`F.embedding` over a vocabulary split in contiguous row blocks across the tp ranks;
@@ -311,6 +324,7 @@ def unpadded(n: int, block: int, size: int) -> int:
 
 
 @torch.fx.wrap
+@_eager
 def vocab_parallel_cross_entropy(
     logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, comm: TPComm,
     vocab: int | None = None,

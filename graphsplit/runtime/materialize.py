@@ -20,6 +20,7 @@ from ..errors import GraphsplitError
 from ..ir.program import Program, StageProgram
 from ..ir.sharding import Layout, local_shape, shard_tensor
 from ..passes.grad_mode import params_without_grad
+from .fast_init import FastInit
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -41,14 +42,15 @@ def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
 def materialize_stage(
     stage: StageProgram,
     device: torch.device | str,
-    source: Mapping[str, torch.Tensor] | None,
+    source: Mapping[str, torch.Tensor] | FastInit | None,
     seed: int = 0,
     shardings: Mapping[str, Layout] | None = None,
     tp_rank: int = 0,
     tp: int = 1,
 ) -> nn.Module:
     """This stage's module with real tensors on `device`; sharded parameters hold
-    only this tp rank's block (sliced from `source`, never copied whole)."""
+    only this tp rank's block (sliced from `source`, never copied whole, or drawn
+    block by block on `device` when `source` is a `FastInit`)."""
     shardings = shardings or {}
     module = copy.deepcopy(stage.gm)
     _retarget_devices(module, torch.device(device))
@@ -59,7 +61,9 @@ def materialize_stage(
             shape = local_shape(tuple(full.shape), sharding, tp)
             _set(module, local, nn.Parameter(torch.empty(shape, dtype=full.dtype, device="meta"), full.requires_grad))
     module.to_empty(device=device)
-    if source is None:
+    if isinstance(source, FastInit):
+        source.fill_stage(module, stage, shardings, tp_rank, tp)
+    elif source is None:
         if shardings:
             raise GraphsplitError("a tensor-parallel model built on meta needs weights: pass the model built on CPU")
         _init_from_modules(module, stage, seed)
@@ -89,7 +93,7 @@ def materialize_stages(
     program: Program,
     indices: Iterable[int],
     device: torch.device | str,
-    source: Mapping[str, torch.Tensor] | None,
+    source: Mapping[str, torch.Tensor] | FastInit | None,
     tp_rank: int = 0,
 ) -> dict[int, nn.Module]:
     """The stage modules `indices` of `program` for tp rank `tp_rank`, by stage index."""
