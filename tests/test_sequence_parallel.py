@@ -4,7 +4,9 @@ Under `Plan(sequence_parallel=True)` the norms, dropout and residual adds betwee
 output and the next column-parallel input run on 1/tp of the sequence: the all-reduce of each
 row-parallel sum becomes a reduce-scatter, the input of each column-parallel layer is all-gathered
 (reduce-scattered backward), and the norms' weights are read whole by every rank with their
-gradients summed over tp. Parity against the untouched model runs in threads (the local backend);
+gradients summed over tp; each column-parallel linear keeps the tokens' shard for backward, not
+the gathered input. (HF GPT-2's Conv1D row-parallel output is 2-D [b*s, h]: no sequence dim, so
+SP keeps the all-reduce there, by design.) Parity against the untouched model runs in threads (the local backend);
 the real gloo run (slow) checks the same on processes, where the reduce-scatter is gloo's.
 """
 
