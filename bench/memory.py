@@ -18,7 +18,8 @@ stage's measured / bound. The loss (outside the stage graphs, run by the
 schedule) is not part of these figures.
 
 `--sequence-parallel` prints, at tp 2 and tp 2 x pp 2, the activation bytes one rank keeps for
-backward with and without sequence parallelism (measured the same way) and their ratio.
+backward with and without sequence parallelism (measured the same way), their ratio, and the ratio
+to the ideal: the same plan without tp, divided by tp.
 """
 
 from __future__ import annotations
@@ -149,13 +150,17 @@ def stage_activations(program) -> list[int]:
 
 
 def sequence_parallel_rows(loaded) -> None:
-    """Activations per rank with and without sequence parallelism, the reference (tp alone) first."""
-    print(f"{'plan':28} {'acts/mb (busiest stage, MiB)':>30} {'ratio sp/tp':>12}")
+    """Activations per rank with and without sequence parallelism, the references (tp alone, and no
+    tp divided by tp: the ideal) first."""
+    print(f"{'plan':28} {'acts/mb (busiest stage, MiB)':>30} {'ratio sp/tp':>12} {'ratio sp/ideal':>15}")
     for plan in (Plan(tp=2), Plan(tp=2, pp=2)):
+        whole = max(stage_activations(compile_loaded(loaded, plan.replace(tp=1)).program))
         plain = max(stage_activations(compile_loaded(loaded, plan).program))
         sp = max(stage_activations(compile_loaded(loaded, plan.replace(sequence_parallel=True)).program))
+        print(f"{f'tp=1 pp={plan.pp} (ideal: / {plan.tp})':28} {mib(whole / plan.tp):>30}", flush=True)
         print(f"{f'tp={plan.tp} pp={plan.pp}':28} {mib(plain):>30}", flush=True)
-        print(f"{f'tp={plan.tp} pp={plan.pp} sequence-parallel':28} {mib(sp):>30} {sp / plain:12.2f}", flush=True)
+        print(f"{f'tp={plan.tp} pp={plan.pp} sequence-parallel':28} {mib(sp):>30} {sp / plain:12.2f} "
+              f"{sp / (whole / plan.tp):15.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,13 +32,20 @@ COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
 }
 
 
+def _needs_grad(value: Any) -> bool:
+    spec = info(value).tensor if isinstance(value, fx.Node) else None
+    return spec is not None and spec.requires_grad
+
+
 def node_collectives(node: fx.Node) -> list[tuple[str, str]]:
     """(direction, kind) for each collective `node` runs in one step."""
+    if node.op == "call_function" and node.target is tpops.column_linear_from_seq_shard:
+        # the kept shard all-gathered again for the weight's gradient (the tokens' all-gather and
+        # the input gradient's reduce-scatter are its input's, `gather_for_column`)
+        return [("backward", "all_gather")] if _needs_grad(node.args[2]) else []
     if node.op == "call_function" and node.target is tpops.vocab_parallel_embedding and node.kwargs.get("seq_dim") is not None:
         # its sum left split on the sequence dim: reduce-scatter forward, all-gather of the gradient
-        weight = node.args[1]
-        grad = isinstance(weight, fx.Node) and info(weight).tensor is not None and info(weight).tensor.requires_grad
-        return [("forward", "reduce_scatter")] + ([("backward", "all_gather")] if grad else [])
+        return [("forward", "reduce_scatter")] + ([("backward", "all_gather")] if _needs_grad(node.args[1]) else [])
     found = []
     for direction, kind in COLLECTIVES_OF.get(node.target, []) if node.op == "call_function" else []:
         if direction == "backward":

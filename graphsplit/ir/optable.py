@@ -157,6 +157,14 @@ for _targets, _kind in (
     for _t in _targets:
         _FUNCTION_KINDS[_t] = _kind
 
+
+
+def register_function_kind(target: object, kind: OpKind) -> None:
+    """Classify calls of `target` as `kind`: for ops defined outside ir/ that passes insert
+    (sequence parallelism's gathering linear is a LINEAR to autocast, the cost model, the report)."""
+    _FUNCTION_KINDS[target] = kind
+
+
 # by name: transformers registers its op only when imported, and torch spells grouped_mm
 # three ways across versions
 _GROUPED_MM_NAMES = frozenset({"grouped_mm_fallback", "grouped_mm", "_grouped_mm"})

@@ -16,6 +16,11 @@ the last argument of each is the graph's communicator, `self.tp_comm` (a `TPComm
 - `gather_for_column(x, dim, comm)`  all-gather along `dim` forward, reduce-scatter backward
   (sequence parallelism: before a column-parallel layer, whose ranks each make a partial
   gradient of the whole input)
+- `column_linear_from_seq_shard(gathered, shard, weight, bias, dim, comm)`  the column-parallel
+  linear of `gathered = gather_for_column(shard, dim, comm)` that keeps only the tokens' shard for
+  backward and all-gathers it again there for the weight's gradient (Megatron's
+  `LinearWithGradAccumulationAndAsyncCommunication` with sequence_parallel); the input's gradient
+  goes to `gathered`, whose one reduce-scatter serves every linear reading it
 - `vocab_parallel_embedding(ids, weight, padding_idx, comm, seq_dim=None)`: lookup in this
   rank's rows, zero elsewhere, all-reduce forward (`seq_dim`: reduce-scatter along it)
 - `vocab_parallel_cross_entropy(logits, target, ignore_index, reduction, comm, vocab=None)`
@@ -30,6 +35,7 @@ rank (backends/threads.py). It counts the collectives it runs, per (direction, k
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Any, Protocol
 
@@ -38,6 +44,7 @@ import torch.distributed as dist
 import torch.fx
 import torch.nn as nn
 
+from ..ir.optable import OpKind, register_function_kind
 from ..ir.sharding import Shard, shard_tensor
 
 COMM_ATTR = "tp_comm"  # the attribute of a graph module that holds its communicator
@@ -254,6 +261,44 @@ class _GatherForColumn(torch.autograd.Function):
         return ctx.comm.reduce_scatter(grad, ctx.dim, "backward"), None, None
 
 
+class _ColumnLinearFromSeqShard(torch.autograd.Function):
+    """F.linear(gathered, weight, bias) that keeps `shard` (this rank's block of `gathered` along
+    `dim`) for backward instead of `gathered`: tp times less, kept until backward. Backward
+    all-gathers the shard again for the weight's gradient; the input's gradient goes to `gathered`
+    whole and partial (each rank's columns' share), summed with the other linears' and
+    reduce-scattered once by the `gather_for_column` that made it."""
+
+    @staticmethod
+    def forward(ctx, gathered, shard, weight, bias, dim, comm):  # type: ignore[override]
+        # under torch.autocast the product runs in its dtype, as F.linear's would; the shard and
+        # weight are saved cast, so backward computes in that dtype with autocast off
+        device = gathered.device.type
+        ctx.dtypes = (gathered.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        if autocast:
+            low = torch.get_autocast_dtype(device)
+            gathered, shard, weight = gathered.to(low), shard.to(low), weight.to(low)
+            bias = bias.to(low) if bias is not None else None
+        ctx.dim, ctx.comm, ctx.has_bias = dim, comm, bias is not None
+        ctx.save_for_backward(shard, weight)
+        with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
+            return torch.nn.functional.linear(gathered, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        shard, weight = ctx.saved_tensors
+        grad = grad.to(weight.dtype)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad.matmul(weight).to(ctx.dtypes[0])
+        if ctx.needs_input_grad[2]:
+            whole = ctx.comm.all_gather(shard, ctx.dim, "backward")
+            grad_w = grad.flatten(0, -2).t().matmul(whole.flatten(0, -2)).to(ctx.dtypes[1])
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            grad_b = grad.flatten(0, -2).sum(0).to(ctx.dtypes[2])
+        return grad_x, None, grad_w, grad_b, None, None
+
+
 @torch.fx.wrap
 @_eager
 def copy_to_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
@@ -288,6 +333,19 @@ def reduce_scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tenso
 @_eager
 def gather_for_column(x: torch.Tensor, dim: int, comm: TPComm) -> torch.Tensor:
     return _GatherForColumn.apply(x, dim, comm)
+
+
+@torch.fx.wrap
+@_eager
+def column_linear_from_seq_shard(gathered: torch.Tensor, shard: torch.Tensor, weight: torch.Tensor,
+                                 bias: torch.Tensor | None, dim: int, comm: TPComm) -> torch.Tensor:
+    """`F.linear(gathered, weight, bias)`, `gathered` being `gather_for_column(shard, dim, comm)`,
+    keeping only `shard` for backward, which all-gathers it again for the weight's gradient
+    (Megatron's sequence-parallel linear). The input's gradient flows to `gathered`."""
+    return _ColumnLinearFromSeqShard.apply(gathered, shard, weight, bias, dim, comm)
+
+
+register_function_kind(column_linear_from_seq_shard, OpKind.LINEAR)
 
 
 @torch.fx.wrap

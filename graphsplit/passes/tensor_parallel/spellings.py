@@ -1,7 +1,8 @@
 """Reading and editing ops in whichever spelling the tracer produced (fx or ATen).
 
 `linear_form` is the one place that knows where the input, weight and bias of a
-linear sit in `F.linear`, `aten.linear`, `addmm` and `mm`.
+linear sit in `F.linear`, `aten.linear`, `addmm`, `mm` (and sequence parallelism's
+`column_linear_from_seq_shard`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ...ir.optable import op_name
+from ...ops import tp as tpops
 
 aten = torch.ops.aten
 
@@ -61,6 +63,8 @@ def linear_form(node: fx.Node) -> tuple[Any, Any, Any, int, int] | None:
         return node.args[1], node.args[2], node.args[0], 1, 0
     if isinstance(t, torch._ops.OpOverload) and t.overloadpacket in (aten.mm,) or t is torch.mm:
         return node.args[0], node.args[1], None, 1, 0
+    if t is tpops.column_linear_from_seq_shard:  # (gathered, shard, weight, bias, dim, comm)
+        return node.args[0], node.args[2], node.args[3], 0, 1
     return None
 
 

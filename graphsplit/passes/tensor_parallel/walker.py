@@ -31,6 +31,7 @@ from . import rules  # noqa: F401  (fills RULES)
 from .decision import COMM, SELF, Call, Decision, LayoutView, Local, decide
 from .fuse_sums import fuse_partial_sums
 from .redistribute import Redistribute
+from .seq_linear import keep_shards_for_column_linears
 
 R = Replicate()
 
@@ -42,6 +43,8 @@ def _walk(gm: fx.GraphModule, tp: int, sequence_parallel: bool = False) -> Walke
     walker = Walker(gm, tp, sequence_parallel)
     walker.run()
     fuse_partial_sums(gm)  # parallel-residual blocks: one collective for the two row-parallel sums
+    if sequence_parallel:
+        keep_shards_for_column_linears(gm)  # column-parallel linears keep the tokens' shard for backward
     gm.graph.lint()
     gm.recompile()
     return walker
