@@ -36,7 +36,8 @@ MULTI_STAGE_SCHEDULES = frozenset({"interleaved-1f1b", "looped-bfs", "zero-bubbl
 # V placement: pp rank r holds stages r and 2 * pp - 1 - r (exactly two), so the first and the last
 # stage share rank 0 (torch's generate_stage_to_rank_mapping(style="v")).
 V_SCHEDULES = frozenset({"zbv", "dualpipev"})
-# Schedules that split backward into input and weight parts (torch runs them with autograd.grad)
+# Schedules that split backward into input and weight parts (torch runs them with autograd.grad,
+# which DDP never sees: plain dp averages their gradients after the step, runtime/grad_average.py)
 SPLIT_BACKWARD_SCHEDULES = frozenset({"zero-bubble", "zbv", "dualpipev"})
 # graphsplit asks micro-batches divisible by pp of these (torch's rounds of pp micro-batches)
 ROUND_SCHEDULES = frozenset({"interleaved-1f1b", "looped-bfs", "zero-bubble"})
@@ -125,13 +126,6 @@ class Plan:
                 "stages_per_rank",
                 f"schedule {self.schedule!r} places exactly 2 stages on each rank (a V: rank r holds stages r "
                 f"and {2 * self.pp - 1} - r); set stages_per_rank=2, not {self.stages_per_rank}",
-            )
-        if self.schedule in SPLIT_BACKWARD_SCHEDULES and self.dp > 1 and not self.fsdp:
-            raise _fail(
-                "schedule",
-                f"schedule {self.schedule!r} splits each backward into input and weight gradients with "
-                "autograd.grad, which DDP's gradient all-reduce never sees (replicas would keep different "
-                f"gradients); with dp={self.dp} add --fsdp, or choose 1f1b / interleaved-1f1b",
             )
         if self.schedule in ROUND_SCHEDULES and self.microbatches is not None and self.microbatches % self.pp:
             raise _fail(

@@ -28,8 +28,9 @@ CASES = [
     ("resnet.py", Plan(dp=2, pp=2, schedule="interleaved-1f1b", stages_per_rank=2)),
     ("last_input.py", Plan(pp=2, schedule="looped-bfs", stages_per_rank=2, microbatches=4)),
     # zero bubble, V placement: rank 0 holds stages 0 and 3, so gpt's tied embedding and LM head share a
-    # rank; torch's split backward (input gradients, weight gradients later) on stages cut mid-block
-    ("gpt.py", Plan(pp=2, schedule="zbv", stages_per_rank=2)),
+    # rank; torch's split backward (input gradients, weight gradients later) on stages cut mid-block;
+    # plain dp without DDP (autograd.grad fires none of its hooks): gradients averaged after the step
+    ("gpt.py", Plan(dp=2, pp=2, schedule="zbv", stages_per_rank=2)),
     # tensor x pipeline with activation checkpointing: tests/test_weights.py's run from a weights file
     # data parallel: DDP over the dp axis, each replica its share of the batch, gradients averaged
     # (tied embeddings synced per replica: test_parallelize's FSDP dp2 x pp2 x tp2 gpt)

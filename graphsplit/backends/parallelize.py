@@ -6,7 +6,8 @@
     apply_compile   --compile: each stage under torch.compile (compile_stages.py)
     apply_fsdp      FSDP2 `fully_shard` over the dp axis (ZeRO-3)
     tied_groups     one group per tied parameter over the pp ranks holding a copy
-    apply_ddp       DistributedDataParallel over the dp axis (plain dp)
+    apply_ddp       DistributedDataParallel over the dp axis (plain dp); under the split-backward
+                    schedules, whose autograd.grad DDP never sees, a `DPGradAverager` instead
     grad_scaler     fp16: one loss scale for the whole world
     build_schedule  `torch.distributed.pipelining`'s schedule over the pp axis
 
@@ -29,7 +30,8 @@ from ..errors import GraphsplitError
 from ..ir.program import Program
 from ..ops import tp as tpops
 from ..ops.sync_bn import bind_dp_group
-from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
+from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Plan
+from ..runtime.grad_average import DPGradAverager
 from ..runtime.training import LossFn
 from .compile_stages import apply_compile
 from .local import LocalPipeline
@@ -164,7 +166,12 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     if plan.fsdp:
         apply_fsdp(modules.values(), mesh)
     tied = tied_groups(program, mesh)
-    runners = apply_ddp(modules, mesh, device) if plan.dp > 1 and not plan.fsdp else dict(modules)
+    runners, averager = dict(modules), None
+    if plan.dp > 1 and not plan.fsdp:
+        if plan.schedule in SPLIT_BACKWARD_SCHEDULES:  # weight gradients by autograd.grad: no DDP hook fires
+            averager = DPGradAverager(modules.values(), mesh.get_group("dp"))
+        else:
+            runners = apply_ddp(modules, mesh, device)
     scaler = grad_scaler(device) if plan.autocast == "fp16" else None
     objective = loss_fn
     if scaler is not None:
@@ -172,4 +179,4 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
             return scaler.scale(loss_fn(output, target))
 
     schedule = build_schedule(program, runners, objective, mesh, device)
-    return DistributedPipeline(program, dict(modules), mesh, schedule, tied, scaler, output_comm)
+    return DistributedPipeline(program, dict(modules), mesh, schedule, tied, scaler, output_comm, averager)

@@ -5,7 +5,10 @@ the pp axis through `torch.distributed.pipelining` (`PipelineStage` built from
 our own stage GraphModules, and its schedules), tp collectives over the tp
 axis, and with dp > 1 each stage module is wrapped in DistributedDataParallel
 over the dp axis (gradients averaged by bucketed all-reduces during the last
-micro-batch's backward) or, with `fsdp`, FSDP2-sharded over it (ZeRO-3). gloo on CPU, nccl on CUDA.
+micro-batch's backward) or, with `fsdp`, FSDP2-sharded over it (ZeRO-3). Under the split-backward
+schedules (zero-bubble, zbv, dualpipev), whose weight gradients come from autograd.grad that DDP
+never sees, plain dp averages the gradients after the schedule's step instead
+(runtime/grad_average.py). gloo on CPU, nccl on CUDA.
 Copies of a tied parameter on several pp ranks get the sum of their
 gradients through one all-reduce per parameter on a group of just those ranks.
 
@@ -28,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ..ir.program import Program
 from ..ops.tp import TPComm
 from ..plan import Plan
+from ..runtime.grad_average import DPGradAverager
 from ..runtime.training import named_grads, sync_tied_grads
 from .local import LocalPipeline
 
@@ -109,6 +113,7 @@ class DistributedPipeline:
         tied_groups: Mapping[str, dist.ProcessGroup],
         scaler: Any,
         output_comm: TPComm,
+        dp_averager: DPGradAverager | None = None,
     ) -> None:
         self.program = program
         self.plan = program.plan
@@ -118,6 +123,7 @@ class DistributedPipeline:
         self.tied_groups = dict(tied_groups)
         self.scaler = scaler  # fp16: the world's loss scaler
         self.tp_comm = output_comm  # for gathering a sharded output to show it
+        self.dp_averager = dp_averager  # plain dp under a split-backward schedule (no DDP)
         self.is_first = 0 in modules
         self.is_last = self.plan.num_stages - 1 in modules
         self.loss_group = mesh.get_group("dp") if self.plan.dp > 1 else None
@@ -213,6 +219,8 @@ class DistributedPipeline:
         if self.is_last:
             kwargs["target"] = target
         output = self.schedule.step(*args, **kwargs)
+        if self.dp_averager is not None:
+            self.dp_averager.average()
 
         dtensor = self._dtensor()
 

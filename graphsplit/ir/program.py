@@ -125,9 +125,10 @@ class Program:
                 free[canonical] = free.get(canonical, True) and local in local_free
         return frozenset(c for c, f in free.items() if f)
 
-    @property
+    @functools.cached_property
     def shared_params(self) -> dict[str, list[int]]:
-        """Canonical parameter names held by more than one stage (tied weights)."""
+        """Canonical parameter names held by more than one stage (tied weights). Cached: the
+        runtime asks once per parameter per step (`sync_tied_grads`)."""
         return {k: v for k, v in self.param_stages.items() if len(v) > 1}
 
     def unflatten_output(self, last_stage_output: Any) -> Any:
