@@ -57,17 +57,19 @@ class LoadedModel:
         with torch.device(device):
             return self._call_builder()
 
-    def build_buffers_only(self) -> nn.Module:
+    def build_buffers_only(self, keep_up_to: int = 0) -> nn.Module:
         """Parameters on `meta`, buffers real on CPU.
 
         A weights file holds parameters and persistent buffers, but no non-persistent
         buffer (a causal mask, a RoPE table): those only exist by running the model's
         constructor. Each parameter is moved to meta as it is registered, so memory
         peaks at one parameter, and initializers then run on meta for free.
+        Parameters of at most `keep_up_to` elements stay real, with the values the
+        constructor (and its init code) leaves in them.
         """
 
         def to_meta(module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter | None:
-            if param.device.type == "meta":
+            if param.device.type == "meta" or param.numel() <= keep_up_to:
                 return None  # kept as it is
             return nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
 

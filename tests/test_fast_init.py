@@ -85,11 +85,27 @@ def test_auto_is_exact_with_check_and_below_the_threshold_and_fast_above():
     assert choose_init("exact", big, check=False)[0] == "exact"
 
 
+def test_small_parameters_without_a_rule_keep_the_constructors_values():
+    """Gemma's norm starts at zeros (it scales by 1 + weight): assuming a norm's ones would silently
+    double its output. A small parameter no rule covers takes the constructor's value, the same on
+    every rank whatever ran before."""
+    loaded = load_model(str(MODELS / "own_norms.py"))
+    assert {n: r.kind for n, r in model_rules(loaded.build("meta")).items()} == {
+        "norm.weight": "given", "gain": "given", "proj.weight": "uniform", "proj.bias": "uniform"}
+    model = fast_model(loaded, 5)
+    assert torch.equal(model.norm.weight.detach(), torch.zeros(64))
+    gain = model.gain.detach()
+    assert bool(((gain >= 0.5) & (gain <= 1.5)).all()) and gain.std() > 0.1  # torch.rand(dim) + 0.5
+    torch.randn(1000)  # the caller's random stream moved on: the constructor values do not
+    assert torch.equal(fast_model(loaded, 5).gain, model.gain)
+    assert not torch.equal(fast_model(loaded, 6).gain, model.gain), "the seed changes them"
+
+
 def test_a_parameter_without_a_known_init_is_refused_in_fast_and_exact_under_auto():
     class Scale(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.gain = torch.nn.Parameter(torch.randn(4))
+            self.gain = torch.nn.Parameter(torch.randn(512, 512))  # too large to copy whole to every rank
 
     model = Scale().to("meta")
     assert model_rules(model) == {}

@@ -24,8 +24,7 @@ Distributions (`rule_for`), by the module that holds the parameter:
 - nn.Linear, nn.Conv*d: `reset_parameters`' kaiming_uniform(a=sqrt(5)), i.e.
   U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the same bound for the bias;
 - nn.Embedding: N(0, 1), the padding_idx row zero;
-- norms (LayerNorm, RMSNorm, GroupNorm, BatchNorm, and a module of one's own whose class
-  name ends in "Norm", e.g. Llama's RMSNorm): 1-D weight ones, bias zeros;
+- torch's norms (LayerNorm, RMSNorm, GroupNorm, BatchNorm): weight ones, bias zeros;
 - a Hugging Face model (a `config.initializer_range`): its `_init_weights`
   convention, N(0, initializer_range) for linear (Conv1D too) and embedding
   weights, zero biases, norms as above (GPT-2's extra 1/sqrt(2 n_layer) scaling
@@ -34,7 +33,11 @@ Distributions (`rule_for`), by the module that holds the parameter:
   empty copy of just that module on the device, under a seed from (plan seed,
   module name), then this rank's block sliced out (cost: the module's whole
   parameters, not the model's);
-- anything else (a bare `nn.Parameter` filled by the constructor): no rule;
+- any other parameter of at most `SMALL` elements (a norm of the model's own, whose
+  weight may be ones, or zeros as in Gemma's `x * (1 + weight)`; a learned scale): the
+  value the constructor and its init code leave in it, from one run of the constructor
+  with the larger parameters on meta (seeded by the plan's seed, the same on every rank);
+- anything else (a large bare `nn.Parameter` filled by the constructor): no rule;
   `unsupported()` names it and `run --init auto` uses the exact mode.
 
 Buffers (causal masks, RoPE tables, running statistics) come from the
@@ -61,6 +64,9 @@ if TYPE_CHECKING:
     from ..loader import LoadedModel
 
 TILE = 256  # rows and columns per tile: fixed, so a value never depends on the plan
+# Parameters this small without a known rule take the constructor's own values: copied whole on
+# every rank, a norm's weight even at width 65536 costs nothing beside the blocks drawn
+SMALL = 1 << 16
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase, nn.RMSNorm)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -68,7 +74,7 @@ _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 @dataclass(frozen=True)
 class Rule:
     """How one parameter is drawn: kind uniform (-a, a), normal (mean a, std b), fill (a),
-    or module (its owner's own reset_parameters)."""
+    module (its owner's own reset_parameters), or given (the constructor's own value)."""
 
     kind: str
     a: float = 0.0
@@ -83,9 +89,7 @@ def _fan_in(weight: torch.Tensor) -> int:
 
 def rule_for(owner: nn.Module, owner_name: str, leaf: str, param: nn.Parameter, hf_std: float | None) -> Rule | None:
     """The rule for parameter `leaf` of module `owner`, or None (no known init)."""
-    # a norm of the user's own (Llama's RMSNorm: nn.Parameter(torch.ones(dim))) by its class name
-    own_norm = type(owner).__name__.endswith("Norm") and param.dim() == 1 and leaf in ("weight", "bias")
-    if isinstance(owner, _NORMS) or own_norm:
+    if isinstance(owner, _NORMS):
         return Rule("fill", 1.0 if leaf == "weight" else 0.0)
     hf_linear = type(owner).__name__ == "Conv1D"  # HF GPT-2's transposed linear
     if hf_std is not None and (isinstance(owner, nn.Linear | nn.Embedding) or hf_linear):
@@ -100,6 +104,8 @@ def rule_for(owner: nn.Module, owner_name: str, leaf: str, param: nn.Parameter, 
         return Rule("normal", 0.0, 1.0, zero_row=owner.padding_idx)
     if callable(getattr(owner, "reset_parameters", None)):
         return Rule("module", module=owner_name)
+    if param.numel() <= SMALL:  # a norm of the model's own (ones, or Gemma's zeros), a learned scale
+        return Rule("given")
     return None
 
 
@@ -133,10 +139,11 @@ class FastInit:
     `drawn` counts the random elements generated (tests assert it scales with what a rank holds)."""
 
     def __init__(self, rules: Mapping[str, Rule], meta_model: nn.Module, buffers: Mapping[str, torch.Tensor],
-                 seed: int) -> None:
+                 seed: int, given: Mapping[str, torch.Tensor] | None = None) -> None:
         self.rules = dict(rules)
         self.meta_model = meta_model
         self.buffers = dict(buffers)
+        self.given = dict(given or {})  # rule "given": the constructor's own values
         self.seed = seed
         self.drawn = 0
 
@@ -150,8 +157,17 @@ class FastInit:
         if missing:
             raise GraphsplitError(f"--init fast: no init rule for parameter {missing[0]!r} "
                                   f"({len(missing)} in all): use --init exact")
-        buffers = dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False))
-        return cls(rules, meta, buffers, seed)
+        with torch.random.fork_rng(devices=[]):  # the same constructor values on every rank, whatever ran before
+            torch.manual_seed(seed)
+            shell = loaded.build_buffers_only(keep_up_to=SMALL)
+        buffers = dict(shell.named_buffers(remove_duplicate=False))
+        given = {n: p.detach() for n, p in shell.named_parameters(remove_duplicate=False)
+                 if rules.get(n) == Rule("given") and p.device.type != "meta"}
+        lost = [n for n, r in rules.items() if r == Rule("given") and n not in given]
+        if lost:
+            raise GraphsplitError(f"--init fast: the constructor leaves parameter {lost[0]!r} on meta, so it has "
+                                  "no value to start from; use --init exact")
+        return cls(rules, meta, buffers, seed, given)
 
     def fill(self, target: torch.Tensor, name: str, layout: Layout | None, tp_rank: int, tp: int) -> None:
         """Write parameter `name`'s elements this rank holds into `target` (its local block)."""
@@ -163,6 +179,11 @@ class FastInit:
             if rule.kind == "module":
                 target.copy_(shard_tensor(self._by_module(name, rule, target.device), layout, tp_rank, tp)
                              if layout is not None else self._by_module(name, rule, target.device))
+                return
+            if rule.kind == "given":
+                value = self.given[name].to(target.device, target.dtype).view(full_shape)
+                target.copy_(shard_tensor(value, layout, tp_rank, tp).view(target.shape) if layout is not None
+                             else value.view(target.shape))
                 return
             target.zero_()  # padding rows stay zero
             if rule.kind == "fill":
