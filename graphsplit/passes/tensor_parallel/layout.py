@@ -97,6 +97,15 @@ def chunked_view_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: i
     return k, d + 1
 
 
+def split_heads(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
+    """How many heads a view splitting the last dim makes: (heads, head_dim) -> heads; a fused
+    projection's (chunks, heads, head_dim), 2 or 3 chunks (kv, qkv) -> heads."""
+    d = len(in_shape) - 1
+    if len(out_shape) == len(in_shape) + 2 and out_shape[d] in (2, 3):
+        return out_shape[d + 1]
+    return out_shape[d] if len(out_shape) > d else 0
+
+
 def view_keeps_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int) -> int | None:
     """The output dim that is input dim d unchanged under a view (same size, same products
     before and after it), if any: the only way a padded shard survives a view, since its

@@ -11,7 +11,14 @@ import torch.fx as fx
 
 from ...ir.meta import info
 from ...ir.optable import OpKind, family
-from .layout import chunked_view_dim, norm_dim, shape_of, view_keeps_dim, view_shard_dim
+from .layout import (
+    chunked_view_dim,
+    norm_dim,
+    shape_of,
+    split_heads,
+    view_keeps_dim,
+    view_shard_dim,
+)
 from .spellings import linear_form, op_name_of, split_sizes
 
 
@@ -61,7 +68,7 @@ def view_blocking_shard(linear: fx.Node, tp: int) -> tuple[int, str] | None:
                 if out is not None and view_shard_dim(vshape, out, last, tp) is None \
                         and view_keeps_dim(vshape, out, last) is None \
                         and chunked_view_dim(vshape, out, last, tp) is None:  # a view keeping the features whole keeps the shard
-                    heads = out[len(vshape) - 1] if len(out) > len(vshape) else 0
+                    heads = split_heads(vshape, out) if len(out) > len(vshape) else 0
                     return heads, f"its output is viewed as {list(out)}, which cannot be split over tp={tp}"
     return None
 
@@ -76,8 +83,8 @@ def heads_views(graph: fx.Graph) -> list[int]:
         if node.op in ("call_function", "call_method") and op_name_of(node) in _HEAD_VIEWS:
             src = node.args[0] if node.args else None
             ins, out = shape_of(src), shape_of(node)
-            if ins and out and len(out) == len(ins) + 1 and out[: len(ins) - 1] == ins[:-1]:
-                found.append(out[len(ins) - 1])
+            if ins and out and len(out) in (len(ins) + 1, len(ins) + 2) and out[: len(ins) - 1] == ins[:-1]:
+                found.append(split_heads(ins, out))
     return found
 
 
