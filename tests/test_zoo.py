@@ -5,8 +5,11 @@ and every rank's gradient against the matching slice of the untouched model's (f
 by magnitude). Each architecture is traced once; its three plans compile from copies of that trace.
 
 Data parallelism adds no graph rewrite (DDP/FSDP2 over the dp axis, each replica its share of the
-batch): the dp2 x pp2 x tp2 mesh on real processes is tests/test_fsdp.py's and
-test_parallelize's; the zoo's real-process row is T5 below (Mixtral tp 2 is test_hf_moe's).
+batch) and the local backend runs none: the dp2 x pp2 x tp2 mesh on real processes is
+tests/test_fsdp.py's and test_parallelize's, an HF model on real processes test_hf_moe's Mixtral
+(tp 2). A zoo row on real processes costs 40-75 s (each rank imports transformers and traces), over
+this file's budget: `ZOO_ARCH=T5 graphsplit run tests/models/zoo_model.py --pp 2 --tp 2 --check`
+(4 processes) passed by hand, as NOTES-zoo.md records.
 GPT-2, Llama, Mixtral, Qwen3-MoE and DeepSeek-V3 are checked in tests/test_hf_models.py and
 tests/test_hf_moe.py. bench/zoo_table.py runs the same check on every row and prints the README's
 table.
@@ -20,32 +23,30 @@ from graphsplit import GraphsplitError, Plan
 from graphsplit.compile import compile_loaded, trace_loaded
 from graphsplit.ir.sharding import Shard
 from graphsplit.ir.trace import Traced
-from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 
-from .conftest import MODELS
 from .models import zoo
 
-pytest.importorskip("transformers")
-pytest.importorskip("diffusers")
+pytest.importorskip("transformers")  # the test extras install it and diffusers
 
 PLANS = {"pp2": Plan(pp=2), "tp2": Plan(tp=2), "pp2-tp2": Plan(pp=2, tp=2)}
-CASES = [(arch.name, plan) for arch in zoo.ARCHS for plan in PLANS]  # arch-major: one trace serves three plans
+CASES = [(arch.name, plan) for arch in zoo.ARCHS if arch.suite for plan in PLANS]  # arch-major: one trace, three plans
 
 _traces: dict[str, Traced] = {}
 
 
 def traced(name: str) -> Traced:
     """The architecture's trace, made once (tracing through torch.export costs seconds; the rest of
-    a plan's check, about one); only the current architecture's is kept."""
+    a plan's check, about one), kept for the refusals below (a few MB each at these sizes)."""
     if name not in _traces:
-        _traces.clear()
         _traces[name] = trace_loaded(zoo.loaded(zoo.BY_NAME[name]))
     return _traces[name]
 
 
 @pytest.mark.parametrize("name, plan", CASES, ids=[f"{n}-{p}" for n, p in CASES])
 def test_zoo_architecture_matches_untouched_model(name, plan):
+    if zoo.BY_NAME[name].library == "diffusers":
+        pytest.importorskip("diffusers")  # only its own row: no transformers row is skipped with it
     program, cmp = check_locally(zoo.loaded(zoo.BY_NAME[name]), PLANS[plan], traced=traced(name))
     assert cmp.ok, cmp.failures
     assert len(program.stages) == PLANS[plan].pp
@@ -69,17 +70,3 @@ def test_zoo_refusals_are_one_line_naming_the_module_and_what_to_do(name, plan, 
         compile_loaded(zoo.loaded(zoo.BY_NAME[name]), plan, traced=traced(name))
     text = str(err.value)
     assert message in text and "\n" not in text
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_zoo_t5_on_real_processes(monkeypatch):
-    """T5 at pp 2 x tp 2 on 4 gloo processes: the encoder's output and the tied embedding cross the
-    pipeline to the decoder's stage, cross-attention tp-sharded, PipelineStage's real sends."""
-    monkeypatch.setenv("ZOO_ARCH", "T5")
-    lines: list[str] = []
-    cmp = run_training(str(MODELS / "zoo_model.py"), Plan(pp=2, tp=2), RunOptions(steps=1, check=True, timeout_s=240),
-                       echo=lines.append)
-    assert cmp is not None and cmp.ok, "\n".join(lines)
-    assert any("(rank 3)" in k for k in cmp.max_diff), "every rank's gradients compared"
-    assert lines[-1].startswith("check passed")

@@ -2,7 +2,8 @@
 each from a tiny config (no download), with its inputs, target and loss.
 
 One table row per architecture: what it exercises (`features`), how to build it, what to feed it.
-tests/test_zoo.py checks every row at pp 2, tp 2 and pp 2 x tp 2 on the local backend, and
+tests/test_zoo.py checks every row marked `suite` at pp 2, tp 2 and pp 2 x tp 2 on the local backend
+(bench/zoo_table.py every row, for README's table), and
 tests/models/zoo_model.py makes any row a model file (`ZOO_ARCH=T5 graphsplit run
 tests/models/zoo_model.py --tp 2 --pp 2 --check`). GPT-2, Llama, Mixtral, Qwen3-MoE and
 DeepSeek-V3 are model files of their own (tests/test_hf_models.py, tests/test_hf_moe.py).
@@ -43,6 +44,9 @@ class Arch:
     kwargs: dict[str, Any] = field(default_factory=dict)
     inputs: str = "tokens"  # a key of INPUTS
     library: str = "transformers"
+    # checked in the suite (tests/test_zoo.py); False: only by bench/zoo_table.py, the suite's time
+    # budget spent on rows whose features others already cover
+    suite: bool = True
 
 
 def _tokens(gen: torch.Generator) -> torch.Tensor:
@@ -86,9 +90,9 @@ INPUTS: dict[str, Inputs] = {
     "images": Inputs(lambda g: {"pixel_values": _images(g)},
                      lambda g: torch.randint(0, CLASSES, (BATCH,), generator=g), _class_loss),
     # a denoiser: noisy images and their diffusion timesteps in, the predicted noise out
-    "noise": Inputs(lambda g: {"sample": torch.randn(BATCH, 3, 16, 16, generator=g),
+    "noise": Inputs(lambda g: {"sample": torch.randn(BATCH, 3, 8, 8, generator=g),
                                "timestep": torch.randint(0, 1000, (BATCH,), generator=g)},
-                    lambda g: torch.randn(BATCH, 3, 16, 16, generator=g), _noise_loss),
+                    lambda g: torch.randn(BATCH, 3, 8, 8, generator=g), _noise_loss),
 }
 
 # what every tiny causal LM shares
@@ -108,47 +112,47 @@ ARCHS: tuple[Arch, ...] = (
          dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
               parallel_attn=True, new_decoder_architecture=False, bias=False, use_cache=False)),
     Arch("Phi", "causal LM", "parallel attention + MLP, partial rotary, qk-layernorm",
-         "PhiConfig", "PhiForCausalLM", dict(_LM, partial_rotary_factor=0.5, qk_layernorm=True)),
+         "PhiConfig", "PhiForCausalLM", dict(_LM, partial_rotary_factor=0.5, qk_layernorm=True), suite=False),
     Arch("Phi-3", "causal LM", "fused qkv and fused gate_up projections",
          "Phi3Config", "Phi3ForCausalLM", dict(_LM, num_key_value_heads=2, pad_token_id=0)),
     Arch("Mistral", "causal LM", "GQA, sliding-window attention",
-         "MistralConfig", "MistralForCausalLM", dict(_LM, num_key_value_heads=2, sliding_window=4)),
+         "MistralConfig", "MistralForCausalLM", dict(_LM, num_key_value_heads=2, sliding_window=4), suite=False),
     Arch("Qwen2", "causal LM", "GQA with biased q/k/v projections",
-         "Qwen2Config", "Qwen2ForCausalLM", dict(_LM, num_key_value_heads=2)),
+         "Qwen2Config", "Qwen2ForCausalLM", dict(_LM, num_key_value_heads=2), suite=False),
     Arch("Qwen3", "causal LM", "qk-norm per head (RMSNorm over head_dim), GQA",
          "Qwen3Config", "Qwen3ForCausalLM", dict(_LM, num_key_value_heads=2, head_dim=8)),
     Arch("OLMo-2", "causal LM", "qk-norm over all heads (RMSNorm over the whole projection), post-norm",
          "Olmo2Config", "Olmo2ForCausalLM", dict(_LM, num_key_value_heads=2)),
     Arch("Gemma", "causal LM", "multi-query attention, scaled embedding, GeLU-tanh gated MLP",
-         "GemmaConfig", "GemmaForCausalLM", dict(_LM, num_key_value_heads=1, head_dim=8)),
+         "GemmaConfig", "GemmaForCausalLM", dict(_LM, num_key_value_heads=1, head_dim=8), suite=False),
     Arch("Gemma-2", "causal LM", "attention and final-logit softcapping, alternating sliding window",
          "Gemma2Config", "Gemma2ForCausalLM",
          dict(_LM, num_key_value_heads=2, head_dim=8, sliding_window=4, attn_logit_softcapping=50.0,
               final_logit_softcapping=30.0, attn_implementation="eager")),
     Arch("Gemma-3", "causal LM", "qk-norm, sliding window, local and global rotary",
          "Gemma3TextConfig", "Gemma3ForCausalLM",
-         dict(_LM, num_key_value_heads=2, head_dim=8, sliding_window=4, sliding_window_pattern=2)),
+         dict(_LM, num_key_value_heads=2, head_dim=8, sliding_window=4, sliding_window_pattern=2), suite=False),
     Arch("Bloom", "causal LM", "ALiBi, fused qkv interleaved per head, embedding layernorm",
          "BloomConfig", "BloomForCausalLM", dict(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, use_cache=False)),
     Arch("MPT", "causal LM", "ALiBi, fused Wqkv, no biases",
          "MptConfig", "MptForCausalLM",
-         dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, expansion_ratio=2, max_seq_len=64, use_cache=False)),
+         dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, expansion_ratio=2, max_seq_len=64, use_cache=False), suite=False),
     Arch("GPT-BigCode", "causal LM", "multi-query attention in a fused c_attn (q, then one k and v)",
          "GPTBigCodeConfig", "GPTBigCodeForCausalLM",
-         dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, multi_query=True, use_cache=False)),
+         dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, multi_query=True, use_cache=False), suite=False),
     Arch("OPT", "causal LM", "learned positions with an offset, ReLU MLP",
          "OPTConfig", "OPTForCausalLM",
          dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
-              max_position_embeddings=64, word_embed_proj_dim=32, use_cache=False)),
+              max_position_embeddings=64, word_embed_proj_dim=32, use_cache=False), suite=False),
     Arch("Qwen2-MoE", "causal LM", "MoE with a gated shared expert",
          "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
          dict(_LM, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-              shared_expert_intermediate_size=32, router_aux_loss_coef=0.0)),
+              shared_expert_intermediate_size=32, router_aux_loss_coef=0.0), suite=False),
     Arch("DeepSeek-V2", "causal LM", "multi-head latent attention, MoE",
          "DeepseekV2Config", "DeepseekV2ForCausalLM",
          dict(_LM, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
               moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16,
-              qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1)),
+              qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1), suite=False),
     # encoder-decoders
     Arch("T5", "encoder-decoder", "relative position bias, cross-attention, tied embeddings",
          "T5Config", "T5ForConditionalGeneration",
@@ -173,7 +177,7 @@ ARCHS: tuple[Arch, ...] = (
               intermediate_size=64, num_labels=CLASSES), inputs="images"),
     Arch("Swin", "vision", "shifted windows, relative position bias table, patch merging",
          "SwinConfig", "SwinForImageClassification",
-         dict(image_size=IMAGE, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4,
+         dict(image_size=IMAGE, patch_size=4, embed_dim=16, depths=[2, 1], num_heads=[2, 4], window_size=4,
               num_labels=CLASSES), inputs="images"),
     Arch("ConvNeXt", "vision", "depthwise convs, channels-last LayerNorm, layer scale",
          "ConvNextConfig", "ConvNextForImageClassification",
@@ -182,7 +186,7 @@ ARCHS: tuple[Arch, ...] = (
     # diffusion
     Arch("UNet2DModel", "diffusion", "ResNet blocks, skip connections across the U, timestep embedding, attention",
          "UNet2DModel", "UNet2DModel",
-         dict(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
+         dict(sample_size=8, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
               down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
               norm_num_groups=4, attention_head_dim=8), inputs="noise", library="diffusers"),
 )
