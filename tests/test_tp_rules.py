@@ -319,7 +319,8 @@ def test_embedding_becomes_vocab_parallel():
     ids, w = g.input("ids", (2, 4), R, grad=False, dtype=torch.int64), g.param("wte", (16, 8))
     decision = g.decide(g.call(F.embedding, ids, w, shape=(2, 4, 8)))
     assert decision.out == R and decision.params == ((w, Shard(0)),)
-    assert decision.swap.target is tpops.vocab_parallel_embedding and decision.swap.args == (ids, w, None, COMM)
+    # the real vocabulary of 16 rows: ids outside it fail, as in the untouched lookup
+    assert decision.swap.target is tpops.vocab_parallel_embedding and decision.swap.args == (ids, w, None, COMM, 16)
 
 
 def test_embedding_with_an_odd_vocabulary_shards_its_width():

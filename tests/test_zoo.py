@@ -87,3 +87,17 @@ def test_zoo_t5_on_real_processes(monkeypatch):
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert {"grad shared.weight (rank 0)", "grad shared.weight (rank 1)"} <= set(cmp.max_diff), "tied on both stages"
     assert lines[-1].startswith("check passed")
+
+
+def test_token_ids_outside_the_vocabulary_fail_under_vocab_parallel_tp_as_in_the_untouched_model():
+    """A tokenizer larger than the model's vocabulary: the untouched model's lookup raises; the
+    vocab-parallel embedding (each rank its rows, ids outside them masked) would embed the id as
+    zeros on every rank, silently. It fails instead, saying what to do."""
+    loaded = zoo.loaded(zoo.BY_NAME["GPT-NeoX"])
+    ids = loaded.kwargs["input_ids"].clone()
+    ids[0, 0] = zoo.VOCAB + 3
+    loaded.kwargs = {"input_ids": ids}
+    program = compile_loaded(loaded, Plan(tp=2), traced=traced("GPT-NeoX")).program
+    assert program.param_shardings["gpt_neox.embed_in.weight"] == Shard(0)  # vocab-parallel
+    with pytest.raises(RuntimeError, match=r"token id outside the vocabulary of 64 rows .*resize the model's embedding"):
+        check_locally(loaded, Plan(tp=2), traced=traced("GPT-NeoX"))

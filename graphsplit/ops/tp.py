@@ -11,7 +11,7 @@ the last argument of each is the graph's communicator, `self.tp_comm` (a `TPComm
 - `scatter_to_tp(x, dim, comm)`   keep this rank's slice forward, all-gather backward
   (both take `size=`: the dim's real size where tp does not divide it; the gathered value
   is cut to it, and the scattered blocks end in zero padding; `ir/sharding.py`)
-- `vocab_parallel_embedding(ids, weight, padding_idx, comm)`: lookup in this rank's rows,
+- `vocab_parallel_embedding(ids, weight, padding_idx, comm, vocab)`: lookup in this rank's rows,
   zero elsewhere, all-reduce forward
 - `vocab_parallel_cross_entropy(logits, target, ignore_index, reduction, comm, vocab=None)`
   (`vocab`: the real vocabulary when the logits' last blocks end in padding columns)
@@ -221,9 +221,17 @@ def scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = No
 
 @torch.fx.wrap
 def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None,
-                             comm: TPComm) -> torch.Tensor:
-    """`F.embedding` over a vocabulary split in contiguous row blocks across the tp ranks."""
+                             comm: TPComm, vocab: int | None = None) -> torch.Tensor:
+    """`F.embedding` over a vocabulary split in contiguous row blocks across the tp ranks.
+
+    `vocab`: the real number of rows. An id outside it fails, as the untouched model's lookup
+    does; masked on every rank it would silently embed as zeros (a tokenizer larger than the
+    model's vocabulary). `_assert_async` is a device-side check on GPU: no host sync."""
     rows = weight.shape[0]
+    if vocab is not None and ids.device.type != "meta":
+        torch._assert_async(((ids >= 0) & (ids < vocab)).all(),
+                            f"token id outside the vocabulary of {vocab} rows (vocab-parallel embedding): "
+                            "give ids in [0, vocab) or resize the model's embedding to the tokenizer")
     start = comm.rank * rows
     outside = (ids < start) | (ids >= start + rows)
     local = (ids - start).masked_fill(outside, 0)
