@@ -104,7 +104,7 @@ ARCHS: tuple[Arch, ...] = (
     # causal LMs
     Arch("GPT-J", "causal LM", "parallel attention + MLP, partial interleaved rotary",
          "GPTJConfig", "GPTJForCausalLM",
-         dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, use_cache=False)),
+         dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, use_cache=False), suite=False),
     Arch("GPT-NeoX", "causal LM", "fused qkv interleaved per head, parallel residual",
          "GPTNeoXConfig", "GPTNeoXForCausalLM", dict(_LM, rotary_pct=0.5)),
     Arch("Falcon", "causal LM", "multi-query attention (one kv head) in a fused qkv, parallel attention + MLP",
@@ -114,7 +114,7 @@ ARCHS: tuple[Arch, ...] = (
     Arch("Phi", "causal LM", "parallel attention + MLP, partial rotary, qk-layernorm",
          "PhiConfig", "PhiForCausalLM", dict(_LM, partial_rotary_factor=0.5, qk_layernorm=True), suite=False),
     Arch("Phi-3", "causal LM", "fused qkv and fused gate_up projections",
-         "Phi3Config", "Phi3ForCausalLM", dict(_LM, num_key_value_heads=2, pad_token_id=0)),
+         "Phi3Config", "Phi3ForCausalLM", dict(_LM, num_key_value_heads=2, pad_token_id=0), suite=False),
     Arch("Mistral", "causal LM", "GQA, sliding-window attention",
          "MistralConfig", "MistralForCausalLM", dict(_LM, num_key_value_heads=2, sliding_window=4), suite=False),
     Arch("Qwen2", "causal LM", "GQA with biased q/k/v projections",
@@ -184,10 +184,11 @@ ARCHS: tuple[Arch, ...] = (
          dict(image_size=IMAGE, num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=CLASSES),
          inputs="images"),
     # diffusion
-    Arch("UNet2DModel", "diffusion", "ResNet blocks, skip connections across the U, timestep embedding, attention",
+    Arch("UNet2DModel", "diffusion", "ResNet blocks, skip connections across the U, timestep embedding, mid-block attention",
          "UNet2DModel", "UNet2DModel",
          dict(sample_size=8, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
-              down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+              # attention in the middle block only: each attention block costs seconds of tracing
+              down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
               norm_num_groups=4, attention_head_dim=8), inputs="noise", library="diffusers"),
 )
 
