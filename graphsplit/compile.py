@@ -140,17 +140,19 @@ def compile_program(
     loss_fn: Any = None,
     target: Any = None,
     global_batch: bool = True,
+    traced: Traced | None = None,
 ) -> CompileResult:
     """Trace `model`, analyze it at the micro-batch shape, split it: the whole transform.
 
     `args` hold the global batch (each of the plan's dp replicas takes 1/dp of it), or with
-    `global_batch=False` one replica's batch (parallelize() inside a rank).
+    `global_batch=False` one replica's batch (parallelize() inside a rank). `traced`: this model
+    already traced with these inputs (`trace_model`), compiled from a copy and left as it is.
     """
     require_supported(plan)
     check_call(model, args, kwargs, source)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    traced = trace_model(model, args, kwargs, source)
+    traced = traced.copy() if traced is not None else trace_model(model, args, kwargs, source)
     timings["trace"] = time.perf_counter() - start
     flat = traced.flatten_inputs(args, kwargs)
     replicas = plan.dp if global_batch else 1
@@ -181,8 +183,18 @@ def compile_program(
     return CompileResult(program, timings)
 
 
-def compile_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None = None) -> CompileResult:
-    """`compile_program` for a loaded model file: built on meta, with its loss and target."""
+def compile_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None = None,
+                   traced: Traced | None = None) -> CompileResult:
+    """`compile_program` for a loaded model file: built on meta, with its loss and target (`traced`:
+    its trace, `trace_loaded`'s, to compile several plans from one trace)."""
     return compile_program(
-        loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target
+        loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target,
+        traced=traced,
     )
+
+
+def trace_loaded(loaded: Any) -> Traced:
+    """A loaded model file's trace (built on meta), for `compile_loaded(..., traced=)`."""
+    model = loaded.build("meta")
+    check_call(model, loaded.args, loaded.kwargs, loaded.path)
+    return trace_model(model, loaded.args, loaded.kwargs, loaded.path)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,3 +18,20 @@ def examples_dir() -> Path:
 @pytest.fixture
 def models_dir() -> Path:
     return MODELS
+
+
+_TRACES: dict[str, tuple[Any, Any]] = {}
+
+
+def traced_once(path: Path | str) -> tuple[Any, Any]:
+    """(LoadedModel, Traced): a model file loaded and traced once per test session (an HF model's
+    export trace costs seconds); `check_locally(loaded, plan, traced=...)` compiles each plan from a
+    copy. graphsplit is imported here, not when pytest collects."""
+    from graphsplit.compile import trace_loaded
+    from graphsplit.loader import load_model
+
+    key = str(path)
+    if key not in _TRACES:
+        loaded = load_model(key)
+        _TRACES[key] = (loaded, trace_loaded(loaded))
+    return _TRACES[key]

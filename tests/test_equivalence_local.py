@@ -1,11 +1,14 @@
 """Every example, split and run stage by stage in one process, equals the untouched model:
 loss, output and every parameter's gradient (fp32, atol 1e-5 scaled by magnitude)."""
 
+from pathlib import Path
+
 import pytest
+import torch
 
 from graphsplit import Plan
 from graphsplit.launch.parity import check_locally
-from graphsplit.loader import load_model
+from graphsplit.loader import LoadedModel, load_model
 
 from .conftest import EXAMPLES, MODELS
 
@@ -60,3 +63,25 @@ def test_a_program_planned_at_one_batch_size_runs_at_another():
         bigger = torch.cat([x, x.flip(0), x], dim=0)  # 3x the planned batch
         out = LocalPipeline(program, stages, default_loss).forward_stages((bigger,))
         torch.testing.assert_close(program.unflatten_output(out), model(bigger), rtol=1e-5, atol=1e-5)
+
+
+class _Constants(torch.nn.Module):
+    """forward(**kwargs) sends the trace to torch.export, which lifts the tensors forward makes
+    (`torch.tensor(...)`) into constants of the graph: no parameter or buffer of the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, **batch):
+        h = self.a(batch["x"]) * torch.tensor([3.0])
+        return self.b(torch.relu(h)) + torch.tensor([0.5, -0.5]).repeat(4)
+
+
+def test_tensor_constants_the_model_makes_in_forward_keep_their_values_in_every_stage():
+    loaded = LoadedModel(Path("constants.py"), "build", _Constants, (), {"x": torch.randn(4, 8)}, None, None)
+    program, cmp = check_locally(loaded, Plan(pp=2))
+    assert cmp.ok, cmp.failures
+    constants = {k: v for st in program.stages for k, v in st.constants.items()}
+    assert sorted(v.tolist() for v in constants.values()) == [[0.5, -0.5], [3.0]]

@@ -10,7 +10,7 @@ from graphsplit.ir.sharding import Shard
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
 
-from .conftest import MODELS
+from .conftest import MODELS, traced_once
 from .test_tensor_parallel import compiled, per_block
 
 pytest.importorskip("transformers")  # the test extras install it; skipped only without it
@@ -35,7 +35,8 @@ def test_hf_model_gets_megatron_plan(name):
 @pytest.mark.parametrize("name", list(HF))
 @pytest.mark.parametrize("plan", [Plan(tp=2), Plan(tp=2, pp=2)], ids=["tp2", "tp2-pp2"])
 def test_hf_model_matches_untouched_model(name, plan):
-    _, cmp = check_locally(load_model(str(MODELS / HF[name][0])), plan)
+    loaded, traced = traced_once(MODELS / HF[name][0])  # one trace, both plans
+    _, cmp = check_locally(loaded, plan, traced=traced)
     assert cmp.ok, cmp.failures
     assert any(k.endswith("(rank 1)") for k in cmp.max_diff), "both tp ranks' gradients were compared"
 

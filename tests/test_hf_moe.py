@@ -13,24 +13,29 @@ from graphsplit import Plan
 from graphsplit.ir.sharding import Shard
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
-from graphsplit.loader import load_model
 
-from .conftest import MODELS
+from .conftest import MODELS, traced_once
 
 pytest.importorskip("transformers")
 
 FAMILIES = ["hf_mixtral.py", "hf_qwen3_moe.py", "hf_deepseek_v3.py"]
 
 
+def _once(name, plan):
+    """check_locally's arguments, each family traced once for all its plans."""
+    loaded, traced = traced_once(MODELS / name)
+    return loaded, plan, None, traced
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_moe_pipeline_matches_untouched_model(name):
-    _, cmp = check_locally(load_model(str(MODELS / name)), Plan(pp=2))
+    _, cmp = check_locally(*_once(name, Plan(pp=2)))
     assert cmp.ok, cmp.failures
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_moe_tensor_parallel_shards_experts_keeps_router_whole_and_matches(name):
-    program, cmp = check_locally(load_model(str(MODELS / name)), Plan(tp=2))
+    program, cmp = check_locally(*_once(name, Plan(tp=2)))
     assert cmp.ok, cmp.failures
     shards = program.param_shardings
     moe_layer = "model.layers.1.mlp"  # DeepSeek-V3's layer 0 is dense (first_k_dense_replace=1)
@@ -46,7 +51,7 @@ def test_moe_tensor_parallel_shards_experts_keeps_router_whole_and_matches(name)
 
 
 def test_moe_tensor_parallel_inside_pipeline_matches():
-    _, cmp = check_locally(load_model(str(MODELS / "hf_deepseek_v3.py")), Plan(tp=2, pp=2))
+    _, cmp = check_locally(*_once("hf_deepseek_v3.py", Plan(tp=2, pp=2)))
     assert cmp.ok, cmp.failures
 
 

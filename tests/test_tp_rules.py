@@ -319,7 +319,8 @@ def test_embedding_becomes_vocab_parallel():
     ids, w = g.input("ids", (2, 4), R, grad=False, dtype=torch.int64), g.param("wte", (16, 8))
     decision = g.decide(g.call(F.embedding, ids, w, shape=(2, 4, 8)))
     assert decision.out == R and decision.params == ((w, Shard(0)),)
-    assert decision.swap.target is tpops.vocab_parallel_embedding and decision.swap.args == (ids, w, None, COMM)
+    # the real vocabulary of 16 rows: ids outside it fail, as in the untouched lookup
+    assert decision.swap.target is tpops.vocab_parallel_embedding and decision.swap.args == (ids, w, None, COMM, 16)
 
 
 def test_embedding_with_an_odd_vocabulary_shards_its_width():
@@ -488,3 +489,14 @@ def test_every_family_with_a_rule_is_one_the_walker_can_reach():
     ruled = set(RULES)
     assert OpKind.OTHER in ruled  # the fallback
     assert not ruled & {OpKind.COLLECTIVE, OpKind.CAST, OpKind.CHECKPOINT}
+
+
+def test_a_fused_projection_viewed_as_chunks_heads_head_dim_shards_its_heads():
+    from graphsplit.passes.tensor_parallel.layout import chunked_view_dim, split_heads
+
+    # ModernBERT's qkv.view(B, T, 3, heads, head_dim): 3 chunks, the shard on the heads dim
+    assert chunked_view_dim((4, 8, 96), (4, 8, 3, 4, 8), 2, 2) == (3, 3)
+    assert chunked_view_dim((4, 8, 96), (4, 8, 3, 4, 8), 2, 8) is None  # 4 heads over tp 8: refused elsewhere
+    assert chunked_view_dim((4, 8, 32), (4, 8, 2, 16), 2, 4) is None  # (kv heads, head_dim): never chunks
+    assert chunked_view_dim((4, 8, 96), (4, 8, 4, 3, 8), 2, 2) is None  # heads first (GPT-NeoX): a plain shard
+    assert split_heads((4, 8, 96), (4, 8, 3, 4, 8)) == 4 and split_heads((4, 8, 32), (4, 8, 4, 8)) == 4

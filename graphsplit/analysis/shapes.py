@@ -126,7 +126,23 @@ def annotate(
 
 
 def _all_meta(gm: fx.GraphModule) -> bool:
-    return all(t.device.type == "meta" for t in (*gm.parameters(), *gm.buffers()))
+    return all(t.device.type == "meta" for t in _tensors(gm))
+
+
+def _tensors(gm: fx.GraphModule) -> list[torch.Tensor]:
+    """Parameters, buffers, and the tensor constants the graph reads (export lifts a
+    `torch.tensor(...)` made in forward into a plain attribute): all go to meta for analysis."""
+    found = {id(t): t for t in (*gm.parameters(), *gm.buffers())}
+    for sub in gm.modules():
+        if not isinstance(sub, fx.GraphModule):
+            continue
+        for node in sub.graph.nodes:
+            if node.op == "get_attr":
+                owner, _, attr = str(node.target).rpartition(".")
+                value = getattr(sub.get_submodule(owner) if owner else sub, attr, None)
+                if isinstance(value, torch.Tensor):
+                    found.setdefault(id(value), value)
+    return list(found.values())
 
 
 def meta_copy(
@@ -142,7 +158,7 @@ def meta_copy(
 
     names = names if names is not None else canonical_names(gm)
     memo: dict[int, Any] = {}
-    for t in (*gm.parameters(), *gm.buffers()):
+    for t in _tensors(gm):
         sharding = param_shardings.get(names.get(id(t), ""))
         shape = local_shape(tuple(t.shape), sharding, tp) if sharding is not None else tuple(t.shape)
         meta_t = torch.empty(shape, dtype=t.dtype, device="meta")

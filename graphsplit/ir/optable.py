@@ -230,7 +230,7 @@ for _kind, _names in (
     (OpKind.VIEW, ("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as",
                    "reshape_as")),
     (OpKind.TRANSPOSE, ("transpose", "t", "permute", "swapaxes", "swapdims")),
-    (OpKind.SPLIT, ("split", "chunk", "split_with_sizes")),
+    (OpKind.SPLIT, ("split", "chunk", "split_with_sizes", "unbind")),
     (OpKind.CAT, ("cat", "concat", "concatenate")),
     (OpKind.SOFTMAX, ("softmax", "log_softmax", "_softmax", "_log_softmax")),
     (OpKind.REDUCTION, ("sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "prod", "max", "min")),

@@ -64,6 +64,9 @@ class StageProgram:
     # stage-local parameter/buffer name -> the original model's (canonical) name
     param_sources: dict[str, str] = field(default_factory=dict)
     buffer_sources: dict[str, str] = field(default_factory=dict)
+    # stage-local name -> value of a tensor the trace made itself, no part of the model (export's
+    # lifted constants: a `torch.tensor(...)` in forward); the stage module holds it as a buffer
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def input_examples(self) -> tuple[torch.Tensor, ...]:
         """Meta tensors shaped like this stage's inputs for one micro-batch (for measurements)."""
@@ -139,6 +142,21 @@ class Program:
         costs = [s.cost for s in self.stages]
         mean = sum(costs) / len(costs)
         return max(costs) / mean if mean > 0 else 1.0
+
+
+def _constants(stage_gm: fx.GraphModule, canon_b: dict[int, str]) -> dict[str, torch.Tensor]:
+    """The stage's tensors that are neither the model's parameters nor its buffers: constants the
+    traced code created (fx.GraphModule registers a plain tensor attribute as a buffer)."""
+    found = {}
+    for name, t in stage_gm.named_buffers(remove_duplicate=False):
+        if id(t) in canon_b:
+            continue
+        if t.device.type == "meta":  # traced on meta, its value was never known
+            raise GraphsplitError(
+                f"the traced model creates a tensor constant ({name}, shape {tuple(t.shape)}) whose value the "
+                "trace on meta lost; build it from the inputs' shapes or register it as a buffer in the model")
+        found[name] = t.detach().clone()
+    return found
 
 
 def build_program(
@@ -278,7 +296,9 @@ def build_program(
                 cost=sum(node_cost(n) for n in members)
                 + (0.0 if s == num - 1 else _send_cost(boundaries[s])),
                 param_sources={k: canon_p[id(p)] for k, p in stage_gm.named_parameters(remove_duplicate=False)},
-                buffer_sources={k: canon_b[id(b)] for k, b in stage_gm.named_buffers(remove_duplicate=False)},
+                buffer_sources={k: canon_b[id(b)] for k, b in stage_gm.named_buffers(remove_duplicate=False)
+                                if id(b) in canon_b},
+                constants=_constants(stage_gm, canon_b),
             )
         )
     param_stages: dict[str, list[int]] = {}

@@ -18,6 +18,8 @@ Each node's `NodeInfo.source` is the line of the model's code that made it
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import inspect
 import io
@@ -70,6 +72,11 @@ class Traced:
         if isinstance(leaves, torch.Tensor):
             leaves = (leaves,)
         return pytree.tree_unflatten(list(leaves), self.out_spec)
+
+    def copy(self) -> Traced:
+        """A copy whose graph the passes may rewrite, this one left as traced: one trace serves several
+        plans (tracing through torch.export costs seconds; a copy, milliseconds)."""
+        return dataclasses.replace(self, gm=copy.deepcopy(self.gm))
 
 
 def trace_model(

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 
 from ..ir.program import Program
 from ..ir.sharding import shard_tensor, unpad
+from ..ir.trace import Traced
 from ..loader import LoadedModel
 from ..plan import Plan
 from ..runtime.microbatch import merge_outputs, split_microbatches
@@ -320,16 +321,17 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
 
 
 def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] | None = None,
-                  compile_backend: str = "inductor") -> tuple[Program, Comparison]:
+                  compile_backend: str = "inductor", traced: Traced | None = None) -> tuple[Program, Comparison]:
     """Compile `loaded` under `plan`, run step 1 of every stage and tp shard in this process (the
     local backend), and compare loss, output and every shard's gradients with the untouched model.
-    `compile_backend`: torch.compile's backend when the plan compiles its stages."""
+    `compile_backend`: torch.compile's backend when the plan compiles its stages. `traced`: its
+    trace (`compile.trace_loaded`), reused instead of tracing again."""
     from ..backends.local import LocalProgram
     from ..compile import compile_loaded
     from ..runtime.materialize import model_tensors
 
     model = loaded.build("cpu", seed=plan.seed)
-    program = compile_loaded(loaded, plan, fixed_cuts).program
+    program = compile_loaded(loaded, plan, fixed_cuts, traced).program
     local = LocalProgram(program, model_tensors(model), loaded.loss_fn, compile_backend)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
     target = loaded.target if loaded.target is not None else default_target(inputs)

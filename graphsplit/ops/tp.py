@@ -21,7 +21,7 @@ the last argument of each is the graph's communicator, `self.tp_comm` (a `TPComm
   backward and all-gathers it again there for the weight's gradient (Megatron's
   `LinearWithGradAccumulationAndAsyncCommunication` with sequence_parallel); the input's gradient
   goes to `gathered`, whose one reduce-scatter serves every linear reading it
-- `vocab_parallel_embedding(ids, weight, padding_idx, comm, seq_dim=None)`: lookup in this
+- `vocab_parallel_embedding(ids, weight, padding_idx, comm, vocab, seq_dim=None)`: lookup in this
   rank's rows, zero elsewhere, all-reduce forward (`seq_dim`: reduce-scatter along it)
 - `vocab_parallel_cross_entropy(logits, target, ignore_index, reduction, comm, vocab=None)`
   (`vocab`: the real vocabulary when the logits' last blocks end in padding columns)
@@ -351,10 +351,18 @@ register_function_kind(column_linear_from_seq_shard, OpKind.LINEAR)
 @torch.fx.wrap
 @_eager
 def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None,
-                             comm: TPComm, seq_dim: int | None = None) -> torch.Tensor:
+                             comm: TPComm, vocab: int | None = None, seq_dim: int | None = None) -> torch.Tensor:
     """`F.embedding` over a vocabulary split in contiguous row blocks across the tp ranks;
-    `seq_dim` given (sequence parallelism): the sum left split along that dim."""
+    `seq_dim` given (sequence parallelism): the sum left split along that dim.
+
+    `vocab`: the real number of rows. An id outside it fails, as the untouched model's lookup
+    does; masked on every rank it would silently embed as zeros (a tokenizer larger than the
+    model's vocabulary). `_assert_async` is a device-side check on GPU: no host sync."""
     rows = weight.shape[0]
+    if vocab is not None and ids.device.type != "meta":
+        torch._assert_async(((ids >= 0) & (ids < vocab)).all(),
+                            f"token id outside the vocabulary of {vocab} rows (vocab-parallel embedding): "
+                            "give ids in [0, vocab) or resize the model's embedding to the tokenizer")
     start = comm.rank * rows
     outside = (ids < start) | (ids >= start + rows)
     local = (ids - start).masked_fill(outside, 0)

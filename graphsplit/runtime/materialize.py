@@ -82,6 +82,9 @@ def materialize_stage(
                         f"weight {canonical!r} has shape {tuple(value.shape)}, the model expects {tuple(target.shape)}"
                     )
                 target.copy_(value)
+    with torch.no_grad():  # to_empty left them uninitialized: the traced code's own constants
+        for local, value in stage.constants.items():
+            module.get_buffer(local).copy_(value)
     _retie(module, stage)
     # read here only under no_grad: no gradient ever comes, and DDP would wait for one
     for local in params_without_grad(module):

@@ -81,6 +81,31 @@ def view_shard_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int
     return None
 
 
+def chunked_view_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int, tp: int) -> tuple[int, int] | None:
+    """(k, d + 1) if the view splits the last dim d, and only it, into (k, n, head_dim): k fused
+    chunks of n heads each, tp dividing n, where the view keeps no plain shard of d (ModernBERT's
+    `qkv.view(B, T, 3, heads, head_dim)`). Sharded chunk by chunk, each rank's block of d is its
+    heads of every chunk, and the view keeps a shard of the heads dim. A split into two dims
+    (heads, head_dim) is never read as chunks: kv heads tp does not divide stay whole."""
+    if d != len(in_shape) - 1 or len(out_shape) != len(in_shape) + 2 or tuple(out_shape[:d]) != tuple(in_shape[:d]):
+        return None
+    k, n, head_dim = out_shape[d:]
+    if k < 2 or n % tp or k * n * head_dim != in_shape[d]:
+        return None
+    if view_shard_dim(in_shape, out_shape, d, tp) is not None:
+        return None
+    return k, d + 1
+
+
+def split_heads(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
+    """How many heads a view splitting the last dim makes: (heads, head_dim) -> heads; a fused
+    projection's (chunks, heads, head_dim), 2 or 3 chunks (kv, qkv) -> heads."""
+    d = len(in_shape) - 1
+    if len(out_shape) == len(in_shape) + 2 and out_shape[d] in (2, 3):
+        return out_shape[d + 1]
+    return out_shape[d] if len(out_shape) > d else 0
+
+
 def view_keeps_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int) -> int | None:
     """The output dim that is input dim d unchanged under a view (same size, same products
     before and after it), if any: the only way a padded shard survives a view, since its

@@ -11,12 +11,20 @@ import torch.fx as fx
 
 from ...ir.meta import info
 from ...ir.optable import OpKind, family
-from .layout import norm_dim, shape_of, view_keeps_dim, view_shard_dim
+from .layout import (
+    chunked_view_dim,
+    norm_dim,
+    shape_of,
+    split_heads,
+    view_keeps_dim,
+    view_shard_dim,
+)
 from .spellings import linear_form, op_name_of, split_sizes
 
 
-def chunk_layout(linear: fx.Node, out_features: int) -> tuple[int, ...] | None:
-    """If the linear's output is split along its feature dim (fused QKV), the chunk sizes."""
+def chunk_layout(linear: fx.Node, out_features: int, tp: int) -> tuple[int, ...] | None:
+    """If the linear's output is split along its feature dim (fused QKV), the chunk sizes: by a
+    split or chunk, or by a view into (chunks, heads, head_dim) (`chunked_view_dim`)."""
     users = list(linear.users)
     value = linear
     # look through views that keep the feature dim whole (HF Conv1D: addmm(...).view(B, T, 3C))
@@ -27,6 +35,10 @@ def chunk_layout(linear: fx.Node, out_features: int) -> tuple[int, ...] | None:
     if len(users) != 1:
         return None
     (user,) = users
+    if user.op in ("call_function", "call_method") and op_name_of(user) in _HEAD_VIEWS:
+        shape, out = shape_of(value), shape_of(user)
+        fused = chunked_view_dim(shape, out, len(shape) - 1, tp) if shape and out else None
+        return (out_features // fused[0],) * fused[0] if fused else None
     if user.op not in ("call_function", "call_method") or op_name_of(user) not in ("split", "chunk", "split_with_sizes"):
         return None
     shape = shape_of(value)
@@ -54,8 +66,9 @@ def view_blocking_shard(linear: fx.Node, tp: int) -> tuple[int, str] | None:
                 out = shape_of(user)
                 last = len(vshape) - 1
                 if out is not None and view_shard_dim(vshape, out, last, tp) is None \
-                        and view_keeps_dim(vshape, out, last) is None:  # a view keeping the features whole keeps the shard
-                    heads = out[len(vshape) - 1] if len(out) > len(vshape) else 0
+                        and view_keeps_dim(vshape, out, last) is None \
+                        and chunked_view_dim(vshape, out, last, tp) is None:  # a view keeping the features whole keeps the shard
+                    heads = split_heads(vshape, out) if len(out) > len(vshape) else 0
                     return heads, f"its output is viewed as {list(out)}, which cannot be split over tp={tp}"
     return None
 
@@ -70,8 +83,8 @@ def heads_views(graph: fx.Graph) -> list[int]:
         if node.op in ("call_function", "call_method") and op_name_of(node) in _HEAD_VIEWS:
             src = node.args[0] if node.args else None
             ins, out = shape_of(src), shape_of(node)
-            if ins and out and len(out) == len(ins) + 1 and out[: len(ins) - 1] == ins[:-1]:
-                found.append(out[len(ins) - 1])
+            if ins and out and len(out) in (len(ins) + 1, len(ins) + 2) and out[: len(ins) - 1] == ins[:-1]:
+                found.append(split_heads(ins, out))
     return found
 
 

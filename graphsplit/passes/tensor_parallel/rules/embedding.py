@@ -38,11 +38,11 @@ def embedding(node: fx.Node, view: LayoutView) -> Decision:
     tied = view.param_name(w) in view.linear_weights
     splits = vocab % tp == 0 or paddable(vocab, tp)
     if given == rows or (given is None and splits and (vocab % tp == 0 or tied)):
-        return _vocab_parallel(node, view, needs, rows, (ids, w, padding, COMM))
+        return _vocab_parallel(node, view, needs, rows, (ids, w, padding, COMM, vocab))
     if (given is None and width % tp == 0) or given == Shard(1):
         return Decision(Shard(len(view.shape(node)) - 1), inputs=needs, params=((w, Shard(1)),))
     if given is None and splits:  # neither divides: rows padded rather than every rank holding all of them
-        return _vocab_parallel(node, view, needs, rows, (ids, w, padding, COMM))
+        return _vocab_parallel(node, view, needs, rows, (ids, w, padding, COMM, vocab))
     why = f"its weight is already sharded as {given}" if given is not None else f"{vocab} rows are too few for tp={tp}"
     return Decision(Replicate(), inputs=needs, reason=f"embedding left replicated: {why}")
 

@@ -40,7 +40,7 @@ def grouped_linear(node: fx.Node, view: LayoutView) -> Decision:
     given = view.param_layout(w)
     if have.is_replicate():
         out_features = view.shape(w)[out_dim]
-        chunks = chunk_layout(node, out_features)
+        chunks = chunk_layout(node, out_features, view.tp)
         if out_features % view.tp or any(c % view.tp for c in chunks or ()):
             return replicated(node, view, f"{describe(node)}: out features {out_features} (chunks {chunks}) "
                                           f"not divisible by tp={view.tp}")

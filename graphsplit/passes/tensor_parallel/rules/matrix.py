@@ -71,7 +71,7 @@ def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) 
     x, w, b, out_dim, _ = linear_form(node)
     tp = view.tp
     out_features = view.shape(w)[out_dim]
-    chunks = chunk_layout(node, out_features)
+    chunks = chunk_layout(node, out_features, view.tp)
     ok = out_features % tp == 0 and (chunks is None or all(c % tp == 0 for c in chunks))
     # asked even when the features do not divide: a fused QKV whose chunks do not divide is
     # attention whose heads do not, and that is refused, not quietly left whole

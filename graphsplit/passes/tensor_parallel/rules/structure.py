@@ -69,11 +69,17 @@ def repeat_interleave(node: fx.Node, view: LayoutView) -> Decision:
 @register(OpKind.SPLIT)
 def split(node: fx.Node, view: LayoutView) -> Decision:
     """Along another dim, every part keeps the shard; along a fused dim into exactly its
-    chunks (QKV), each part is that chunk's local block and the sizes become local."""
+    chunks (QKV), each part is that chunk's local block and the sizes become local. unbind
+    along another dim: every part keeps the shard, on the dim after the removed one moved down."""
     src = node.args[0]
     have = view.layout(src)
     n_out = container_len(node)
     nd = len(view.shape(src))
+    if op_name_of(node) == "unbind":
+        dim = norm_dim(arg_of(node, 1, "dim", 0), nd)
+        if isinstance(have, Shard) and dim != have.dim and not have.chunks and not have.padded:
+            return Decision((have.moved(have.dim - (have.dim > dim)),) * n_out)
+        return replicated(node, view, f"{describe(node)} along the sharded dim")
     dim = norm_dim(arg_of(node, 2, "dim", 0), nd)
     if isinstance(have, Shard) and dim != have.dim:
         return Decision((Shard(have.dim),) * n_out)

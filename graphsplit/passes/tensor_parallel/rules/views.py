@@ -13,7 +13,7 @@ from ....errors import GraphsplitError
 from ....ir.optable import OpKind
 from ....ir.sharding import Replicate, Shard
 from ..decision import Call, Decision, LayoutView, Local, register, replicated
-from ..layout import norm_dim, view_keeps_dim, view_shard_dim
+from ..layout import chunked_view_dim, norm_dim, view_keeps_dim, view_shard_dim
 from ..spellings import arg_of, describe, op_name_of, with_arg
 
 
@@ -30,6 +30,11 @@ def view_rule(node: fx.Node, view: LayoutView) -> Decision:
         e = view_keeps_dim(in_shape, out_shape, have.dim)
     else:
         e = view_shard_dim(in_shape, out_shape, have.dim, view.tp)
+    if have.chunks and len(set(have.chunks)) == 1:  # equal fused chunks viewed as (chunks, heads, ...)
+        fused = chunked_view_dim(in_shape, out_shape, have.dim, view.tp)
+        if fused is not None and fused[0] == len(have.chunks):
+            heads = Shard(fused[1])  # each rank's heads of every chunk: a plain shard of the heads dim
+            return Decision(heads, edit=local_view_sizes(node, view, heads))
     if e is not None and have.chunks and out_shape[e] != in_shape[have.dim]:
         e = None  # a fused dim keeps its chunk layout only if the view leaves it whole
     if e is None:
