@@ -6,8 +6,11 @@ write it through `info(node)`. Nothing is stored as an attribute on `fx.Node`.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,3 +167,15 @@ def block_of(module: str) -> str | None:
 def group_of(module: str) -> str:
     """The block a module lies in, else its top-level module (`wte`, `ln_f`); '' for the root."""
     return block_of(module) or module.split(".")[0]
+
+
+def fresh_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A deep copy whose nodes have annotations of their own: a graph's deep copy shares node.meta's
+    values, so passes run on the copy would write into the original's NodeInfo."""
+    with warnings.catch_warnings():  # deep-copying export's pytree specs warns about a deprecated API
+        warnings.simplefilter("ignore", FutureWarning)
+        copied = copy.deepcopy(gm)
+    for node in copied.graph.nodes:
+        ni = info(node)
+        node.meta[META_KEY] = dataclasses.replace(ni, extra=dict(ni.extra))
+    return copied

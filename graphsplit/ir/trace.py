@@ -18,7 +18,6 @@ Each node's `NodeInfo.source` is the line of the model's code that made it
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import inspect
@@ -49,7 +48,7 @@ from .grad_regions import (
     mark_inference_mode,
     training_grad_mode,
 )
-from .meta import SourceLine, info
+from .meta import SourceLine, fresh_copy, info
 from .trace_device import as_if_on_cpu, back_to_meta, fake_inputs, on_meta
 
 _SPECIALIZED = ("has been specialized",)
@@ -76,7 +75,7 @@ class Traced:
     def copy(self) -> Traced:
         """A copy whose graph the passes may rewrite, this one left as traced: one trace serves several
         plans (tracing through torch.export costs seconds; a copy, milliseconds)."""
-        return dataclasses.replace(self, gm=copy.deepcopy(self.gm))
+        return dataclasses.replace(self, gm=fresh_copy(self.gm))
 
 
 def trace_model(

@@ -14,7 +14,6 @@ again, and the pipeline cut is the compiler's own (`balanced_cuts`) on the same 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from ..analysis.recompute import recomputable
 from ..analysis.shapes import annotate
 from ..compile import PASSES, check_call
 from ..errors import GraphsplitError
-from ..ir.meta import META_KEY, block_of, canonical_names, info
+from ..ir.meta import block_of, canonical_names, fresh_copy, info
 from ..ir.optable import OpKind
 from ..ir.sharding import local_shape
 from ..ir.trace import trace_model
@@ -105,26 +104,16 @@ def flat_batch(flat: Sequence[Any]) -> int:
     raise GraphsplitError("no batched tensor among example_inputs()")
 
 
-def _fresh_copy(gm: fx.GraphModule) -> fx.GraphModule:
-    """A deep copy whose nodes have annotations of their own (a graph's deep copy shares node.meta's
-    values, so a compile of the copy would write into the original's)."""
-    copied = copy.deepcopy(gm)
-    for node in copied.graph.nodes:
-        ni = info(node)
-        node.meta[META_KEY] = dataclasses.replace(ni, extra=dict(ni.extra))
-    return copied
-
-
 def _compiled(src: _Source, tp: int) -> dict[bool, tuple[fx.GraphModule, dict[str, Any]]]:
     """The graph after the cost passes at two samples per micro-batch, in fp32 and in low precision:
     tensor parallelism runs once, autocast on a copy of its result."""
-    gm = _fresh_copy(src.base)  # annotated at two samples once (profile_model)
+    gm = fresh_copy(src.base)  # annotated at two samples once (profile_model)
     plan = Plan(tp=tp)
     inp = PassInput(plan, src.inputs[0], None, src.losses[0])
     run = run_passes(gm, inp, [p for p in PASSES if p[0] in ("grad_mode", "tensor_parallel", "vocab_parallel_loss")])
     found = run.results.get(TensorParallelResult)
     shardings = dict(found.param_shardings) if found else {}
-    low, _ = autocast_pass(_fresh_copy(run.gm), dataclasses.replace(inp, plan=plan.replace(autocast="bf16")),
+    low, _ = autocast_pass(fresh_copy(run.gm), dataclasses.replace(inp, plan=plan.replace(autocast="bf16")),
                            run.results)
     return {False: (run.gm, shardings), True: (low, shardings)}
 
@@ -163,7 +152,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
     over a few copies of its block, then tiled to all of them (tile.py)."""
     whole = src.fold
     fold_ = (short_fold(whole) or whole) if whole is not None else None
-    four = _fresh_copy(gm)
+    four = fresh_copy(gm)
     annotate(four, src.inputs[1], param_shardings=shardings, tp=tp)
     a = measure(gm, shardings, fold_, tp, src.inputs[0], src.fused_attention)
     b = measure(four, shardings, fold_, tp, src.inputs[1], src.fused_attention)
