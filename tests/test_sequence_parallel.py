@@ -209,3 +209,23 @@ def test_torchrun_sequence_parallel_parallel_residual():
                        echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("rank" in k for k in cmp.max_diff)
+
+
+def test_the_summary_shows_the_sequence_sharded_regions_and_the_collective_volume():
+    """Message sizes from the shapes (b x s x h fp32 tokens): sequence parallelism reduce-scatters what
+    tp all-reduces and all-gathers each column input, the same sizes as Megatron's; the regions on the
+    tokens' shard are every block and the final norm."""
+    from graphsplit.report.summary import summarize
+
+    loaded = load_model(str(EXAMPLES / "gpt.py"))
+    b, s = loaded.args[0].shape
+    h, layers = loaded.build("meta").wte.embedding_dim, 4
+    tokens, positions, ce = b * s * h * 4, s * h * 4, 3 * b * s * 4
+    tp = summarize(compile_loaded(loaded, Plan(tp=2)).program)
+    assert tp["collective_bytes"]["forward"] == {"all_reduce": (2 * layers + 1) * tokens + positions + ce}
+    assert "sequence_sharded" not in tp
+    sp = summarize(compile_loaded(loaded, Plan(tp=2, sequence_parallel=True)).program)
+    forward = sp["collective_bytes"]["forward"]
+    assert forward["reduce_scatter"] == (2 * layers + 1) * tokens + positions  # row outputs, embeddings
+    assert forward["all_gather"] == (2 * layers + 1) * tokens  # into qkv, fc and the LM head
+    assert {f"h.{i}" for i in range(layers)} | {"ln_f"} <= set(sp["sequence_sharded"])

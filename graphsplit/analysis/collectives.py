@@ -76,3 +76,50 @@ def count_table(found: list[tuple[str, str, str]]) -> dict[str, Any]:
         per_block.setdefault(block, {"forward": Counter(), "backward": Counter()}).setdefault(direction, Counter())[kind] += 1
     as_dict = lambda d: {k: dict(v) for k, v in d.items()}  # noqa: E731
     return {"total": as_dict(total), "per_block": {b: as_dict(v) for b, v in per_block.items()}}
+
+
+def _bytes(value: Any) -> int:
+    spec = info(value).tensor if isinstance(value, fx.Node) else None
+    return spec.nbytes if spec is not None else 0
+
+
+def payload_bytes(node: fx.Node, tp: int) -> int:
+    """The size of the tensor one of `node`'s collectives works on, per rank (the message size, as
+    nccl-tests count it): an all-reduce's tensor, an all-gather's gathered whole, a reduce-scatter's
+    whole input. The graphs hold one rank's shapes."""
+    first = node.args[0] if node.args else None
+    if node.target is tpops.column_linear_from_seq_shard:
+        return _bytes(first)  # the gathered tokens, all-gathered again in backward
+    if node.target is tpops.vocab_parallel_embedding:
+        return _bytes(node) * (tp if node.kwargs.get("seq_dim") is not None else 1)
+    if node.target is tpops.vocab_parallel_cross_entropy:
+        target = node.args[1] if len(node.args) > 1 else None
+        spec = info(target).tensor if isinstance(target, fx.Node) else None
+        return spec.numel * 4 if spec is not None else 0  # one fp32 number per token
+    return max(_bytes(first), _bytes(node))
+
+
+def collective_volume(graphs: Iterable[fx.Graph], tp: int) -> dict[str, dict[str, int]]:
+    """{direction: {kind: bytes}}: the message sizes of every collective the graphs run in one step."""
+    volume: dict[str, Counter[str]] = {}
+    for graph in graphs:
+        for node in graph.nodes:
+            for direction, kind in node_collectives(node):
+                volume.setdefault(direction, Counter())[kind] += payload_bytes(node, tp)
+    return {d: dict(v) for d, v in volume.items()}
+
+
+def sequence_sharded(graphs: Iterable[fx.Graph]) -> dict[str, int]:
+    """{block: ops} for the ops whose output is split on the sequence dim (the one before the
+    features) under sequence parallelism: norms, dropout, residual adds and what feeds them."""
+    from ..ir.sharding import Shard
+
+    found: Counter[str] = Counter()
+    for graph in graphs:
+        for node in graph.nodes:
+            ni = info(node)
+            layout, spec = ni.sharding, ni.tensor
+            if (node.op == "call_function" and isinstance(layout, Shard) and spec is not None
+                    and len(spec.shape) >= 2 and layout.dim == len(spec.shape) - 2):
+                found[group_of(ni.module) or "<root>"] += 1
+    return dict(found)

@@ -108,7 +108,12 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
     if plan.tp > 1:
         import torch.fx as fx
 
-        from ..analysis.collectives import collectives, count_table
+        from ..analysis.collectives import (
+            collective_volume,
+            collectives,
+            count_table,
+            sequence_sharded,
+        )
         from ..ops.activation_checkpoint import CheckpointRegion
 
         graphs = [m.graph for st in program.stages for m in st.gm.modules() if isinstance(m, fx.GraphModule)]
@@ -120,6 +125,10 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
             found += collectives([program.loss_gm.graph], default_block="loss")
             data["loss"] = "vocab-parallel cross-entropy (logits stay sharded)"
         data["collectives"] = count_table(found)
+        data["collective_bytes"] = collective_volume(
+            graphs + ([program.loss_gm.graph] if program.loss_gm is not None else []), plan.tp)
+        if plan.sequence_parallel:
+            data["sequence_sharded"] = sequence_sharded(graphs)
         data["parameter_shardings"] = {k: str(v) for k, v in program.param_shardings.items()}
         data["left_replicated"] = program.replicated
     if transform_seconds is not None:
@@ -202,6 +211,18 @@ def _render_collectives(summary: dict[str, Any], console: Console) -> None:
         return ", ".join(parts) or "none"
 
     console.print(f"tensor-parallel collectives per step and micro-batch: {fmt(coll['total'])}")
+    if summary.get("collective_bytes"):
+        short = {"forward": "fwd", "backward": "bwd"}
+        volume = summary["collective_bytes"]
+        parts = [f"{_mib(n)} {kind.replace('_', '-')} {short[d]}" for d in short
+                 for kind, n in sorted(volume.get(d, {}).items())]
+        console.print(f"  volume per rank and micro-batch (message sizes): {', '.join(parts)}")
+    if summary.get("sequence_sharded"):
+        where = summary["sequence_sharded"]
+        blocks = list(where)
+        shown = ", ".join(blocks[:6]) + (f" (+{len(blocks) - 6} more)" if len(blocks) > 6 else "")
+        console.print(f"  sequence parallel: {sum(where.values())} ops on the tokens' shard [.., s/tp, h] "
+                      f"(norms, dropout, residual adds) in {shown}")
     if "loss" in summary:
         console.print(f"  loss: {summary['loss']}")
     by_counts: dict[str, list[str]] = {}
@@ -216,3 +237,7 @@ def _render_collectives(summary: dict[str, Any], console: Console) -> None:
         groups[key] = groups.get(key, 0) + 1
     for (module, reason), n in groups.items():
         console.print(f"  left whole: {module}{f' (x{n})' if n > 1 else ''}: {reason}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
