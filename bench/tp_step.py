@@ -180,7 +180,7 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
     from graphsplit import Plan, parallelize
-    from graphsplit.ops import tp as tpops
+    from graphsplit.ops.tp_comm import tp_comms
 
     x, y = data(args)
     gs = parallelize(build(args), Plan(tp=TP), example_inputs=(x,), loss_fn=mse)
@@ -205,9 +205,9 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     dt_loss, dt_grads = dt_step(), local_grads(dt_params)
     # Step 2: collectives per step (step 1 of graphsplit's schedule also runs
     # torch.distributed.pipelining's metadata inference, one more forward).
-    comms = [c for stage in gs.stages.values() for c in tpops.tp_comms(stage)]
+    comms = [c for stage in gs.stages.values() for c in tp_comms(stage)]
     if gs.program.loss_gm is not None:
-        comms += tpops.tp_comms(gs.program.loss_gm)
+        comms += tp_comms(gs.program.loss_gm)
     before = sum((c.counts for c in comms), Counter())
     gs_step()
     gs_counts = sum((c.counts for c in comms), Counter())

@@ -22,7 +22,7 @@ from graphsplit.ir.sharding import Shard, shard_tensor, unpad
 from graphsplit.launch.parity import check_locally, reference_step
 from graphsplit.loader import load_model
 from graphsplit.ops import tp as tpops
-from graphsplit.ops.tp import TPComm
+from graphsplit.ops.tp_comm import TPComm
 from graphsplit.runtime.materialize import model_tensors
 
 from .conftest import EXAMPLES, MODELS

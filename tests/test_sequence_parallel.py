@@ -25,6 +25,7 @@ from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
 from graphsplit.ops import tp as tpops
+from graphsplit.ops.tp_comm import TPComm
 
 from .conftest import EXAMPLES, MODELS
 from .test_cli import cli
@@ -143,7 +144,7 @@ def test_column_linear_from_seq_shard_equals_gathering_then_linear(autocast):
     hub = threads.ThreadHub(2)
 
     def work(rank, fused):
-        comm = tpops.TPComm(2)
+        comm = TPComm(2)
         comm.bind(threads.ThreadLink(hub, rank))
         xs, ws, bs = (t.chunk(2, dim)[rank].clone().requires_grad_(True) for t, dim in ((x, 1), (w, 0), (b, 0)))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):

@@ -14,6 +14,7 @@ from graphsplit.compile import compile_loaded, compile_program
 from graphsplit.ir.sharding import S, Shard, local_shape, shard_tensor
 from graphsplit.loader import load_model
 from graphsplit.ops import tp as tpops
+from graphsplit.ops.tp_comm import bind_tp_group, tp_comms
 from graphsplit.runtime.materialize import materialize_stage, model_tensors
 
 from .conftest import EXAMPLES, MODELS
@@ -124,10 +125,10 @@ def test_runtime_collectives_match_the_static_count():
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
         stage = materialize_stage(program.stages[0], "cpu", model_tensors(model), 0, program.param_shardings, 0, 2)
-        tpops.bind_tp_group(stage, dist.group.WORLD)
+        bind_tp_group(stage, dist.group.WORLD)
         out = stage(*program.traced.flatten_inputs(loaded.args, loaded.kwargs))
         out.float().pow(2).mean().backward()
-        (comm,) = tpops.tp_comms(stage)
+        (comm,) = tp_comms(stage)
         runtime = {d: {k: n for (dd, k), n in comm.counts.items() if dd == d} for d in ("forward", "backward")}
     finally:
         dist.destroy_process_group()

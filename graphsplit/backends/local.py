@@ -30,7 +30,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
 from ..ir.program import Program
-from ..ops import tp as tpops
+from ..ops.tp_comm import TPComm, bind_tp, tp_comms
 from ..plan import SPLIT_BACKWARD_SCHEDULES
 from ..runtime.microbatch import gather_outputs, merge_outputs, split_microbatches
 from ..runtime.training import LossFn, make_loss, named_grads, sync_tied_grads
@@ -167,15 +167,15 @@ class LocalProgram:
         self.hub = ThreadHub(plan.tp) if plan.tp > 1 else None
         self.ranks: list[LocalPipeline] = []
         self.loss_graphs: list[nn.Module | None] = []
-        self.comms: list[tpops.TPComm] = []  # each rank's, for gathering a sharded output to show it
+        self.comms: list[TPComm] = []  # each rank's, for gathering a sharded output to show it
         for rank in range(plan.tp):
             stages = list(materialize_stages(program, range(len(program.stages)), "cpu", source, rank).values())
             loss_graph = copy.deepcopy(program.loss_gm) if program.loss_gm is not None else None
-            comm = tpops.TPComm(plan.tp)
+            comm = TPComm(plan.tp)
             if self.hub is not None:
                 link = ThreadLink(self.hub, rank)
                 for module in (*stages, *([loss_graph] if loss_graph is not None else []), comm):
-                    tpops.bind_tp(module, link)
+                    bind_tp(module, link)
             if plan.compile:
                 apply_compile(stages, compile_backend)
             self.ranks.append(LocalPipeline(program, stages, make_loss(program, user_loss, loss_graph)))
@@ -202,4 +202,4 @@ class LocalProgram:
     def counts(self, rank: int) -> Counter[tuple[str, str]]:
         """The collectives tp rank `rank` ran so far, per (direction, kind), its loss graph's included."""
         modules = [*self.ranks[rank].stages, *([g] if (g := self.loss_graphs[rank]) is not None else [])]
-        return sum((c.counts for m in modules for c in tpops.tp_comms(m)), Counter())
+        return sum((c.counts for m in modules for c in tp_comms(m)), Counter())

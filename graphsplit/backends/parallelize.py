@@ -28,8 +28,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ..errors import GraphsplitError
 from ..ir.program import Program
-from ..ops import tp as tpops
 from ..ops.sync_bn import bind_dp_group
+from ..ops.tp_comm import TPComm, bind_tp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Plan
 from ..runtime.grad_average import DPGradAverager
 from ..runtime.training import LossFn
@@ -38,13 +38,13 @@ from .local import LocalPipeline
 from .torch_distributed import DistributedPipeline, stage_examples
 
 
-def apply_tp(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> tpops.TPComm:
+def apply_tp(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> TPComm:
     """Bind every tp communicator inside `modules` to the mesh's tp group. Returns one more
     communicator on that group, for gathering a sharded output to show it."""
     group = mesh.get_group("tp") if plan.tp > 1 else None
-    shown = tpops.TPComm(plan.tp)
+    shown = TPComm(plan.tp)
     for module in (*modules, shown):
-        tpops.bind_tp_group(module, group)
+        bind_tp_group(module, group)
     return shown
 
 

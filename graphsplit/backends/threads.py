@@ -1,7 +1,7 @@
 """tp ranks as threads of one process: the collectives' semantics without processes.
 
 Each tp rank runs in a thread of its own and binds its graphs' communicators
-(`ops/tp.py`'s `TPComm`) to a `ThreadLink`: every collective is one exchange on a
+(`ops/tp_comm.py`'s `TPComm`) to a `ThreadLink`: every collective is one exchange on a
 `ThreadHub` shared by the ranks. Each rank puts its tensor on the hub, waits for
 all, computes the result from all ranks' tensors in rank order (so every rank gets
 the same bits), and waits again before anyone's next collective may overwrite its
@@ -52,7 +52,7 @@ class ThreadHub:
 
 
 class ThreadLink:
-    """One tp rank's end of a `ThreadHub`: the `TPLink` of ops/tp.py."""
+    """One tp rank's end of a `ThreadHub`: the `TPLink` of ops/tp_comm.py."""
 
     def __init__(self, hub: ThreadHub, rank: int) -> None:
         self.hub = hub

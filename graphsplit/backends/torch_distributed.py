@@ -29,7 +29,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..ir.program import Program
-from ..ops.tp import TPComm
+from ..ops.tp_comm import TPComm
 from ..plan import Plan
 from ..runtime.grad_average import DPGradAverager
 from ..runtime.training import named_grads, sync_tied_grads

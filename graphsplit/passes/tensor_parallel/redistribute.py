@@ -32,6 +32,7 @@ from ...ir.meta import TensorSpec, info, insert_node
 from ...ir.optable import OpKind
 from ...ir.sharding import Layout, Replicate, Shard, local_shape
 from ...ops import tp as tpops
+from ...ops.tp_comm import COMM_ATTR, TPComm
 from .decision import BROADCAST, Need
 from .layout import layout_of
 
@@ -49,10 +50,10 @@ class Redistribute:
     def comm(self) -> fx.Node:
         """The graph's communicator (`self.tp_comm`), the last argument of every tp op."""
         if self._comm is None:
-            self.gm.add_submodule(tpops.COMM_ATTR, tpops.TPComm(self.tp))
+            self.gm.add_submodule(COMM_ATTR, TPComm(self.tp))
             first = next(n for n in self.graph.nodes if n.op != "placeholder")
             with self.graph.inserting_before(first):
-                self._comm = self.graph.get_attr(tpops.COMM_ATTR)
+                self._comm = self.graph.get_attr(COMM_ATTR)
             info(self._comm).value = "scalar"
         return self._comm
 
