@@ -1,11 +1,11 @@
 """The model zoo's table: every architecture x plan, passes / refused / fails and why.
 
-    python bench/zoo_table.py                      # every row at pp 2, tp 2, pp 2 x tp 2 (~5 min)
+    python bench/zoo_table.py                      # every row at pp 2, tp 2, dp 2 x pp 2 x tp 2 (~6 min)
     python bench/zoo_table.py --only T5 ViT        # some rows
 
 Each cell is tests/test_zoo.py's check (tests/test_hf_models.py's and test_hf_moe.py's for the
-five architectures with model files of their own): the local backend runs every stage and tp
-shard of the program and compares loss, output and every rank's gradient slice with the untouched
+five architectures with model files of their own): the local backend runs every stage, tp
+shard and dp replica of the program and compares loss, output and every rank's gradient slice with the untouched
 model (fp32, 1e-5 scaled by magnitude); one trace per architecture. A cell says "passes" with the
 largest scaled difference, "refused" with graphsplit's one-line message, or "FAILS" with the
 first mismatch or error. The last column lists what tp left whole (replicated, still correct)
@@ -35,7 +35,7 @@ from graphsplit.launch.parity import check_locally  # noqa: E402
 from graphsplit.loader import LoadedModel, load_model  # noqa: E402
 from graphsplit.plan import Plan  # noqa: E402
 
-PLANS = {"pp 2": Plan(pp=2), "tp 2": Plan(tp=2), "pp 2 x tp 2": Plan(pp=2, tp=2)}
+PLANS = {"pp 2": Plan(pp=2), "tp 2": Plan(tp=2), "dp 2 x pp 2 x tp 2": Plan(dp=2, pp=2, tp=2)}
 # architectures with model files of their own (tests/test_hf_models.py, tests/test_hf_moe.py)
 FILES = {
     "GPT-2": ("causal LM", "fused c_attn (Conv1D), tied LM head", "hf_gpt2.py"),

@@ -25,7 +25,7 @@ from graphsplit.ops import tp as tpops
 from graphsplit.ops.tp_comm import TPComm
 from graphsplit.runtime.materialize import model_tensors
 
-from .conftest import EXAMPLES, MODELS
+from .conftest import EXAMPLES, MODELS, traced_once
 
 PLANS = {
     "tp2": Plan(tp=2), "tp2-pp2": Plan(tp=2, pp=2), "tp4": Plan(tp=4),
@@ -188,8 +188,43 @@ def test_a_failing_rank_stops_the_others_and_its_error_is_raised():
     assert threading.active_count() == 1 or all(not t.name.startswith("tp-rank-") for t in threading.enumerate())
 
 
-def test_the_local_backend_refuses_dp():
-    loaded = load_model(str(EXAMPLES / "mlp.py"))
-    program = compile_loaded(loaded, Plan(dp=2)).program
-    with pytest.raises(GraphsplitError, match="not dp replicas"):
+@pytest.mark.parametrize("model, plan", [
+    ("resnet.py", Plan(dp=2)),  # BatchNorm: each replica's statistics are its share's, not the batch's
+    ("resnet.py", Plan(dp=4, pp=2)),
+    ("gpt.py", Plan(dp=2, pp=2, tp=2)),
+])
+def test_the_local_backend_runs_dp_replicas_on_their_shares_and_averages_their_gradients(model, plan):
+    loaded, traced = traced_once(EXAMPLES / model)
+    program, cmp = check_locally(loaded, plan, traced=traced)
+    assert cmp.ok, cmp.failures
+    world = plan.dp * plan.tp
+    assert {int(k.rsplit("rank ", 1)[1].rstrip(")")) for k in cmp.max_diff if k.startswith("grad")} == set(range(world))
+
+
+def test_the_local_backend_gives_each_replica_its_share_and_the_mean_of_their_gradients():
+    """What the replicas report, against the untouched model run on each share by hand: replica d's
+    output is the model's on the d-th half of the batch, every replica's gradient the halves' mean."""
+    loaded, traced = traced_once(EXAMPLES / "resnet.py")
+    program = compile_loaded(loaded, Plan(dp=2), traced=traced).program
+    model = loaded.build("cpu", seed=0)
+    local = LocalProgram(program, model_tensors(model), loaded.loss_fn)
+    inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
+    target = loaded.target
+    steps = local.step(inputs, target)
+    assert [s.dp_rank for s in steps] == [0, 1]
+    halves = [reference_step(model, (x,), {}, t, loaded.loss_fn, 1)
+              for x, t in zip(inputs[0].chunk(2), target.chunk(2))]
+    for d, s in enumerate(steps):
+        assert torch.allclose(s.output, halves[d].output, atol=1e-5)
+        for name, g in s.grads.items():
+            assert torch.allclose(g, (halves[0].grads[name] + halves[1].grads[name]) / 2, atol=1e-6), name
+    assert torch.allclose(steps[0].loss, (halves[0].loss + halves[1].loss) / 2, atol=1e-6)
+
+
+def test_the_local_backend_refuses_sync_bn_over_dp_replicas():
+    loaded, traced = traced_once(EXAMPLES / "resnet.py")
+    program = compile_loaded(loaded, Plan(dp=2, sync_bn=True), traced=traced).program
+    with pytest.raises(GraphsplitError, match="synchronized BatchNorm needs them together; check --sync-bn with run --check"):
         LocalProgram(program, model_tensors(loaded.build("cpu", seed=0)), loaded.loss_fn)
+
+

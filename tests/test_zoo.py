@@ -1,15 +1,14 @@
 """The model zoo (tests/models/zoo.py): HuggingFace architectures and diffusers' UNet2DModel,
-unmodified, from tiny configs, each at pp 2, tp 2 and pp 2 x tp 2 on the local backend (every
-stage and every tp shard in this process, a thread per tp rank, real collectives): loss, output
-and every rank's gradient against the matching slice of the untouched model's (fp32, 1e-5 scaled
-by magnitude). Each architecture is traced once; its three plans compile from copies of that trace.
+unmodified, from tiny configs, each at pp 2, tp 2 and dp 2 x pp 2 x tp 2 on the local backend
+(every stage, tp shard and dp replica in this process, a thread per tp rank, real collectives, the
+replicas one after the other on their shares of the batch, gradients averaged): loss, output and
+every rank's gradient against the matching slice of the untouched model's (fp32, 1e-5 scaled by
+magnitude). Each architecture is traced once; its three plans compile from copies of that trace.
 
-Data parallelism adds no graph rewrite (DDP/FSDP2 over the dp axis, each replica its share of the
-batch) and the local backend runs none: the dp2 x pp2 x tp2 mesh on real processes is
-tests/test_fsdp.py's and test_parallelize's; an HF model on real processes is test_hf_moe's
-Mixtral (tp 2). A zoo row on real processes costs 30-75 s (each rank imports transformers and
-traces), over this file's budget: `ZOO_ARCH=T5 graphsplit run tests/models/zoo_model.py --pp 2
---tp 2 --check` passed by hand (4 processes).
+On real processes: an HF model is test_hf_moe's Mixtral (tp 2); the dp2 x pp2 x tp2 mesh is
+tests/test_fsdp.py's and test_parallelize's. A zoo row on real processes costs 30-75 s (each rank imports transformers and
+traces), over this file's budget: `ZOO_ARCH=T5 graphsplit run tests/models/zoo_model.py --dp 2
+--pp 2 --tp 2 --check` runs one by hand (8 processes).
 
 GPT-2, Llama, Mixtral, Qwen3-MoE and DeepSeek-V3 are checked in tests/test_hf_models.py and
 tests/test_hf_moe.py. bench/zoo_table.py runs the same check on every row and prints the README's
@@ -30,7 +29,7 @@ from .models import zoo
 
 pytest.importorskip("transformers")  # the test extras install it and diffusers
 
-PLANS = {"pp2": Plan(pp=2), "tp2": Plan(tp=2), "pp2-tp2": Plan(pp=2, tp=2)}
+PLANS = {"pp2": Plan(pp=2), "tp2": Plan(tp=2), "dp2-pp2-tp2": Plan(dp=2, pp=2, tp=2)}
 CASES = [(arch.name, plan) for arch in zoo.ARCHS if arch.suite for plan in PLANS]  # arch-major: one trace, three plans
 
 _traces: dict[str, Traced] = {}

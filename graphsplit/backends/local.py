@@ -11,8 +11,12 @@ held by several stages get the sum of their gradients.
 With tp > 1 each tp rank is a thread holding its own shards of every stage
 (and its own copy of the vocab-parallel loss graph); their communicators are
 bound to one `ThreadHub` (threads.py), so every collective runs, with the values
-and the count a process group would give. It is the fast reference for tests and
-for `transform --check`: no process is started.
+and the count a process group would give. With dp > 1 each tp rank runs the dp
+replicas one after the other on the same (step-1) weights, each on its share
+of the batch, and their gradients are averaged, as DDP's all-reduce and FSDP's
+reduce-scatter leave them; the loss is the replicas' mean, as `run` reports it.
+It is the fast reference for tests and for `transform --check`: no process is
+started.
 """
 
 from __future__ import annotations
@@ -147,22 +151,24 @@ class LocalRankStep:
     """One tp rank's result of a step."""
 
     tp_rank: int
-    loss: torch.Tensor
-    output: Any  # the last stage's raw output, vocab-sharded tensors gathered
-    grads: dict[str, torch.Tensor]  # this rank's shards, by original name
+    loss: torch.Tensor  # the mean over the dp replicas
+    output: Any  # the last stage's raw output on this replica's share, vocab-sharded tensors gathered
+    grads: dict[str, torch.Tensor]  # this rank's shards, by original name, averaged over the replicas
+    dp_rank: int = 0
 
 
 class LocalProgram:
-    """A whole program in this process: one `LocalPipeline` per tp rank, a thread each when tp > 1."""
+    """A whole program in this process: one `LocalPipeline` per tp rank, a thread each when tp > 1,
+    running the dp replicas in turn."""
 
     def __init__(self, program: Program, source: Mapping[str, torch.Tensor], user_loss: LossFn | None,
                  compile_backend: str = DEFAULT_BACKEND) -> None:
         from ..runtime.materialize import materialize_stages
 
         plan = program.plan
-        if plan.dp > 1:
-            raise GraphsplitError("the local backend runs pipeline stages and tp shards, not dp replicas; "
-                                  "check data parallelism with run --check")
+        if plan.dp > 1 and plan.sync_bn:
+            raise GraphsplitError("the local backend runs dp replicas one after the other, and synchronized "
+                                  "BatchNorm needs them together; check --sync-bn with run --check")
         self.program = program
         self.hub = ThreadHub(plan.tp) if plan.tp > 1 else None
         self.ranks: list[LocalPipeline] = []
@@ -183,21 +189,38 @@ class LocalProgram:
             self.comms.append(comm)
 
     def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> list[LocalRankStep]:
-        """One forward + backward on every tp rank; their results in rank order."""
+        """One forward + backward on every tp rank and dp replica; results dp-major, tp fastest (the
+        mesh's rank order)."""
+        dp = self.program.plan.dp
+        # the replicas' shares: the batch's first, second, ... dp-th part, as `run` deals them out
+        shares = split_microbatches((inputs, target), dp) if dp > 1 else [(inputs, target)]
         # each rank its own batch, as each process has: a model writing into its input in place must
         # not change another rank's (copied before any rank starts)
-        batches = [(inputs, target)] + [pytree.tree_map_only(torch.Tensor, torch.clone, (inputs, target))
-                                        for _ in range(len(self.ranks) - 1)]
+        batches = [shares] + [pytree.tree_map_only(torch.Tensor, torch.clone, shares) for _ in range(len(self.ranks) - 1)]
 
-        def run(rank: int) -> LocalRankStep:
+        def run(rank: int) -> list[LocalRankStep]:
             pipe = self.ranks[rank]
-            loss, output = pipe.step(*batches[rank])
-            whole = gather_outputs(self.program, output, self.comms[rank])
-            return LocalRankStep(rank, loss, whole, pipe.grads())
+            losses, outputs, grads = [], [], []
+            for share_inputs, share_target in batches[rank]:
+                for stage in pipe.stages:
+                    stage.zero_grad(set_to_none=True)
+                loss, output = pipe.step(share_inputs, share_target)
+                losses.append(loss)
+                outputs.append(gather_outputs(self.program, output, self.comms[rank]))
+                grads.append({p: p.grad for stage in pipe.stages for p in stage.parameters() if p.grad is not None})
+            if dp > 1:  # what the dp all-reduce leaves on every replica
+                # a parameter one replica's data did not reach (an expert no token of its share was
+                # routed to) has no gradient there: it adds zero to the sum, as in DDP's bucket
+                for p in {p: None for g in grads for p in g}:
+                    p.grad = sum(g[p] for g in grads if p in g) / dp
+            mean = torch.stack(losses).mean()
+            named = pipe.grads()
+            return [LocalRankStep(rank, mean, out, named, d) for d, out in enumerate(outputs)]
 
         if self.hub is None:
-            return [run(0)]
-        return run_ranks(self.hub, run)
+            return run(0)
+        per_rank = run_ranks(self.hub, run)
+        return [per_rank[t][d] for d in range(dp) for t in range(len(self.ranks))]
 
     def counts(self, rank: int) -> Counter[tuple[str, str]]:
         """The collectives tp rank `rank` ran so far, per (direction, kind), its loss graph's included."""

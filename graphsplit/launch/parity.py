@@ -322,8 +322,8 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
 
 def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] | None = None,
                   compile_backend: str = "inductor", traced: Traced | None = None) -> tuple[Program, Comparison]:
-    """Compile `loaded` under `plan`, run step 1 of every stage and tp shard in this process (the
-    local backend), and compare loss, output and every shard's gradients with the untouched model.
+    """Compile `loaded` under `plan`, run step 1 of every stage, tp shard and dp replica in this
+    process (the local backend), and compare loss, output and every shard's gradients with the untouched model.
     `compile_backend`: torch.compile's backend when the plan compiles its stages. `traced`: its
     trace (`compile.trace_loaded`), reused instead of tracing again."""
     from ..backends.local import LocalProgram
@@ -336,9 +336,11 @@ def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] |
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
     target = loaded.target if loaded.target is not None else default_target(inputs)
     everything = tuple(range(len(program.stages)))
-    ranks = [RankStep(s.tp_rank, everything, s.grads, s.loss, s.output, s.tp_rank) for s in local.step(inputs, target)]
-    ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss,
-                         program.plan.num_microbatches)  # as decided for this batch
+    tp = program.plan.tp
+    ranks = [RankStep(s.dp_rank * tp + s.tp_rank, everything, s.grads, s.loss, s.output, s.tp_rank, s.dp_rank)
+             for s in local.step(inputs, target)]
+    pieces = program.plan.dp * program.plan.num_microbatches  # replicas x micro-batches, as decided for this batch
+    ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss, pieces)
     return program, check_ranks(program, ranks, ref)
 
 
