@@ -50,9 +50,13 @@ def test_moe_tensor_parallel_shards_experts_keeps_router_whole_and_matches(name)
     assert f"grad {moe_layer}.experts.down_proj (rank 1)" in cmp.max_diff, "both ranks' expert gradients compared"
 
 
-def test_moe_tensor_parallel_inside_pipeline_matches():
-    _, cmp = check_locally(*_once("hf_deepseek_v3.py", Plan(tp=2, pp=2)))
+@pytest.mark.parametrize("name", FAMILIES)
+def test_moe_3d_matches_untouched_model(name):
+    """dp 2 x pp 2 x tp 2: each replica routes its own share of the tokens (an expert one share
+    never reaches has no gradient there, and adds nothing to the average)."""
+    _, cmp = check_locally(*_once(name, Plan(dp=2, tp=2, pp=2)))
     assert cmp.ok, cmp.failures
+    assert any(k.endswith("(rank 3)") for k in cmp.max_diff), "the last replica's tp rank 1 compared (dp 1 x tp 2 + 1)"
 
 
 @pytest.mark.slow
@@ -60,7 +64,7 @@ def test_moe_tensor_parallel_inside_pipeline_matches():
 def test_moe_tp2_on_real_processes():
     """Mixtral's data-dependent dispatch in generated code on gloo, its experts tp-sharded: 2 processes,
     each importing transformers for ~9 s (the suite's budget; pp and tp x pp are checked on the local
-    backend above, and dp2 x pp2 x tp2 passed by hand)."""
+    backend above, and dp2 x pp2 x tp2 on real processes passed by hand)."""
     lines: list[str] = []
     plan = Plan(tp=2)
     cmp = run_training(str(MODELS / "hf_mixtral.py"), plan, RunOptions(steps=1, check=True, timeout_s=240),
