@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,8 @@ def _fail(field_name: str, message: str) -> GraphsplitError:
 
 def divisors(n: int) -> list[int]:
     """Every positive divisor of n, ascending (the counts a batch or a device count splits into)."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]  # the planner asks this thousands of times
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import GraphsplitError
-from ..ir.meta import META_KEY, TensorSpec, info, module_path
+from ..ir.meta import TensorSpec, info, module_path
 from ..ir.optable import OpKind, classify
 
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
@@ -119,10 +119,7 @@ def annotate(
     # touches weight memory, and never changes the user's modules.
     needs_copy = bool(param_shardings) or not _all_meta(gm)
     on_meta = meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
-    _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)
-    if on_meta is not gm:
-        for src, dst in zip(on_meta.graph.nodes, gm.graph.nodes):
-            dst.meta[META_KEY] = src.meta[META_KEY]
+    _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)  # on gm's own nodes
 
 
 def _all_meta(gm: fx.GraphModule) -> bool:
@@ -148,7 +145,9 @@ def _tensors(gm: fx.GraphModule) -> list[torch.Tensor]:
 def meta_copy(
     gm: fx.GraphModule, param_shardings: dict[str, Any], tp: int, names: dict[int, str] | None = None
 ) -> fx.GraphModule:
-    """A copy of `gm` on meta whose sharded parameters have one tp rank's shape.
+    """A copy of `gm` on meta whose sharded parameters have one tp rank's shape, for running it (on
+    meta) without touching gm's tensors. The copy runs gm's own graph: copying a graph node by node
+    costs more than the run on meta (the planner makes dozens of these), and no caller changes it.
 
     `names` maps id(tensor) to its canonical name (default: gm's own first names)."""
     import copy
@@ -165,9 +164,12 @@ def meta_copy(
         if isinstance(t, torch.nn.Parameter):
             meta_t = torch.nn.Parameter(meta_t, requires_grad=t.requires_grad)
         memo[id(t)] = meta_t
+    graph = gm.graph
+    memo[id(graph)] = graph  # shared, not copied
     with warnings.catch_warnings():  # deep-copying export's pytree specs warns about a deprecated API
         warnings.simplefilter("ignore", FutureWarning)
         copied = copy.deepcopy(gm, memo)
-    for src, dst in zip(gm.graph.nodes, copied.graph.nodes):
-        dst.meta[META_KEY] = src.meta.get(META_KEY) or info(src)
+    graph.owning_module = gm  # the copy's construction claimed it; gm's passes look modules up through it
+    for node in graph.nodes:
+        info(node)  # every node annotated in place (the copy's nodes are gm's)
     return copied

@@ -17,7 +17,8 @@ import time
 from ..loader import LoadedModel
 from ..plan import divisors
 from .hardware import Hardware, load_hardware
-from .profile import ModelProfile, profile_model
+from .parallel import Workers
+from .profile import ModelProfile, profile_model, start_profile, tables_or_reason
 from .search import SearchResult, search
 
 __all__ = ["Hardware", "ModelProfile", "SearchResult", "load_hardware", "plan_model", "profile_model"]
@@ -26,11 +27,18 @@ __all__ = ["Hardware", "ModelProfile", "SearchResult", "load_hardware", "plan_mo
 def plan_model(loaded: LoadedModel, gpus: int, gpu_memory: int, hardware: Hardware, gpus_per_node: int | None = None,
                optimizer: str = "adamw") -> tuple[SearchResult, ModelProfile]:
     """Profile `loaded` once and search every plan for `gpus` devices of `gpu_memory` bytes each;
-    `search_seconds` counts both."""
+    `search_seconds` counts both. The tp degrees' tables are built on the machine's cores, tp 1's
+    first (it says where the model can be cut, so which plans are candidates), then the largest
+    degrees (they cost the most); each degree's plans are priced as soon as its tables are built."""
     start = time.perf_counter()
     per_node = gpus_per_node or hardware.gpus_per_node
-    profile = profile_model(loaded, divisors(min(gpus, per_node)), hardware.fused_attention)
+    profile = start_profile(loaded, hardware.fused_attention)
     profile.hardware = hardware
-    result = search(profile, gpus, gpu_memory, hardware, per_node, optimizer)
+    degrees = [1, *sorted(set(divisors(min(gpus, per_node))) - {1}, reverse=True)]
+    with Workers(profile.source, len(degrees)) as workers:
+        building = {tp: workers.submit(tables_or_reason, tp) for tp in degrees}
+        profile.add({1: building.pop(1).result()})  # plans with a tp that failed are left out
+        profile.read_reference()
+        result = search(profile, gpus, gpu_memory, hardware, per_node, optimizer, workers=workers, building=building)
     result.search_seconds = time.perf_counter() - start
     return result, profile

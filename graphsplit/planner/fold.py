@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..ir.meta import block_of, info, module_path
 
@@ -158,7 +159,8 @@ def fold(gm: fx.GraphModule) -> tuple[fx.GraphModule, Fold] | None:
         else:
             new = graph.node_copy(node, lambda a: env[a])
         env[node] = new
-    folded = fx.GraphModule(gm, graph, class_name=f"{type(gm).__name__}Folded")
+    # lazy: its Python code is generated only if it is ever run (the planner interprets its copies)
+    folded = _LazyGraphModule(gm, graph, class_name=f"{type(gm).__name__}Folded")
     return folded, info_
 
 

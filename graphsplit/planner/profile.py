@@ -81,6 +81,19 @@ class ModelProfile:
             raise GraphsplitError(found)
         return found
 
+    def read_reference(self) -> None:
+        """What the tp 1 fp32 table says of the model: its FLOPs, its places to cut, whether it has
+        repeated blocks. Raises when the model cannot be compiled at all."""
+        reference = self.table(Plan())
+        self.model_flops_per_sample = float(reference.flops[0].sum())
+        self.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
+        self.has_blocks = bool((reference.block >= 0).any())
+
+    def only(self, tp: int, low: bool) -> ModelProfile:
+        """This profile holding one variant and no trace: what pricing that variant's plans needs, small
+        enough to send to another process."""
+        return dataclasses.replace(self, variants={(tp, low): self.variants[tp, low]}, source=None)
+
     def add(self, built: dict[int, dict[bool, OpTable] | str]) -> None:
         """Tables `build_all_tables` built (or why a degree has none)."""
         for tp, tables in built.items():
@@ -134,7 +147,7 @@ def build_tables(src: _Source, tp: int) -> dict[bool, OpTable]:
     return {low: build_table(gm, shardings, src, tp, low) for low, (gm, shardings) in _compiled(src, tp).items()}
 
 
-def _tables_or_reason(src: _Source, tp: int) -> dict[bool, OpTable] | str:
+def tables_or_reason(src: _Source, tp: int) -> dict[bool, OpTable] | str:
     try:
         return build_tables(src, tp)
     except GraphsplitError as exc:
@@ -144,7 +157,7 @@ def _tables_or_reason(src: _Source, tp: int) -> dict[bool, OpTable] | str:
 def build_all_tables(src: _Source, tp_degrees: Sequence[int]) -> dict[int, dict[bool, OpTable] | str]:
     """`build_tables` of every degree (or why it cannot be built), on the machine's cores: the degrees
     are independent, and each costs seconds on a deep model."""
-    return dict(zip(tp_degrees, fork_map(_tables_or_reason, src, tp_degrees)))
+    return dict(zip(tp_degrees, fork_map(tables_or_reason, src, tp_degrees)))
 
 
 def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp: int, low: bool) -> OpTable:
@@ -268,10 +281,10 @@ def tokens_per_sample(flat: Sequence[Any]) -> int | None:
     return None
 
 
-def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,), fused_attention: bool = False
-                  ) -> ModelProfile:
-    """Trace `loaded` once; build the tables of `tp_degrees` in fp32 and low precision now (the rest
-    when a plan needs them). `fused_attention`: price attention's memory as a GPU runs it."""
+def start_profile(loaded: LoadedModel, fused_attention: bool = False) -> ModelProfile:
+    """Trace `loaded` (built on meta) once and fold it; no table yet: `add(build_all_tables(...))`
+    builds them, then `read_reference` takes what the tp 1 table says of the model.
+    `fused_attention`: price attention's memory as a GPU runs it."""
     model = loaded.build("meta")
     check_call(model, loaded.args, loaded.kwargs, loaded.path)
     traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path)
@@ -287,11 +300,15 @@ def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,), fused_a
     base, fold_ = found if found is not None else (traced.gm, None)
     source = _Source(base, fold_, (_inputs_of(flat, 2), _inputs_of(flat, 4)), losses, fused_attention)
     annotate(base, source.inputs[0])
-    profile = ModelProfile(batch=batch, tokens_per_sample=tokens_per_sample(flat), model_flops_per_sample=0.0,
-                           max_stages=1, has_blocks=False, variants={}, folded=fold_ is not None, source=source)
-    profile.add(build_all_tables(source, sorted({1, *tp_degrees})))  # plans with a tp that failed are left out
-    reference = profile.table(Plan())  # raises when the model cannot be compiled at all
-    profile.model_flops_per_sample = float(reference.flops[0].sum())
-    profile.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
-    profile.has_blocks = bool((reference.block >= 0).any())
+    return ModelProfile(batch=batch, tokens_per_sample=tokens_per_sample(flat), model_flops_per_sample=0.0,
+                        max_stages=1, has_blocks=False, variants={}, folded=fold_ is not None, source=source)
+
+
+def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,), fused_attention: bool = False
+                  ) -> ModelProfile:
+    """Trace `loaded` once; build the tables of `tp_degrees` in fp32 and low precision now (the rest
+    when a plan needs them). `fused_attention`: price attention's memory as a GPU runs it."""
+    profile = start_profile(loaded, fused_attention)
+    profile.add(build_all_tables(profile.source, sorted({1, *tp_degrees})))  # plans with a tp that failed are left out
+    profile.read_reference()
     return profile

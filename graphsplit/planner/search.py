@@ -12,10 +12,12 @@ counted with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +25,8 @@ from ..errors import GraphsplitError
 from ..plan import Plan, divisors
 from .estimate import Estimate, estimate
 from .hardware import Hardware
-from .parallel import fork_map
+from .parallel import Workers
+from .profile import build_all_tables
 from .stages import plan_stages
 
 SCHEDULE_CHOICES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
@@ -99,8 +102,10 @@ class _Priced:
     left_out: Counter[str]
 
 
-def _price(state: tuple[Any, Hardware, int, str], group: list[tuple[int, Plan]]) -> _Priced:
-    profile, hw, budget, optimizer = state
+def _price(_state: Any, work: tuple[Any, Hardware, int, str, list[tuple[int, Plan]]]) -> _Priced:
+    """Price one group: `work` is (the profile holding the group's table, hardware, memory budget,
+    optimizer, the group's (candidate index, plan) pairs)."""
+    profile, hw, budget, optimizer, group = work
     priced = _Priced([], None, Counter())
     for index, plan in group:
         try:
@@ -118,28 +123,49 @@ def _price(state: tuple[Any, Hardware, int, str], group: list[tuple[int, Plan]])
 
 
 def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node: int | None = None,
-           optimizer: str = "adamw", top: int = 10) -> SearchResult:
+           optimizer: str = "adamw", top: int = 10, workers: Workers | None = None,
+           building: dict[int, Future[Any]] | None = None) -> SearchResult:
     """Price every candidate for `gpus` devices of `gpu_memory` bytes; the ones that fit, fastest first.
 
     Candidates are priced in groups that share a table (one tp degree and precision), each group on a
-    core of its own where the machine has several (parallel.py): a group's cached cuts and stage
-    prices serve only its own plans."""
+    core of its own where the machine has several (parallel.py), sent with its table alone.
+    `building`: tp degree -> its tables still being built on `workers` (plan_model); a degree's groups
+    are priced as soon as its tables are there."""
     start = time.perf_counter()
     per_node = gpus_per_node or hw.gpus_per_node
+    building = dict(building or {})
     left_out: Counter[str] = Counter()
     groups: dict[tuple[int, bool], list[tuple[int, Plan]]] = {}
     plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out))
     for index, plan in enumerate(plans):
         groups.setdefault((plan.tp, plan.autocast is not None), []).append((index, plan))
+    for tp, low in groups:  # tables no plan has needed yet, built here first
+        if tp not in building and (tp, low) not in profile.variants:
+            profile.add(build_all_tables(profile.source, (tp,)))
     budget = int(gpu_memory * USABLE_FRACTION)
     fitting: list[tuple[int, Estimate]] = []
     closest: tuple[int, Estimate] | None = None
-    for priced in fork_map(_price, (profile, hw, budget, optimizer), list(groups.values())):
-        fitting += priced.fitting
-        left_out.update(priced.left_out)
-        if priced.closest is not None and (closest is None or (priced.closest[1].memory["total"], priced.closest[0])
-                                           < (closest[1].memory["total"], closest[0])):
-            closest = priced.closest
+    with contextlib.ExitStack() as stack:
+        if workers is None:
+            workers = stack.enter_context(Workers(None, len(groups)))
+
+        def price(tp: int) -> list[Future[_Priced]]:
+            return [workers.submit(_price, (profile.only(tp, low), hw, budget, optimizer, group))
+                    for (t, low), group in groups.items() if t == tp]
+
+        pricing = [f for tp in sorted({t for t, _ in groups} - set(building)) for f in price(tp)]
+        by_future = {f: tp for tp, f in building.items()}
+        for done in as_completed(by_future):
+            tp = by_future[done]
+            profile.add({tp: done.result()})
+            pricing += price(tp) if any(t == tp for t, _ in groups) else []
+        for future in pricing:
+            priced = future.result()
+            fitting += priced.fitting
+            left_out.update(priced.left_out)
+            if priced.closest is not None and (closest is None or (priced.closest[1].memory["total"], priced.closest[0])
+                                               < (closest[1].memory["total"], closest[0])):
+                closest = priced.closest
     # candidate order breaks ties, so the answer does not depend on which core priced what
     fitting.sort(key=lambda p: (p[1].step_seconds, p[1].memory["total"], p[1].plan.autocast == "fp16", p[0]))
     found = [est for _, est in fitting]
