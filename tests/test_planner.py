@@ -9,18 +9,22 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from graphsplit import Plan
 from graphsplit.analysis.memory import saved_bytes
 from graphsplit.compile import compile_loaded
 from graphsplit.errors import GraphsplitError
+from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
 from graphsplit.planner import fold as fold_module
 from graphsplit.planner import load_hardware, plan_model
+from graphsplit.planner import profile as profile_module
+from graphsplit.planner import replicas as replicas_module
 from graphsplit.planner import stages as stages_module
 from graphsplit.planner import tile as tile_module
 from graphsplit.planner.estimate import estimate
-from graphsplit.planner.profile import profile_model
+from graphsplit.planner.profile import profile_model, start_profile
 from graphsplit.planner.schedules import bubble_fraction, in_flight_chunks
 from graphsplit.planner.search import search
 from graphsplit.planner.stages import plan_stages
@@ -146,8 +150,10 @@ def _same_tables(a, b) -> None:
     for name in ("blocks", "block_inputs", "params", "param_bytes", "param_shapes", "collectives", "output", "period"):
         assert getattr(a, name) == getattr(b, name), name
 
-    def kept(t):
-        return [[(t.storage_keys[i], int(t.storage[0][i]), int(t.storage[1][i])) for i in row] for row in t.kept]
+    def kept(t):  # storages keyed by the node that made them: named by first appearance (traces name nodes apart)
+        names: dict[str, int] = {}
+        return [[((names.setdefault(t.storage_keys[i][0], len(names)), *t.storage_keys[i][1:]),
+                  int(t.storage[0][i]), int(t.storage[1][i])) for i in row] for row in t.kept]
 
     def reads(t):
         ids: dict[int, int] = {}
@@ -166,6 +172,69 @@ def test_a_tiled_profile_equals_measuring_every_copy(deep, monkeypatch):
     for key in ((1, False), (1, True), (2, False), (2, True)):
         assert tiled.variants[key].n == whole.variants[key].n > 0
         _same_tables(tiled.variants[key], whole.variants[key])
+
+
+def test_blocks_alike_the_second_are_traced_as_one_call_and_give_the_same_tables(deep, monkeypatch):
+    """Blocks 3..10 of the deep Llama are alike block 2 in everything tracing sees (replicas.py): the
+    planner traces them as one call each and stands block 2 in for them; every table equals the one
+    from tracing every block."""
+    loaded, alike_profile = deep
+    blocks, alike = replicas_module.alike_blocks(loaded.build("meta"))
+    assert blocks[0] == "layers.0" and len(blocks) == 10 and alike == frozenset(blocks[2:])
+    monkeypatch.setattr(profile_module, "alike_blocks", lambda model: (replicas_module.alike_blocks(model)[0], frozenset()))
+    whole = profile_model(loaded, (2,))
+    for key in ((1, False), (1, True), (2, False), (2, True)):
+        _same_tables(alike_profile.variants[key], whole.variants[key])
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.scale = scale
+
+    def forward(self, x, mask):
+        return x + self.lin(x) * mask * self.scale
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, scales=(1.0,) * 6) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block(s) for s in scales)
+        self.register_buffer("masks", torch.ones(2, 8))
+
+    def forward(self, x):
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.masks[i % 2])  # blocks 0, 2, 4 read one mask, 1, 3, 5 the other
+        return x
+
+
+def test_blocks_that_differ_or_run_hooks_are_not_alike():
+    assert replicas_module.alike_blocks(_Stack())[1] == frozenset({"blocks.2", "blocks.3", "blocks.4", "blocks.5"})
+    assert replicas_module.alike_blocks(_Stack((1.0, 1.0, 1.0, 2.0, 1.0, 1.0)))[1] == frozenset()
+    hooked = _Stack()
+    hooked.blocks[4].register_forward_hook(lambda *a: None)
+    assert replicas_module.alike_blocks(hooked)[1] == frozenset()
+
+
+def test_alike_blocks_called_differently_are_traced_through(tmp_path):
+    """Blocks alike in their attributes but given different values (here every other block another
+    mask) are not the same ops: the trace with them as single calls does not fold, so the model is
+    traced through, as a whole trace would see it."""
+    model = _Stack()
+    blocks, alike = replicas_module.alike_blocks(model)
+    args = (torch.randn(2, 8),)
+    traced = trace_model(model, args, {}, leaves=alike, watch=frozenset(blocks[:2]))
+    assert any(n.op == "call_module" and n.target == "blocks.5" for n in traced.gm.graph.nodes)
+    assert fold_module.fold(traced.gm, traced.calls, alike) is None
+    whole = trace_model(model, args, {})
+    assert fold_module.fold(whole.gm) is None  # the whole trace sees the alternating masks too
+    file = tmp_path / "stack.py"
+    file.write_text("import torch\nfrom tests.test_planner import _Stack\n\n"
+                    "def build_model():\n    return _Stack()\n\n"
+                    "def example_inputs():\n    return (torch.randn(4, 8),)\n")
+    profile = start_profile(load_model(str(file)))
+    assert not any(n.op == "call_module" and n.target in alike for n in profile.source.base.graph.nodes)
 
 
 def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier(deep):

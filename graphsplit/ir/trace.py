@@ -63,6 +63,9 @@ class Traced:
     input_names: list[str]
     out_spec: pytree.TreeSpec
     _flatten: Any = field(repr=False)
+    # the calls of the modules `trace_model(..., watch=)` named: name -> (args, kwargs, output), proxies
+    # as their nodes (fx only; the planner's fold reads how its blocks were called)
+    calls: dict[str, tuple[Any, Any, Any]] = field(default_factory=dict, repr=False)
 
     def flatten_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
         return tuple(self._flatten(args, kwargs))
@@ -83,11 +86,15 @@ def trace_model(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     source: Path | None = None,
+    leaves: frozenset[str] = frozenset(),
+    watch: frozenset[str] = frozenset(),
 ) -> Traced:
-    """Trace `model` called as `model(*args, **kwargs)`."""
+    """Trace `model` called as `model(*args, **kwargs)`. `leaves`: submodules (qualified names) kept
+    as one call_module node each, not traced through (fx only); `watch`: submodules whose calls are
+    recorded in `Traced.calls`."""
     try:
         with training_grad_mode():
-            return _trace_fx(model, args, kwargs)
+            return _trace_fx(model, args, kwargs, leaves, watch)
     except GraphsplitError:
         raise
     except Exception as fx_exc:  # any tracer failure: try the other tracer
@@ -188,7 +195,8 @@ def fill_leaves(kinds: list[tuple[str, Any]], values: Any) -> list[Any]:
     return [values[v] if kind == "tensor" else v for kind, v in kinds]
 
 
-def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
+def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset()) -> Traced:
     sig = inspect.signature(model.forward)
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
         raise TypeError("forward takes *args/**kwargs")
@@ -199,7 +207,8 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     for k, v in concrete.items():
         if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v):
             raise TypeError(f"input {k!r} is a container of tensors")
-    graph = _Tracer().trace(model, concrete_args=concrete or None)
+    tracer = _Tracer(leaves, watch)
+    graph = tracer.trace(model, concrete_args=concrete or None)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
     spec = _flat_output(graph)
     # Python code is generated on the first call, not here: the planner reads the graph of a deep
@@ -214,12 +223,30 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         b.apply_defaults()
         return [b.arguments[k] for k in tensor_names]
 
-    return Traced(gm, "fx", list(tensor_names), spec, flatten)
+    return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls)
+
+
+def _as_nodes(value: Any) -> Any:
+    return pytree.tree_map_only(fx.Proxy, lambda p: p.node, value)
 
 
 class _Tracer(fx.Tracer):
     # Buffers become graph values, so `self.rope_cos[:T]` with a traced T is traceable.
     proxy_buffer_attributes = True
+
+    def __init__(self, leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.leaves = leaves
+        self.watch = watch
+        self.calls: dict[str, tuple[Any, Any, Any]] = {}
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        out = super().call_module(m, forward, args, kwargs)
+        if self.watch:
+            name = self.path_of_module(m)
+            if name in self.watch:
+                self.calls[name] = (_as_nodes(args), _as_nodes(kwargs), _as_nodes(out))
+        return out
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return GradModeProxy(node, self)
@@ -262,6 +289,8 @@ class _Tracer(fx.Tracer):
         return node
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.leaves:
+            return True
         # A leaf module's parameters are not graph values, so no pass could keep a no_grad
         # region from training them: trace through such modules there (their parameters
         # become get_attr nodes). Frozen or parameter-free modules stay leaves.

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.utils._pytree import tree_flatten
 
 from ..ir.meta import block_of, info, module_path
 
@@ -99,9 +100,45 @@ def _signature(ops: list[fx.Node], block: str, previous: set[fx.Node], shared: s
     return out
 
 
-def find_fold(gm: fx.GraphModule) -> tuple[Fold, list[fx.Node], list[fx.Node], list[list[fx.Node]], list[fx.Node]] | None:
+def _stands_in(leaf: list[fx.Node], previous: fx.Node, second: tuple[Any, Any, fx.Node], first_out: fx.Node,
+               in_head: set[fx.Node], alike: frozenset[str]) -> bool:
+    """Whether `leaf` is one call of a block traced as a leaf (replicas.py: alike the second block)
+    called as the second block was: its stream argument the block before's output where the second
+    block's was the first block's, every other argument the same head value or constant."""
+    if len(leaf) != 1 or leaf[0].op != "call_module" or str(leaf[0].target) not in alike:
+        return False
+    args, kwargs, _ = second
+    # the node's containers are fx's immutable ones: the call's, made alike
+    want, spec = tree_flatten(fx.node.map_aggregate((args, kwargs), lambda a: a))
+    got, got_spec = tree_flatten(fx.node.map_aggregate((leaf[0].args, leaf[0].kwargs), lambda a: a))
+    if spec != got_spec:
+        return False
+    for w, g in zip(want, got):
+        if w is first_out:
+            if g is not previous:
+                return False
+        elif isinstance(w, fx.Node):
+            if w is not g or w not in in_head:
+                return False
+        elif type(w) is not type(g) or w != g:
+            return False
+    return True
+
+
+def _reads_only_its_call(ops: list[fx.Node], call: tuple[Any, Any, Any], in_head: set[fx.Node]) -> bool:
+    """The second block's ops read nothing from outside it but its arguments and the head's values
+    (what its stand-ins are checked against)."""
+    args = {a for a in tree_flatten((call[0], call[1]))[0] if isinstance(a, fx.Node)}
+    mine = set(ops)
+    return all(a in mine or a in args or a in in_head for op in ops for a in op.all_input_nodes)
+
+
+def find_fold(gm: fx.GraphModule, calls: dict[str, tuple[Any, Any, Any]] | None = None,
+              alike: frozenset[str] = frozenset()
+              ) -> tuple[Fold, list[fx.Node], list[fx.Node], list[list[fx.Node]], list[fx.Node]] | None:
     """The longest run of identical repeated blocks: (fold, head ops, tail ops, blocks' ops, all ops),
-    or None when the model has no run of MIN_BLOCKS exact repeats."""
+    or None when the model has no run of MIN_BLOCKS exact repeats. `alike`: blocks traced as one
+    call each (replicas.py), `calls`: how the first two blocks were called (Traced.calls)."""
     ops = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
     runs = _segments(ops)
     best: tuple[int, int] | None = None  # (first run index, number of runs)
@@ -127,8 +164,18 @@ def find_fold(gm: fx.GraphModule) -> tuple[Fold, list[fx.Node], list[fx.Node], l
     tail = [op for r in runs[first + count:] for op in r[1]]
     in_head = set(head) | {n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")}
     reference = _signature(blocks[1], names[1], set(blocks[0]), in_head)
+    calls = calls or {}
+    second, first = calls.get(names[1]), calls.get(names[0])
+    outputs = {names[0]: first[2] if first else None, names[1]: second[2] if second else None}
     for k in range(2, count):
-        if _signature(blocks[k], names[k], set(blocks[k - 1]), in_head) != reference:
+        if names[k] in alike:
+            previous = outputs.get(names[k - 1])
+            if second is None or not isinstance(previous, fx.Node) or not isinstance(outputs[names[0]], fx.Node) \
+                    or not _reads_only_its_call(blocks[1], second, in_head) \
+                    or not _stands_in(blocks[k], previous, second, outputs[names[0]], in_head, alike):
+                return None
+            outputs[names[k]] = blocks[k][0]
+        elif _signature(blocks[k], names[k], set(blocks[k - 1]), in_head) != reference:
             return None
     # the tail and the head may read only the last block (and never an earlier one)
     earlier = {op for b in blocks[:-1] for op in b}
@@ -137,15 +184,19 @@ def find_fold(gm: fx.GraphModule) -> tuple[Fold, list[fx.Node], list[fx.Node], l
     return Fold(names), head, tail, blocks, ops
 
 
-def fold(gm: fx.GraphModule) -> tuple[fx.GraphModule, Fold] | None:
+def fold(gm: fx.GraphModule, calls: dict[str, tuple[Any, Any, Any]] | None = None,
+         alike: frozenset[str] = frozenset()) -> tuple[fx.GraphModule, Fold] | None:
     """A GraphModule with the head, the first two blocks and the tail (the tail reading the second
-    block where it read the last), or None when nothing folds."""
-    found = find_fold(gm)
+    block where it read the last), or None when nothing folds. `calls`, `alike`: as find_fold's."""
+    found = find_fold(gm, calls, alike)
     if found is None:
         return None
     info_, head, tail, blocks, _ = found
     keep = set(head) | set(blocks[0]) | set(blocks[1]) | set(tail)
-    last_to_second = dict(zip(blocks[-1], blocks[1]))
+    if info_.blocks[-1] in alike:  # one call: the second block's output stands for it
+        last_to_second = {blocks[-1][0]: calls[info_.blocks[1]][2]}  # type: ignore[index]
+    else:
+        last_to_second = dict(zip(blocks[-1], blocks[1]))
     dropped = tuple(name + "." for name in info_.blocks[2:])
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}

@@ -41,6 +41,7 @@ from ..runtime.microbatch import split_microbatches
 from .fold import Fold, fold
 from .measure import measure, node_params, out_bytes
 from .parallel import fork_map
+from .replicas import alike_blocks
 from .table import OpTable
 from .tile import expand, short_fold
 
@@ -287,7 +288,14 @@ def start_profile(loaded: LoadedModel, fused_attention: bool = False) -> ModelPr
     `fused_attention`: price attention's memory as a GPU runs it."""
     model = loaded.build("meta")
     check_call(model, loaded.args, loaded.kwargs, loaded.path)
-    traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path)
+    blocks, alike = alike_blocks(model)
+    # blocks alike the second are traced as one call each, and fold stands the second in for them
+    traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, leaves=alike,
+                         watch=frozenset(blocks[:2]) if alike else frozenset())
+    found = fold(traced.gm, traced.calls, alike)
+    if found is None and alike:  # they were not called alike: the whole model, traced through
+        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path)
+        found = fold(traced.gm)
     flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
     batch = flat_batch(flat)
     losses: tuple[LossInput | None, LossInput | None] = (None, None)
@@ -296,7 +304,6 @@ def start_profile(loaded: LoadedModel, fused_attention: bool = False) -> ModelPr
         two, four = (torch.utils._pytree.tree_map_only(torch.Tensor, lambda t, k=k: torch.cat([t] * k), one)
                      for k in (2, 4))
         losses = (LossInput(loaded.loss_fn, two, traced.out_spec), LossInput(loaded.loss_fn, four, traced.out_spec))
-    found = fold(traced.gm)
     base, fold_ = found if found is not None else (traced.gm, None)
     source = _Source(base, fold_, (_inputs_of(flat, 2), _inputs_of(flat, 4)), losses, fused_attention)
     annotate(base, source.inputs[0])
