@@ -417,3 +417,15 @@ def export_weights(checkpoint: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def console() -> None:
+    """The `graphsplit` console command: `main`, then the process ends without the collector walking
+    every object the command made on its way out (a deep model's planner leaves millions: a second of
+    the command's time). In-process callers (tests, scripts) use `main`."""
+    import gc
+
+    try:
+        main()
+    finally:
+        gc.freeze()
