@@ -34,8 +34,8 @@ import importlib.util
 import io
 import os
 import pstats
-import socket
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -46,6 +46,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tp_step import free_port  # noqa: E402
 
 PP = 2
 SCHEDULE_CLASSES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
@@ -196,12 +199,6 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
         print("\n".join(lines))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

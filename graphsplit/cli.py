@@ -415,10 +415,6 @@ def export_weights(checkpoint: Path, out: Path) -> None:
     click.echo(f"wrote {out}: {len(names)} tensors from {source}")
 
 
-if __name__ == "__main__":
-    main()
-
-
 def console() -> None:
     """The `graphsplit` console command: `main`, then the process ends without the collector walking
     every object the command made on its way out (a deep model's planner leaves millions: a second of
@@ -429,3 +425,8 @@ def console() -> None:
         main()
     finally:
         gc.freeze()
+
+
+if __name__ == "__main__":
+    main()
+

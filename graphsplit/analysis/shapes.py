@@ -170,6 +170,4 @@ def meta_copy(
         warnings.simplefilter("ignore", FutureWarning)
         copied = copy.deepcopy(gm, memo)
     graph.owning_module = gm  # the copy's construction claimed it; gm's passes look modules up through it
-    for node in graph.nodes:
-        info(node)  # every node annotated in place (the copy's nodes are gm's)
-    return copied
+    return copied  # what runs on it is annotated in gm's own nodes

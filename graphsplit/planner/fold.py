@@ -100,12 +100,12 @@ def _signature(ops: list[fx.Node], block: str, previous: set[fx.Node], shared: s
     return out
 
 
-def _stands_in(leaf: list[fx.Node], previous: fx.Node, second: tuple[Any, Any, fx.Node], first_out: fx.Node,
-               in_head: set[fx.Node], alike: frozenset[str]) -> bool:
+def _stands_in(leaf: list[fx.Node], previous: Any, second: tuple[Any, Any, fx.Node], first_out: fx.Node,
+               in_head: set[fx.Node]) -> bool:
     """Whether `leaf` is one call of a block traced as a leaf (replicas.py: alike the second block)
     called as the second block was: its stream argument the block before's output where the second
     block's was the first block's, every other argument the same head value or constant."""
-    if len(leaf) != 1 or leaf[0].op != "call_module" or str(leaf[0].target) not in alike:
+    if len(leaf) != 1 or leaf[0].op != "call_module" or not isinstance(previous, fx.Node):
         return False
     args, kwargs, _ = second
     # the node's containers are fx's immutable ones: the call's, made alike
@@ -167,12 +167,13 @@ def find_fold(gm: fx.GraphModule, calls: dict[str, tuple[Any, Any, Any]] | None 
     calls = calls or {}
     second, first = calls.get(names[1]), calls.get(names[0])
     outputs = {names[0]: first[2] if first else None, names[1]: second[2] if second else None}
+    # blocks traced as one call stand in only for a second block that returns one value and reads
+    # nothing but its arguments and the head's values
+    template = second is not None and isinstance(outputs[names[0]], fx.Node) \
+        and isinstance(outputs[names[1]], fx.Node) and _reads_only_its_call(blocks[1], second, in_head)
     for k in range(2, count):
         if names[k] in alike:
-            previous = outputs.get(names[k - 1])
-            if second is None or not isinstance(previous, fx.Node) or not isinstance(outputs[names[0]], fx.Node) \
-                    or not _reads_only_its_call(blocks[1], second, in_head) \
-                    or not _stands_in(blocks[k], previous, second, outputs[names[0]], in_head, alike):
+            if not template or not _stands_in(blocks[k], outputs.get(names[k - 1]), second, outputs[names[0]], in_head):
                 return None
             outputs[names[k]] = blocks[k][0]
         elif _signature(blocks[k], names[k], set(blocks[k - 1]), in_head) != reference:

@@ -139,9 +139,9 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
     plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out))
     for index, plan in enumerate(plans):
         groups.setdefault((plan.tp, plan.autocast is not None), []).append((index, plan))
-    for tp, low in groups:  # tables no plan has needed yet, built here first
-        if tp not in building and (tp, low) not in profile.variants:
-            profile.add(build_all_tables(profile.source, (tp,)))
+    missing = sorted({tp for tp, low in groups if tp not in building and (tp, low) not in profile.variants})
+    if missing:  # tables no plan has needed yet, built here first
+        profile.add(build_all_tables(profile.source, missing))
     budget = int(gpu_memory * USABLE_FRACTION)
     fitting: list[tuple[int, Estimate]] = []
     closest: tuple[int, Estimate] | None = None
