@@ -65,6 +65,9 @@ def test_killed_rank_is_named_before_the_ranks_that_lost_contact():
     exc = explain_failure([lost], TORCHRUN_REPORT, world=2)
     assert str(exc).startswith("rank 1 died during step 3: killed by SIGKILL"), str(exc)
     assert exc.exit_code == EXIT_RUN_FAILED
+    # the killed rank's own progress file says where it was, whether or not another rank wrote a record
+    assert str(explain_failure([], TORCHRUN_REPORT, world=2, progress={0: "during step 5", 1: "during step 4"})
+               ).startswith("rank 1 died during step 4: killed by SIGKILL")
 
 
 def test_a_rank_own_error_comes_first_with_its_traceback():

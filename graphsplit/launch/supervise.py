@@ -104,6 +104,14 @@ class RankReporter:
             self.folder.mkdir(parents=True, exist_ok=True)
             write_file_atomically(self.folder / f"rank{self.rank}.pid", str(os.getpid()))
 
+    def at(self, where: str) -> None:
+        """What this rank is doing now ("during step 3"), kept in memory for its own record and in a file
+        (rank<r>.where) for the launcher: a rank killed outright (SIGKILL) writes nothing, and the
+        ranks that lose contact with it may be stopped before their records are written."""
+        self.where = where
+        if self.folder is not None:
+            write_file_atomically(self.folder / f"rank{self.rank}.where", where)
+
     def join_diagnosis_group(self) -> None:
         """Every rank, right after init_process_group: a gloo group of its own, so the diagnosis barrier
         works whatever state a failed collective left the training groups in (and under nccl). Made with
@@ -244,7 +252,8 @@ def supervise(cmd: list[str], env: dict[str, str], world: int, run_dir: Path, ti
                               f"ranks were stopped; raise --timeout if the run needs longer", exit_code=EXIT_TIMEOUT)
     if stopped is None and proc.returncode == 0:
         return
-    raise explain_failure(_records(run_dir), log.read_text(errors="replace"), world, collective_timeout_s)
+    raise explain_failure(_records(run_dir), log.read_text(errors="replace"), world, collective_timeout_s,
+                          _progress(run_dir))
 
 
 def stop_all(proc: subprocess.Popen, run_dir: Path) -> int:
@@ -325,6 +334,15 @@ def _worker_pids(run_dir: Path) -> list[int]:
     return pids
 
 
+def _progress(run_dir: Path) -> dict[int, str]:
+    """rank -> what it was last doing (RankReporter.at)."""
+    out = {}
+    for path in (run_dir / RANKS_DIR).glob("rank*.where"):
+        with contextlib.suppress(OSError, ValueError):
+            out[int(path.stem.removeprefix("rank"))] = path.read_text()
+    return out
+
+
 def _records(run_dir: Path) -> list[RankRecord]:
     out = []
     for path in sorted((run_dir / RANKS_DIR).glob("rank*.json")):
@@ -350,8 +368,10 @@ def _signal_name(code: int) -> str:
 
 
 def explain_failure(records: list[RankRecord], log_text: str, world: int,
-                    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> GraphsplitError:
-    """One line for a failed run, most telling cause first:
+                    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+                    progress: dict[int, str] | None = None) -> GraphsplitError:
+    """One line for a failed run, most telling cause first (`progress`: rank -> what it was doing,
+    for a rank that wrote no record):
 
     1. a rank's own error (a GraphsplitError as it is; any other exception with its rank and step);
     2. a rank killed by a signal other than the SIGTERM that stops the rest (SIGKILL: the kernel's
@@ -374,6 +394,8 @@ def explain_failure(records: list[RankRecord], log_text: str, world: int,
     if killed:
         rank, code = sorted(killed.items())[0]
         hint = " (the kernel's out-of-memory killer sends it, or it was killed by hand)" if -code == signal.SIGKILL else ""
+        if progress and rank in progress:  # what the killed rank itself was doing
+            where = f" {progress[rank]}"
         return GraphsplitError(f"rank {rank} died{where}: killed by {_signal_name(code)}{hint}; "
                                f"the other ranks were stopped", exit_code=EXIT_RUN_FAILED)
     missing = sorted({r for rec in records for r in rec.unresponsive})

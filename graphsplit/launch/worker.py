@@ -151,7 +151,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
 
     def save(step: int) -> None:
         """Checkpoint `step-<step>` in the --save folder; every rank takes part."""
-        reporter.where = f"while saving step {step}"
+        reporter.at(f"while saving step {step}")
         # every rank writes its blocks: the slowest writer may take long, so set-up's timeout again
         set_collective_timeout(pipe.process_groups(), spec.timeout_s)
         record["data"] = {"train_batches": position + step - done} if spec.train_data else {}
@@ -161,7 +161,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
             print(f"saved step {step} to {folder}", flush=True)
 
     for step in range(done + 1, last + 1):
-        reporter.where = f"during step {step}"
+        reporter.at(f"during step {step}")
         inputs, target = next(batches)
         started = time.perf_counter()
         loss, output = pipe.step(inputs, target)
@@ -182,7 +182,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
             skipped.append(step)
         evaluated = None
         if spec.eval_every and step % spec.eval_every == 0:
-            reporter.where = f"while evaluating after step {step}"
+            reporter.at(f"while evaluating after step {step}")
             evaluated = _evaluate(loaded, program, pipe, rank.dp_rank, rank.device)
             if evaluated is not None:
                 eval_losses[step] = evaluated
