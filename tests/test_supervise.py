@@ -98,8 +98,11 @@ class Run:
 
     def __init__(self, *args: str) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # SIGINT at its default: a suite started in the background or under nohup hands its children
+        # SIGINT ignored, and Python then installs no KeyboardInterrupt handler (Ctrl-C would do nothing)
         self.proc = subprocess.Popen([sys.executable, "-m", "graphsplit", "run", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
+                                     stderr=subprocess.PIPE, text=True, env=env,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
