@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import time
@@ -203,17 +202,22 @@ def test_inspect_open_without_a_report_fails_in_one_line(gpt_pp4, tmp_path):
 # --- the page in a real browser --------------------------------------------------------
 
 
-def _chromium() -> str | None:
-    for candidate in (os.environ.get("GRAPHSPLIT_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
-        found = candidate and shutil.which(candidate)
-        if found:
-            return found
-    return None
+def _load_pictures():
+    """docs/pictures.py, which makes README's picture (and finds Chromium as these tests do)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pictures", EXAMPLES.parent / "docs" / "pictures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pictures = _load_pictures()
 
 
 @pytest.fixture(scope="module")
 def browser():
-    binary = _chromium()
+    binary = pictures.chromium()
     if binary is None:
         pytest.skip("no Chromium binary (install Debian's chromium, or set GRAPHSPLIT_CHROMIUM)")
     from playwright.sync_api import sync_playwright
@@ -457,3 +461,16 @@ def test_page_training_tab(browser, gpt_trained, gpt_pp4):
     assert p.locator("#training-tab svg.chart").count() == 4 and p.locator("#training-tab").is_visible()
     assert "3 steps (1 to 3)" in p.locator("#training-tab").inner_text()
     page.close()
+
+
+def test_readme_picture_is_made_by_its_script(browser, llama_tp, tmp_path):
+    # docs/pictures.py makes README's picture from the same transform as llama_tp; here it runs on
+    # that report and must give a PNG of its viewport (the committed one is this script's output)
+    import struct
+
+    png = pictures.screenshot(browser, llama_tp / "report.html", tmp_path / "report.png")
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", head[16:24]) == (pictures.VIEWPORT["width"], pictures.VIEWPORT["height"])
+    committed = pictures.PICTURE.read_bytes()[:24]
+    assert struct.unpack(">II", committed[16:24]) == (pictures.VIEWPORT["width"], pictures.VIEWPORT["height"])
