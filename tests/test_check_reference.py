@@ -164,3 +164,15 @@ def test_the_real_check_runs_dropout_off_on_the_ranks_and_says_so():
                        echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any(line.startswith("  note: dropout in drop, drop2") for line in lines), lines
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sync_bn_with_one_micro_batch_per_replica_equals_the_whole_batch():
+    lines: list[str] = []
+    plan = Plan(dp=2, sync_bn=True, microbatches=1)
+    cmp = run_training(str(EXAMPLES / "resnet.py"), plan, RunOptions(steps=2, check=True, timeout_s=240),
+                       echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    assert any("on the whole global batch (one forward, one backward)" in line for line in lines), lines
+    assert not any("note:" in line for line in lines), lines
