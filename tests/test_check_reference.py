@@ -176,3 +176,37 @@ def test_sync_bn_with_one_micro_batch_per_replica_equals_the_whole_batch():
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("on the whole global batch (one forward, one backward)" in line for line in lines), lines
     assert not any("note:" in line for line in lines), lines
+
+
+class _Leaves(nn.Module):
+    """torch.nn's own layers are fx leaves: their dropouts are inside the call_module."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1)
+        self.attn = nn.MultiheadAttention(8, 2, dropout=0.2)
+        self.quiet = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
+
+    def forward(self, x):
+        x = self.layer(x)
+        return self.quiet(self.attn(x, x, x)[0] + F.scaled_dot_product_attention(x, x, x, dropout_p=0.1))
+
+
+def test_dropout_inside_torch_layers_and_attention_is_found_and_switched_off():
+    model = _Leaves()
+    gm = fx.symbolic_trace(model)
+    ops = find_random_ops(gm)
+    assert ops.dropouts == ("layer", "attn", "the model (scaled_dot_product_attention)") and ops.draws == ()
+    quiet = _Leaves()
+    for m in quiet.modules():  # the same model with every dropout at 0
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        if isinstance(m, nn.MultiheadAttention):
+            m.dropout = 0.0
+    quiet.load_state_dict(model.state_dict())
+    x = torch.randn(5, 2, 8)
+    with no_dropout():
+        got = model(x)
+    want = quiet.layer(x)
+    want = quiet.quiet(quiet.attn(want, want, want)[0] + F.scaled_dot_product_attention(want, want, want))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -321,19 +321,28 @@ def _dropout_active(node: fx.Node) -> bool:
     return not (isinstance(p, (int, float)) and p == 0) and training is not False
 
 
+def _module_randomness(mod: nn.Module) -> Randomness | None:
+    if not mod.training:
+        return None
+    if isinstance(mod, nn.modules.dropout._DropoutNd):
+        return Randomness.DROPOUT if mod.p > 0 else None
+    if isinstance(mod, nn.MultiheadAttention):  # dropout on the attention weights
+        return Randomness.DROPOUT if mod.dropout > 0 else None
+    return Randomness.DRAW if isinstance(mod, nn.RReLU) else None
+
+
 def randomness(node: fx.Node, gm: fx.GraphModule) -> Randomness | None:
     """Whether `node` draws random numbers, and how (None: it does not), whatever its spelling:
-    nn.Dropout and its kin as modules, F.dropout / torch.dropout / aten.native_dropout, and the
-    draws (torch.rand, x.bernoulli_(), aten.randperm, ...)."""
-    if node.op == "call_module":
-        mod = gm.get_submodule(str(node.target))
-        if isinstance(mod, nn.modules.dropout._DropoutNd):
-            return Randomness.DROPOUT if mod.training and mod.p > 0 else None
-        if isinstance(mod, nn.RReLU):
-            return Randomness.DRAW if mod.training else None
-        return None
+    nn.Dropout and its kin as modules, F.dropout / torch.dropout / aten.native_dropout, attention's
+    dropout (nn.MultiheadAttention, scaled_dot_product_attention's dropout_p), and the draws (torch.rand, x.bernoulli_(), aten.randperm, ...)."""
+    if node.op == "call_module":  # a leaf (nn.TransformerEncoderLayer) draws what its parts draw
+        found = {_module_randomness(m) for m in gm.get_submodule(str(node.target)).modules()} - {None}
+        return Randomness.DRAW if Randomness.DRAW in found else found.pop() if found else None
     if node.op not in ("call_function", "call_method"):
         return None
+    if classify(node, gm) == OpKind.ATTENTION:  # sdpa's dropout_p applies whatever the mode
+        p = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0)
+        return None if isinstance(p, (int, float)) and p == 0 else Randomness.DROPOUT
     name = op_name(node)
     bare = name.rstrip("_") if name not in _UNDERSCORED else name
     if bare in _DROPOUT_NAMES:

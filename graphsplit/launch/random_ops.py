@@ -90,24 +90,32 @@ def seeded(seed: int) -> Iterator[None]:
         yield
 
 
-# every spelling of dropout that reaches torch's function layer; p is the second argument of each
-_DROPOUTS = frozenset({
-    F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
-    torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout,
-    *(getattr(packet, o) for packet in (aten.dropout, aten.native_dropout, aten.feature_dropout,
-                                         aten.alpha_dropout, aten.feature_alpha_dropout)
-      for o in packet.overloads()),
-})
+def _overloads(*packets: Any) -> list[Any]:
+    return [getattr(p, o) for p in packets for o in p.overloads()]
+
+
+# every function that reaches torch's function layer with a dropout probability: (its name, its
+# position). The mode sees the outermost call only (inside its handler it is off), so
+# multi_head_attention_forward is caught itself, not the dropout it calls.
+_PROBABILITY: dict[Any, tuple[str, int]] = {
+    **dict.fromkeys([F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+                     torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout,
+                     *_overloads(aten.dropout, aten.native_dropout, aten.feature_dropout, aten.alpha_dropout,
+                                 aten.feature_alpha_dropout)], ("p", 1)),
+    **dict.fromkeys([F.scaled_dot_product_attention, *_overloads(aten.scaled_dot_product_attention)], ("dropout_p", 4)),
+    F.multi_head_attention_forward: ("dropout_p", 10),
+}
 
 
 class _NoDropout(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
-        if func in _DROPOUTS:
-            if "p" in kwargs or len(args) < 2:
-                kwargs["p"] = 0.0
+        if func in _PROBABILITY:
+            name, index = _PROBABILITY[func]
+            if name in kwargs or len(args) <= index:
+                kwargs[name] = 0.0
             else:
-                args = (args[0], 0.0, *args[2:])
+                args = (*args[:index], 0.0, *args[index + 1:])
         return func(*args, **kwargs)
 
 
