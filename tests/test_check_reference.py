@@ -210,3 +210,14 @@ def test_dropout_inside_torch_layers_and_attention_is_found_and_switched_off():
     want = quiet.layer(x)
     want = quiet.quiet(quiet.attn(want, want, want)[0] + F.scaled_dot_product_attention(want, want, want))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_real_check_draws_what_the_reference_draws_in_one_piece():
+    torch.rand(33)  # the launcher's stream is elsewhere: the rank and the reference start from the plan's seed
+    lines: list[str] = []
+    cmp = run_training(str(MODELS / "label_drop.py"), Plan(), RunOptions(steps=3, check=True, timeout_s=240),
+                       echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    assert any("drawn from the same seeded stream" in line for line in lines), lines
