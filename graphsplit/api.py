@@ -44,7 +44,7 @@ def transform(
         from .report.artifacts import require_out_dir
 
         require_out_dir(Path(out_dir))
-    loaded = load_model(model) if isinstance(model, str) else model
+    loaded = load_model(model, plan.seed) if isinstance(model, str) else model
     module = loaded.build("meta")
     start = time.perf_counter()
     result = compile_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target)

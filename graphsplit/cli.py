@@ -198,7 +198,7 @@ def transform(model: str, out_dir: Path | None, as_json: bool, device_map_file: 
             from .report.device_map import check_device_map_target
 
             check_device_map_target(device_map_file, plan)
-        loaded = load_model(model)
+        loaded = load_model(model, plan.seed)
         result = do_transform(loaded, plan, out_dir)
         if device_map_file is not None:
             from .report.device_map import write_device_map

@@ -5,6 +5,11 @@ colon) and `example_inputs()` returning a tuple of positional inputs or a dict
 of keyword inputs; optionally `loss_fn(output, target)` and `example_target()`, and
 `train_data()` / `eval_data()` for `run` (runtime/data.py).
 The file's folder is importable while it loads, so sibling imports work.
+
+Loading is deterministic: the file is imported and its example_inputs() / example_target()
+called with the global RNG seeded (the plan's seed, `DEFAULT_SEED` unless told), so a file that
+draws `torch.randn(4, 8)` without a seed gives the reference and every rank the same batch. The
+caller's RNG state is restored afterwards; a file that seeds itself overrides ours.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import torch.nn as nn
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from .errors import GraphsplitError
+
+DEFAULT_SEED = 0  # Plan.seed's default: `load_model(spec)` and a rank of the default plan draw alike
 
 CONVENTION = (
     "a model file defines build_model() (or name another callable: model.py:make_gpt) "
@@ -141,8 +148,15 @@ def _call(module: ModuleType, path: Path, name: str) -> Any:
         raise GraphsplitError(f"{name}() in {path} failed: {_where(exc)}") from exc
 
 
-def load_model(spec: str) -> LoadedModel:
-    """Load `path/to/model.py[:factory]`."""
+def load_model(spec: str, seed: int = DEFAULT_SEED) -> LoadedModel:
+    """Load `path/to/model.py[:factory]`, the global RNG seeded with `seed` while the file is
+    imported and its example functions run (the caller's RNG state is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _load(spec)
+
+
+def _load(spec: str) -> LoadedModel:
     path_str, _, factory = spec.partition(":")
     factory = factory or "build_model"
     path = Path(path_str)

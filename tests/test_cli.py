@@ -93,9 +93,12 @@ def test_run_transformed_folder_with_check(tmp_path):
 
 @pytest.mark.slow
 def test_run_check_fails_loudly_on_a_mismatch():
-    r = cli("run", MODELS / "dropout.py", "--pp", "2", "--steps", "1", "--check")
+    # a seq-first transformer: graphsplit cuts dim 0, the sequence; the untouched model on the whole batch
+    # attends over every token, so the check fails (until the batch dim is found in the graph)
+    r = cli("run", MODELS / "seq_first.py", "--pp", "2", "--steps", "1", "--check")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "check FAILED" in r.stdout and "MISMATCH" in r.stdout
+    assert "on the whole global batch (one forward, one backward)" in r.stdout
+    assert "check FAILED" in r.stdout and "MISMATCH loss" in r.stdout
 
 
 def test_run_refuses_plan_flags_with_a_transformed_folder(tmp_path):

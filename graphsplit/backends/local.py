@@ -188,9 +188,11 @@ class LocalProgram:
             self.loss_graphs.append(loss_graph)
             self.comms.append(comm)
 
-    def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> list[LocalRankStep]:
+    def step(self, inputs: tuple[torch.Tensor, ...], target: Any,
+             within: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> list[LocalRankStep]:
         """One forward + backward on every tp rank and dp replica; results dp-major, tp fastest (the
-        mesh's rank order)."""
+        mesh's rank order). `within()` is entered around each rank's work, in its own thread (a
+        TorchFunctionMode is per thread: `--check`'s dropout off)."""
         dp = self.program.plan.dp
         # the replicas' shares: the batch's first, second, ... dp-th part, as `run` deals them out
         shares = split_microbatches((inputs, target), dp) if dp > 1 else [(inputs, target)]
@@ -204,7 +206,8 @@ class LocalProgram:
             for share_inputs, share_target in batches[rank]:
                 for stage in pipe.stages:
                     stage.zero_grad(set_to_none=True)
-                loss, output = pipe.step(share_inputs, share_target)
+                with within():
+                    loss, output = pipe.step(share_inputs, share_target)
                 losses.append(loss)
                 outputs.append(gather_outputs(self.program, output, self.comms[rank]))
                 grads.append({p: p.grad for stage in pipe.stages for p in stage.parameters() if p.grad is not None})

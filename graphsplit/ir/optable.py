@@ -294,3 +294,59 @@ def family(node: fx.Node, gm: fx.GraphModule) -> OpKind:
     if _is_pointwise(bare, node) or bare in ("dropout", "gelu", "silu", "relu"):
         return OpKind.POINTWISE
     return OpKind.OTHER
+
+
+# ---------------------------------------------------------------------------
+# Random ops: what draws from a random generator. A dropout can be switched off (probability 0)
+# without changing what the rest computes; any other draw (torch.rand in a module, a bernoulli
+# mask) is part of what the model computes, and two runs agree on it only if they draw alike.
+
+class Randomness(enum.Enum):
+    DROPOUT = "dropout"  # a dropout in training mode with p > 0: the identity at p = 0
+    DRAW = "draw"  # any other random draw
+
+
+_DROPOUT_NAMES = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_dropout",
+                            "feature_alpha_dropout", "native_dropout"})
+_DRAW_NAMES = frozenset({"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "bernoulli",
+                         "multinomial", "normal", "poisson", "uniform", "random", "exponential", "geometric", "cauchy",
+                         "log_normal", "rrelu", "rrelu_with_noise"})
+
+
+def _dropout_active(node: fx.Node) -> bool:
+    """A functional dropout draws unless its p is 0 or training is False (F.dropout's default
+    is training=True; what the tracer saw is a constant)."""
+    p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+    training = node.kwargs.get("training", node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True))
+    return not (isinstance(p, (int, float)) and p == 0) and training is not False
+
+
+def _module_randomness(mod: nn.Module) -> Randomness | None:
+    if not mod.training:
+        return None
+    if isinstance(mod, nn.modules.dropout._DropoutNd):
+        return Randomness.DROPOUT if mod.p > 0 else None
+    if isinstance(mod, nn.MultiheadAttention):  # dropout on the attention weights
+        return Randomness.DROPOUT if mod.dropout > 0 else None
+    return Randomness.DRAW if isinstance(mod, nn.RReLU) else None
+
+
+def randomness(node: fx.Node, gm: fx.GraphModule) -> Randomness | None:
+    """Whether `node` draws random numbers, and how (None: it does not), whatever its spelling:
+    nn.Dropout and its kin as modules, F.dropout / torch.dropout / aten.native_dropout, attention's
+    dropout (nn.MultiheadAttention, scaled_dot_product_attention's dropout_p), and the draws (torch.rand, x.bernoulli_(), aten.randperm, ...)."""
+    if node.op == "call_module":  # a leaf (nn.TransformerEncoderLayer) draws what its parts draw
+        found = {_module_randomness(m) for m in gm.get_submodule(str(node.target)).modules()} - {None}
+        return Randomness.DRAW if Randomness.DRAW in found else found.pop() if found else None
+    if node.op not in ("call_function", "call_method"):
+        return None
+    if classify(node, gm) == OpKind.ATTENTION:  # sdpa's dropout_p applies whatever the mode
+        p = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0)
+        return None if isinstance(p, (int, float)) and p == 0 else Randomness.DROPOUT
+    name = op_name(node)
+    bare = name.rstrip("_") if name not in _UNDERSCORED else name
+    if bare in _DROPOUT_NAMES:
+        return Randomness.DROPOUT if _dropout_active(node) else None
+    if bare in _DRAW_NAMES:
+        return Randomness.DRAW
+    return None

@@ -40,6 +40,7 @@ from ..runtime.schedule import check_schedule
 from ..runtime.training import OptimConfig
 from ..runtime.weights import check_weights, open_weights
 from .parity import Comparison, check_run, reference_run, reference_with_weights, weight_tolerance
+from .random_ops import find_random_ops, no_dropout, seeded
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, supervise
 from .worker import RunSpec
 
@@ -140,7 +141,7 @@ def run_training(
         from .tensorboard import require_tensorboard
 
         require_tensorboard()
-    loaded = load_model(model_spec)
+    loaded = load_model(model_spec, plan.seed)  # the batch each rank loads: the same seed
     if opts.save_every < 0 or opts.keep_last < 0:
         raise GraphsplitError(f"--save-every and --keep-last must be at least 0, got {opts.save_every} and {opts.keep_last}")
     if opts.save_every and not opts.save:
@@ -175,6 +176,7 @@ def run_training(
     program = compile_loaded(loaded, plan, fixed_cuts).program
     plan = program.plan  # with the micro-batches decided for this batch
     require_parameters(program)
+    randoms = find_random_ops(program.traced.gm)
     if opts.weights is not None:  # a wrong weights file, too, is one line here rather than on every rank
         check_weights(open_weights(opts.weights), loaded.build("meta"), opts.weights)
     # --print-command: the spec (and any weights file) stay for the printed command to use
@@ -220,7 +222,7 @@ def run_training(
             resume_dir=opts.resume, lean_init=lean, fast_init=fast, timeout_s=opts.timeout_s,
             collective_timeout_s=opts.collective_timeout_s, run_dir=str(tmp),
             train_data=loaded.train_data is not None, eval_every=opts.eval_every, metrics=opts.metrics,
-            tensorboard=opts.tensorboard,
+            tensorboard=opts.tensorboard, dropout_off=opts.check and bool(randoms.dropouts),
         )
         spec.save(tmp / "spec.json")
         if opts.print_command:
@@ -241,11 +243,13 @@ def run_training(
         skipped = set(json.loads((tmp / "skipped.json").read_text()))
         if skipped:
             echo(f"fp16: step(s) {', '.join(map(str, sorted(skipped)))} skipped on overflow (the reference skips them too)")
-        reference = reference_run(model, loaded, plan, opts.steps, config, opts.resume, first_step, skipped,
-                                  train_data=loaded.train_data is not None, data_start=data_start,
-                                  eval_every=opts.eval_every)
+        # as the ranks ran: dropout off, draws from the plan's seed (worker.py)
+        with no_dropout() if randoms.dropouts else contextlib.nullcontext(), seeded(plan.seed):
+            reference = reference_run(model, loaded, plan, opts.steps, config, opts.resume, first_step, skipped,
+                                      train_data=loaded.train_data is not None, data_start=data_start,
+                                      eval_every=opts.eval_every)
         return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped, model=model,
-                         weights_atol=weight_tolerance(config, opts.steps))
+                         weights_atol=weight_tolerance(config, opts.steps), randoms=randoms)
 
 
 def _check_data(loaded: LoadedModel, plan: Plan, opts: RunOptions, echo: Callable[[str], None]) -> int:

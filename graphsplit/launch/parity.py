@@ -1,9 +1,11 @@
 """Parity: the untouched model against the transformed program, in one module.
 
-`reference_step` runs the original model in one process on the micro-batches
-the pipeline sees, accumulating gradients the way the schedules do (summed
-over micro-batches, then divided by their number); `reference_train` does so
-for every step, with the optimizer. `compare` checks outputs, loss and gradients
+The reference is the untouched model in one process on the whole global batch, one forward and
+one backward (`reference_batch.py` says when the model's own semantics need the program's pieces
+instead: BatchNorm without --sync-bn); `reference_step` runs it on either (on pieces accumulating
+gradients as the schedules do: summed, then divided by their number); `reference_run` does so for
+every step, with the optimizer. Random ops are found and named (`random_ops.py`): dropout is
+compared switched off on both sides. `compare` checks outputs, loss and gradients
 with fp32 tolerances scaled by magnitude: |a - b| <= atol * max(1, max|b|).
 `check_ranks` compares what each rank of a program reports of its first step
 (its gradients against the matching slice of the original gradients), whether
@@ -13,6 +15,7 @@ threads (`check_locally`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -31,6 +34,8 @@ from ..loader import LoadedModel
 from ..plan import Plan
 from ..runtime.microbatch import merge_outputs, split_microbatches
 from ..runtime.training import OptimConfig, default_loss, default_target
+from .random_ops import RandomOps, find_random_ops, no_dropout, seeded, streams_match
+from .reference_batch import ReferenceBatch, reference_batch
 
 ATOL = 1e-5
 LOSS_CURVE_RTOL = 1e-4
@@ -52,6 +57,8 @@ class StepResult:
 class Comparison:
     max_diff: dict[str, float] = field(default_factory=dict)  # what -> scaled max |a - b|
     failures: list[str] = field(default_factory=list)
+    # what was compared with what, where it is not the whole batch as it is (BatchNorm, random ops)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -71,10 +78,12 @@ def reference_step(
     kwargs: dict[str, Any],
     target: Any,
     loss_fn: Callable[[Any, Any], torch.Tensor],
-    microbatches: int,
+    microbatches: int = 1,
     replicas: int = 1,
 ) -> StepResult:
-    """One forward/backward of the untouched model over the pipeline's micro-batches.
+    """One forward/backward of the untouched model: on the whole batch (`microbatches` 1, the
+    reference), or over the pipeline's micro-batches (where the model's own semantics depend on
+    the cut, `reference_batch.py`).
 
     `microbatches` counts all pieces (dp replicas x micro-batches, replica-major). With
     `replicas` > 1 (sync-bn: BatchNorm statistics span the replicas), the replicas'
@@ -183,6 +192,7 @@ class ReferenceRun:
     losses: list[float]
     norms: list[float]
     eval_losses: dict[int, float] = field(default_factory=dict)
+    batch: ReferenceBatch = field(default_factory=ReferenceBatch)  # what it ran on
 
 
 def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, config: OptimConfig,
@@ -191,8 +201,9 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
     """Train the untouched model in this process as `run` trains the program: the same optimizer,
     lr schedule and clipping (`clip_grad_norm_` over its parameters), from the checkpoint `resume` if
     given, on the same global batches (train_data() from batch `data_start`, or example_inputs())
-    cut into the same micro-batches. `skipped`: steps whose optimizer step the program skipped
-    (fp16 overflows); the schedule still advances on them, as it does in the program."""
+    each as one batch (or, `reference_batch`, the program's pieces where BatchNorm needs them).
+    `skipped`: steps whose optimizer step the program skipped (fp16 overflows); the schedule still
+    advances on them, as it does in the program."""
     from ..runtime.data import Batch, DataSource
     from ..runtime.schedule import advance, make_scheduler
 
@@ -210,13 +221,12 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
         batches: Iterator[Batch] = source.global_batches(plan.dp, data_start)
     else:
         batches = itertools.repeat(Batch(loaded.args, loaded.kwargs, loaded.target))
-    pieces = plan.dp * plan.num_microbatches  # dp replicas x micro-batches, in order: what the ranks see
+    cut = reference_batch(model, plan)
     first, losses, norms, evals = None, [], [], {}
     for step in range(first_step, first_step + steps):
         batch = next(batches)
         target = batch.target if batch.target is not None else default_target((*batch.args, *batch.kwargs.values()))
-        result = reference_step(model, batch.args, batch.kwargs, target, loss_fn, pieces,
-                                replicas=plan.dp if plan.sync_bn else 1)
+        result = reference_step(model, batch.args, batch.kwargs, target, loss_fn, cut.pieces, cut.replicas)
         first = first or result
         losses.append(float(result.loss))
         grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -231,12 +241,12 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
         if eval_every and step % eval_every == 0:
             evals[step] = reference_eval(model, loaded, plan)
     assert first is not None, "at least one step"
-    return ReferenceRun(first, losses, norms, evals)
+    return ReferenceRun(first, losses, norms, evals, cut)
 
 
 def reference_eval(model: nn.Module, loaded: LoadedModel, plan: Plan) -> float:
-    """The untouched model's mean loss over one pass of eval_data(), forward only, on the pieces the
-    program's ranks see."""
+    """The untouched model's mean loss over one pass of eval_data(), forward only, each batch whole
+    (or on the program's pieces where BatchNorm needs them, `reference_batch`)."""
     from ..runtime.data import DataSource
 
     assert loaded.eval_data is not None
@@ -246,7 +256,7 @@ def reference_eval(model: nn.Module, loaded: LoadedModel, plan: Plan) -> float:
     with torch.no_grad():
         for batch in source.global_batches(plan.dp, cycle=False):
             target = batch.target if batch.target is not None else default_target((*batch.args, *batch.kwargs.values()))
-            pieces = plan.dp * plan.num_microbatches
+            pieces = reference_batch(model, plan).pieces
             chunks = split_microbatches((batch.args, batch.kwargs), pieces)
             losses = [loss_fn(model(*a, **k), t) for (a, k), t in zip(chunks, split_microbatches(target, pieces))]
             means.append(float(torch.stack(losses).mean()))
@@ -320,10 +330,17 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
     return cmp
 
 
+def check_notes(cut: ReferenceBatch, randoms: RandomOps, plan: Plan) -> list[str]:
+    """What the check compares where it is not the untouched model on the whole batch as it is."""
+    notes = [f"{cut.why}: compared with the untouched model {cut.describe()}"] if cut.why else []
+    return notes + randoms.notes(streams_match(plan))
+
+
 def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] | None = None,
                   compile_backend: str = "inductor", traced: Traced | None = None) -> tuple[Program, Comparison]:
     """Compile `loaded` under `plan`, run step 1 of every stage, tp shard and dp replica in this
-    process (the local backend), and compare loss, output and every shard's gradients with the untouched model.
+    process (the local backend), and compare loss, output and every shard's gradients with the untouched
+    model on the whole batch (`reference_batch`; dropout off on both sides, `random_ops`).
     `compile_backend`: torch.compile's backend when the plan compiles its stages. `traced`: its
     trace (`compile.trace_loaded`), reused instead of tracing again."""
     from ..backends.local import LocalProgram
@@ -332,16 +349,23 @@ def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] |
 
     model = loaded.build("cpu", seed=plan.seed)
     program = compile_loaded(loaded, plan, fixed_cuts, traced).program
+    randoms = find_random_ops(program.traced.gm)
+    within = no_dropout if randoms.dropouts else contextlib.nullcontext
     local = LocalProgram(program, model_tensors(model), loaded.loss_fn, compile_backend)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
     target = loaded.target if loaded.target is not None else default_target(inputs)
     everything = tuple(range(len(program.stages)))
     tp = program.plan.tp
-    ranks = [RankStep(s.dp_rank * tp + s.tp_rank, everything, s.grads, s.loss, s.output, s.tp_rank, s.dp_rank)
-             for s in local.step(inputs, target)]
-    pieces = program.plan.dp * program.plan.num_microbatches  # replicas x micro-batches, as decided for this batch
-    ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss, pieces)
-    return program, check_ranks(program, ranks, ref)
+    with seeded(plan.seed):  # both sides draw from one seed (alike where `streams_match`)
+        ranks = [RankStep(s.dp_rank * tp + s.tp_rank, everything, s.grads, s.loss, s.output, s.tp_rank, s.dp_rank)
+                 for s in local.step(inputs, target, within)]
+    cut = reference_batch(model, program.plan)
+    with within(), seeded(plan.seed):
+        ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss,
+                             cut.pieces, cut.replicas)
+    cmp = check_ranks(program, ranks, ref)
+    cmp.notes.extend(check_notes(cut, randoms, program.plan))
+    return program, cmp
 
 
 def weight_tolerance(config: OptimConfig, steps: int) -> float:
@@ -379,11 +403,12 @@ def check_weights_after(program: Program, folder: Path, model: nn.Module, atol: 
 
 def check_run(program: Program, folder: Path, reference: ReferenceRun, echo: Callable[[str], None],
               first_step: int = 1, grads: bool = True, model: nn.Module | None = None,
-              weights_atol: float = ATOL) -> Comparison:
+              weights_atol: float = ATOL, randoms: RandomOps | None = None) -> Comparison:
     """`run --check`: the ranks' dumps in `folder` against the reference run, reported through `echo`:
     step 1's loss, output and gradients, the loss curve, the global gradient norm of every step, the
     eval losses, and (`model`: the untouched model after the reference run) every rank's weights
-    after the last step, within `weights_atol` (`weight_tolerance`). `grads=False`: the first step overflowed in fp16, its gradients are
+    after the last step, within `weights_atol` (`weight_tolerance`); `randoms`: the random ops, named in
+    the report (dropout was off on both sides). `grads=False`: the first step overflowed in fp16, its gradients are
     infinite by definition and are not compared (the loss curve still is)."""
     plan = program.plan
     first, ref_losses = reference.first, reference.losses
@@ -414,8 +439,12 @@ def check_run(program: Program, folder: Path, reference: ReferenceRun, echo: Cal
         cmp.max_diff.update(weights.max_diff)
         cmp.failures.extend(weights.failures)
     loss = next(r.loss for r in ranks if r.loss is not None)
-    echo(f"check: untouched model in one process vs graphsplit dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} pp={plan.pp} tp={plan.tp}, "
-         f"same {plan.dp * plan.num_microbatches} micro-batch{'es' if plan.dp * plan.num_microbatches > 1 else ''}")
+    cmp.notes.extend(check_notes(reference.batch, randoms or RandomOps(), plan))
+    echo(f"check: untouched model in one process {reference.batch.describe()} vs graphsplit "
+         f"dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} pp={plan.pp} tp={plan.tp}, "
+         f"{plan.dp * plan.num_microbatches} micro-batch{'es' if plan.dp * plan.num_microbatches > 1 else ''}")
+    for note in cmp.notes:
+        echo(f"  note: {note}")
     echo(f"  loss step {first_step:<4}{float(first.loss):.6f} (reference) vs {float(loss):.6f}")
     out_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("output")]
     grad_diffs = [v for k, v in cmp.max_diff.items() if k.startswith("grad")]

@@ -16,6 +16,7 @@ pass over eval_data().
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -30,6 +31,7 @@ import torch.distributed as dist
 
 from ..errors import GraphsplitError
 from ..runtime.transfer import to_device
+from .random_ops import no_dropout
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, RankReporter, set_collective_timeout
 
 if TYPE_CHECKING:
@@ -70,6 +72,8 @@ class RunSpec:
     eval_every: int = 0  # evaluate on eval_data() every this many steps (0: never)
     metrics: str | None = None  # a JSON-lines file, one line per step (the rank holding the loss writes it)
     tensorboard: str | None = None  # a TensorBoard log folder, the same numbers as scalars (the same rank)
+    # --check on a model with dropout: every dropout runs at p = 0, as in the reference (launch/random_ops.py)
+    dropout_off: bool = False
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -125,7 +129,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
 
     plan = Plan.from_dict(spec.plan)
     reporter = reporter or RankReporter(None)
-    loaded = load_model(spec.model)
+    loaded = load_model(spec.model, plan.seed)
     fixed = tuple(spec.fixed_cuts) if spec.fixed_cuts is not None else None
     program = compile_loaded(loaded, plan, fixed).program
     rank = assemble_rank(program, _tensor_source(spec, loaded, program), loaded.loss_fn, model_names(loaded.build("meta")),
@@ -160,6 +164,8 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         if dist.get_rank() == 0:
             print(f"saved step {step} to {folder}", flush=True)
 
+    if spec.dump_dir:  # --check: the model's random draws start where the reference's do (random_ops.py)
+        torch.manual_seed(plan.seed)
     for step in range(done + 1, last + 1):
         reporter.at(f"during step {step}")
         inputs, target = next(batches)
@@ -266,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = RunSpec.load(Path(argv[0]))
     reporter = RankReporter(spec.run_dir)
     try:
-        run(spec, reporter)
+        with no_dropout() if spec.dropout_off else contextlib.nullcontext():
+            run(spec, reporter)
     except GraphsplitError as exc:
         reporter.failed(exc)
         print(f"error: {exc}", file=sys.stderr, flush=True)
