@@ -2,8 +2,9 @@
 
 Convention: the file defines `build_model()` (or the callable named after the
 colon) and `example_inputs()` returning a tuple of positional inputs or a dict
-of keyword inputs; optionally `loss_fn(output, target)` and `example_target()`, and
-`train_data()` / `eval_data()` for `run` (runtime/data.py).
+of keyword inputs; optionally `loss_fn(output, target)` and `example_target()` (or `loss_fn(output)`
+alone), and `train_data()` / `eval_data()` for `run` (runtime/data.py). Without a loss_fn, training
+minimizes the model's own loss when its output holds one (runtime/training.own_loss).
 The file's folder is importable while it loads, so sibling imports work.
 
 Loading is deterministic: the file is imported and its example_inputs() / example_target()
@@ -14,6 +15,7 @@ caller's RNG state is restored afterwards; a file that seeds itself overrides ou
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import traceback
@@ -148,6 +150,16 @@ def _call(module: ModuleType, path: Path, name: str) -> Any:
         raise GraphsplitError(f"{name}() in {path} failed: {_where(exc)}") from exc
 
 
+def _output_only(loss_fn: Callable[[Any], torch.Tensor]) -> Callable[[Any, Any], torch.Tensor]:
+    """loss_fn(output) of a file without example_target(), called as every loss is: (output, target)."""
+
+    @functools.wraps(loss_fn)
+    def loss(output: Any, target: Any = None) -> torch.Tensor:
+        return loss_fn(output)
+
+    return loss
+
+
 def load_model(spec: str, seed: int = DEFAULT_SEED) -> LoadedModel:
     """Load `path/to/model.py[:factory]`, the global RNG seeded with `seed` while the file is
     imported and its example functions run (the caller's RNG state is left as it was)."""
@@ -193,8 +205,8 @@ def _load(spec: str) -> LoadedModel:
     if loss_fn is not None and not callable(loss_fn):
         raise GraphsplitError(f"loss_fn in {path} is not callable; define loss_fn(output, target)")
     has_target = callable(getattr(module, "example_target", None))
-    if loss_fn is not None and not has_target:
-        raise GraphsplitError(f"{path} defines loss_fn but no example_target(); define both or neither")
+    if loss_fn is not None and not has_target:  # the loss needs nothing but the output: loss_fn(output)
+        loss_fn = _output_only(loss_fn)
     target = _call(module, path, "example_target") if has_target else None
     data = {}
     for name in ("train_data", "eval_data"):

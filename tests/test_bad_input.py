@@ -57,7 +57,6 @@ MODEL_FILES = {
     "wrong_shape.py": NET + BUILD + "def example_inputs():\n    return (torch.randn(4, 5),)\n",
     "batch0.py": NET + BUILD + "def example_inputs():\n    return (torch.randn(0, 4),)\n",
     "batch5.py": NET + BUILD + "def example_inputs():\n    return (torch.randn(5, 4),)\n",
-    "loss_no_target.py": NET + BUILD + INPUTS + "\n\ndef loss_fn(out, target):\n    return out.sum()\n",
     "loss_not_callable.py": NET + BUILD + INPUTS + "\n\nloss_fn = 3\n\n\ndef example_target():\n    return torch.zeros(4)\n",
     "target_raises.py": NET + BUILD + INPUTS
     + "\n\ndef loss_fn(out, target):\n    return out.sum()\n\n\ndef example_target():\n    raise KeyError('labels')\n",
@@ -169,7 +168,6 @@ ROWS = [
     ("no-example-inputs", ["transform", "{m}/no_inputs.py", OUT], r"defines no example_inputs\(\)"),
     ("example-inputs-raise", ["transform", "{m}/inputs_raise.py", OUT], r"example_inputs\(\) in .* failed: RuntimeError: no data here"),
     ("example-inputs-junk", ["transform", "{m}/inputs_junk.py", OUT], r"example_inputs\(\) in .* returned int; return a tuple"),
-    ("loss-without-target", ["transform", "{m}/loss_no_target.py", OUT], r"defines loss_fn but no example_target\(\)"),
     ("loss-not-callable", ["transform", "{m}/loss_not_callable.py", OUT], r"loss_fn in .* is not callable"),
     ("example-target-raises", ["transform", "{m}/target_raises.py", OUT], r"example_target\(\) in .* failed: KeyError"),
     ("untraceable", ["transform", T + "/untraceable.py", "--pp", "2", OUT], r"cannot trace DataDependent at untraceable\.py:\d+"),

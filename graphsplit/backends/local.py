@@ -36,7 +36,7 @@ from ..errors import GraphsplitError
 from ..ir.program import Program
 from ..ops.tp_comm import TPComm, bind_tp, tp_comms
 from ..plan import SPLIT_BACKWARD_SCHEDULES
-from ..runtime.microbatch import gather_outputs, merge_outputs, split_microbatches
+from ..runtime.microbatch import gather_outputs, join_outputs, split_microbatches
 from ..runtime.training import LossFn, make_loss, named_grads, sync_tied_grads
 from .compile_stages import DEFAULT_BACKEND, apply_compile
 from .threads import ThreadHub, ThreadLink, run_ranks
@@ -132,7 +132,7 @@ class LocalPipeline:
                 if p.grad is not None:
                     p.grad.div_(n)
         sync_tied_grads(self.program, dict(enumerate(self.stages)))
-        return torch.stack(losses).mean(), merge_outputs(outputs)
+        return torch.stack(losses).mean(), join_outputs(outputs)
 
     def evaluate(self, inputs: tuple[torch.Tensor, ...], target: Any) -> torch.Tensor:
         """Forward only over all micro-batches (call under no_grad): the mean loss."""

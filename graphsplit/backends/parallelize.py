@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.utils._pytree as pytree
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..errors import GraphsplitError
@@ -129,6 +130,20 @@ def schedule_class(name: str) -> type:
     return cls
 
 
+def output_merge_spec(outputs: Any, microbatches: int) -> Any:
+    """How the schedule joins the last stage's outputs over the micro-batches: batched tensors
+    along dim 0 (torch's default), a scalar (the model's own loss) as the mean of the micro-batches'
+    values, as their losses are combined (`runtime/microbatch.join_outputs` does the same)."""
+    from torch.distributed.pipelining.microbatch import TensorChunkSpec, _CustomReducer
+
+    def spec(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dim() == 0:
+            return _CustomReducer(torch.tensor(0.0), lambda acc, value: acc + value / microbatches)
+        return TensorChunkSpec(0)
+
+    return pytree.tree_map(spec, outputs)
+
+
 def build_schedule(program: Program, runners: Mapping[int, nn.Module], loss_fn: LossFn, mesh: DeviceMesh,
                    device: torch.device) -> Any:
     """The pipeline schedule over the pp axis driving this rank's stages.
@@ -147,7 +162,8 @@ def build_schedule(program: Program, runners: Mapping[int, nn.Module], loss_fn: 
         for index, module in sorted(runners.items())
     ]
     cls = schedule_class(plan.schedule)
-    common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True,
+                                  output_merge_spec=output_merge_spec(examples[-1][1], plan.num_microbatches))
     if plan.schedule in MULTI_STAGE_SCHEDULES:
         return cls(stages, **common)
     (only,) = stages

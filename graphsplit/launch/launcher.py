@@ -37,7 +37,7 @@ from ..runtime.init_mode import choose_init
 from ..runtime.lean_init import lean_init_works
 from ..runtime.materialize import model_tensors
 from ..runtime.schedule import check_schedule
-from ..runtime.training import OptimConfig
+from ..runtime.training import OptimConfig, objective
 from ..runtime.weights import check_weights, open_weights
 from .parity import Comparison, check_run, reference_run, reference_with_weights, weight_tolerance
 from .random_ops import find_random_ops, no_dropout, seeded
@@ -177,6 +177,7 @@ def run_training(
     plan = program.plan  # with the micro-batches decided for this batch
     require_parameters(program)
     randoms = find_random_ops(program.traced.gm)
+    echo(f"training on {objective(program, loaded.loss_fn)}")
     if opts.weights is not None:  # a wrong weights file, too, is one line here rather than on every rank
         check_weights(open_weights(opts.weights), loaded.build("meta"), opts.weights)
     # --print-command: the spec (and any weights file) stay for the printed command to use

@@ -32,7 +32,7 @@ from ..ir.sharding import shard_tensor, unpad
 from ..ir.trace import Traced
 from ..loader import LoadedModel
 from ..plan import Plan
-from ..runtime.microbatch import merge_outputs, split_microbatches
+from ..runtime.microbatch import join_outputs, merge_outputs, split_microbatches
 from ..runtime.training import OptimConfig, default_loss, default_target
 from .random_ops import RandomOps, find_random_ops, no_dropout, seeded, streams_match
 from .reference_batch import ReferenceBatch, reference_batch
@@ -115,7 +115,7 @@ def reference_step(
                 p.grad.div_(per)
             grads[name] = p.grad.detach().clone()
     aliases = [sorted(names) for names in groups.values()]
-    return StepResult(torch.stack(losses).mean(), merge_outputs(outputs), grads, aliases)
+    return StepResult(torch.stack(losses).mean(), join_outputs(outputs), grads, aliases)
 
 
 def _scaled_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -312,7 +312,7 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
                 replica_outputs[r.dp_rank] = r.output
     output = None
     if replica_outputs:  # each dp replica computed its share of the batch
-        output = program.unflatten_output(merge_outputs([replica_outputs[d] for d in sorted(replica_outputs)]))
+        output = program.unflatten_output(join_outputs([replica_outputs[d] for d in sorted(replica_outputs)]))
     cmp = compare(loss, output, {}, first, atol=LOW_PRECISION_ATOL if low else ATOL)
     for r in ranks if grads else ():
         def shard(name: str, full: torch.Tensor, tp_rank: int = r.tp_rank) -> torch.Tensor:

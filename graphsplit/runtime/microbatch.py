@@ -41,6 +41,20 @@ def merge_outputs(chunks: list[Any]) -> Any:
     return pytree.tree_unflatten(merged, spec)
 
 
+def join_outputs(chunks: list[Any]) -> Any:
+    """The model's output over the whole batch from its outputs on equal pieces of it: batched
+    tensors concatenated along dim 0, a scalar (the model's own loss, a mean) averaged as the
+    pieces' losses are."""
+    flat = [pytree.tree_flatten(c) for c in chunks]
+    joined = []
+    for leaves in zip(*(f[0] for f in flat)):
+        if isinstance(leaves[0], torch.Tensor):
+            joined.append(torch.cat(leaves) if leaves[0].dim() else torch.stack(leaves).mean(0))
+        else:
+            joined.append(leaves[0])
+    return pytree.tree_unflatten(joined, flat[0][1])
+
+
 def gather_outputs(program: Program, output: Any, comm: Any) -> Any:
     """The last stage's raw output with vocab-sharded tensors gathered (for checks and display)."""
     if not program.sharded_outputs or output is None:

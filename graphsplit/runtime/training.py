@@ -12,17 +12,60 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
+from ..ir.meta import info
 from ..ir.program import Program
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
+def own_loss(output: Any) -> tuple[str, torch.Tensor] | None:
+    """The loss a model computed itself, and where it sits in its output: the output when it is a
+    scalar, `output.loss` (HF's ModelOutput, a dict) when that is a scalar, else the scalar among a
+    tuple's items (nanoGPT's `(logits, loss)`, HF's `return_dict=False` `(loss, logits)`; the
+    first when there are several). None when the output holds no floating-point scalar."""
+
+    def scalar(value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point()
+
+    if scalar(output):
+        return "output", output
+    if isinstance(output, Mapping):  # dict, HF's ModelOutput
+        loss = output.get("loss")
+        return ("output.loss", loss) if scalar(loss) else None
+    if isinstance(output, (tuple, list)):
+        found = [(f"output[{i}]", v) for i, v in enumerate(output) if scalar(v)]
+        return found[0] if found else None
+    return None
+
+
 def default_loss(output: Any, target: Any = None) -> torch.Tensor:
-    """The stand-in objective when the model file defines no loss_fn: mean of squares of the outputs."""
+    """The objective when the model file defines no loss_fn: the model's own loss when its output
+    holds one (`own_loss`), else the mean of squares of the outputs."""
+    own = own_loss(output)
+    if own is not None:
+        return own[1]
     floats = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not floats:
         raise GraphsplitError("the model's output holds no floating-point tensor to train on; define loss_fn(output, target)")
     return sum(t.float().square().mean() for t in floats)  # type: ignore[return-value]
+
+
+def objective(program: Program, user_loss: LossFn | None) -> str:
+    """What training minimizes, in words (`run` prints it): the user's loss_fn, the model's own loss
+    (found in the traced output's structure, as `own_loss` finds it at run time), or the stand-in
+    mean of squares."""
+    if user_loss is not None:
+        return "loss_fn"
+    outs = program.stages[-1].gm.graph.output_node().args[0]
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    # stand-ins of the last stage's outputs: only their rank and dtype matter here
+    stand_ins = [torch.empty((1,) * len(spec.shape), dtype=spec.dtype, device="meta") if spec is not None else None
+                 for spec in (info(n).tensor for n in outs)]
+    own = own_loss(program.unflatten_output(stand_ins))
+    if own is not None:
+        return (f"the model's own loss ({own[0]}); micro-batches and replicas are combined as the mean "
+                "of their losses")
+    return "the mean of squares of the outputs (the model file defines no loss_fn and its output holds no loss)"
 
 
 def default_target(inputs: Iterable[Any]) -> torch.Tensor:
