@@ -177,7 +177,6 @@ def run_training(
     plan = program.plan  # with the micro-batches decided for this batch
     require_parameters(program)
     randoms = find_random_ops(program.traced.gm)
-    echo(f"training on {objective(program, loaded.loss_fn)}")
     if opts.weights is not None:  # a wrong weights file, too, is one line here rather than on every rank
         check_weights(open_weights(opts.weights), loaded.build("meta"), opts.weights)
     # --print-command: the spec (and any weights file) stay for the printed command to use
@@ -189,6 +188,7 @@ def run_training(
         mode = "exact"
         if opts.weights is not None and opts.init == "fast":
             raise GraphsplitError("--init fast draws a new model and --weights gives one; drop one of them")
+        echo(f"training on {objective(program, loaded.loss_fn)}")
         if opts.weights is None:
             mode, why = choose_init(opts.init, loaded.build("meta"), opts.check)
             echo(f"initialization: {why}")
