@@ -156,6 +156,13 @@ PADDING_SAFE = frozenset({
 })
 
 
+# The families whose rules read their weights' layouts through `LayoutView.param_layout` (and
+# decide to shard them with `Decision.params`) rather than as values: where such a rule leaves a
+# weight that is held sharded (for a tied use) out of its decision, it computed as if the weight
+# were whole, and the walker gathers it. Every other rule reads a parameter's layout as any value's.
+OWNS_WEIGHTS = frozenset({OpKind.LINEAR, OpKind.EMBEDDING, OpKind.GROUPED_LINEAR})
+
+
 def register(*kinds: OpKind) -> Callable[[Rule], Rule]:
     """Make the decorated function the rule of these op families."""
 

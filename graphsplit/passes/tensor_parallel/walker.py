@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -28,10 +28,21 @@ from ...ops import tp as tpops
 from ..functionalize import NORM_MODULES, functionalize_modules
 from ..manager import PassInput, PassResults
 from . import rules  # noqa: F401  (fills RULES)
-from .decision import COMM, SELF, Call, Decision, LayoutView, Local, decide
+from .decision import (
+    COMM,
+    OWNS_WEIGHTS,
+    SELF,
+    Call,
+    Decision,
+    LayoutView,
+    Local,
+    decide,
+    replicated,
+)
 from .fuse_sums import fuse_partial_sums
 from .redistribute import Redistribute
 from .seq_linear import keep_shards_for_column_linears
+from .spellings import describe
 
 R = Replicate()
 
@@ -101,6 +112,7 @@ class Walker:
         self.sequence_parallel = sequence_parallel
         self.param_shardings: dict[str, Shard] = {}
         self.left_whole: list[LeftWhole] = []
+        self.read_whole: set[str] = set()  # parameters a decided node reads whole: never sharded after
         self.view = LayoutView(gm, tp, self.param_shardings, sequence_parallel)
         self.redistribute = Redistribute(gm, tp)
 
@@ -124,6 +136,7 @@ class Walker:
 
     def apply(self, node: fx.Node, decision: Decision) -> None:
         """Carry out a rule's decision for `node`: the only graph edits the pass makes."""
+        decision = self._reading_params_as_held(node, decision)
         if decision.reason:
             self.left_whole.append(LeftWhole(info(node).module or "<root>", node.name, decision.reason))
         for param, layout in decision.params:
@@ -172,13 +185,45 @@ class Walker:
             )
         return self.redistribute.reduce_scatter_after(node, seq)
 
+    def _reading_params_as_held(self, node: fx.Node, decision: Decision) -> Decision:
+        """`decision` with every parameter `node` reads in the layout the ranks hold it in.
+
+        A parameter is held one way for all its uses: sharded by the first rule that shards it (a
+        vocab-parallel embedding), and every other use (a tied LM head, `x @ wte.weight.t()`, a
+        regularizer) reads those rows. Rules that propagate layouts read it as any value. A rule
+        that owns its weight (`OWNS_WEIGHTS`: a linear) and left it out of its decision computed as
+        if it were whole: it gets it gathered (Megatron's gather, whose gradient is this rank's
+        rows). A rule that wants it sharded otherwise than it is held, or sharded where an earlier
+        use read it whole, leaves the node whole instead."""
+        claimed = dict(decision.params)
+        for a, layout in claimed.items():
+            given, name = self.view.param_layout(a), self.view.param_name(a)
+            if (given is not None and given != layout) or (given is None and name in self.read_whole):
+                held = f"held as {given}" if given is not None else "read whole by an earlier use"
+                return replicated(node, self.view, f"{describe(node)} left whole: its parameter {name} is {held}")
+        owns = family(node, self.gm) in OWNS_WEIGHTS
+        asked = {value for value, _ in decision.inputs}
+        missing = []
+        for a in node.all_input_nodes:
+            name = self.view.param_name(a)
+            if name is None or a in claimed:
+                continue
+            if self.view.param_layout(a) is None:
+                self.read_whole.add(name)
+            elif owns and a not in asked:
+                missing.append((a, R))
+        return replace(decision, inputs=(*decision.inputs, *missing)) if missing else decision
+
     def _shard_param(self, node: fx.Node, layout: Shard) -> None:
-        """Record the parameter `node` reads as sharded, unless it already is otherwise."""
+        """Record the parameter `node` reads as sharded (every node reading that parameter, tied
+        copies too, then has that layout), unless it already is otherwise."""
         name = self.view.param_name(node)
         if name is None or self.param_shardings.get(name, layout) != layout:
             return
         self.param_shardings[name] = layout
-        info(node).sharding = layout
+        for reader in self.graph.find_nodes(op="get_attr"):
+            if self.view.param_name(reader) == name:
+                info(reader).sharding = layout
 
     def _then(self, node: fx.Node, value: fx.Node, call: Call) -> fx.Node:
         """`call` on `value` right after it, in `node`'s module: the value its users read."""
