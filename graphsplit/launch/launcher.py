@@ -39,6 +39,7 @@ from ..runtime.materialize import model_tensors
 from ..runtime.schedule import check_schedule
 from ..runtime.training import OptimConfig, objective
 from ..runtime.weights import check_weights, open_weights
+from .loss_combination import combination_notes
 from .parity import Comparison, check_run, reference_run, reference_with_weights, weight_tolerance
 from .random_ops import find_random_ops, no_dropout, seeded
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, supervise
@@ -189,6 +190,8 @@ def run_training(
         if opts.weights is not None and opts.init == "fast":
             raise GraphsplitError("--init fast draws a new model and --weights gives one; drop one of them")
         echo(f"training on {objective(program, loaded.loss_fn)}")
+        for line in combination_notes(program, loaded.loss_fn):
+            echo(f"note: {line}")
         if opts.weights is None:
             mode, why = choose_init(opts.init, loaded.build("meta"), opts.check)
             echo(f"initialization: {why}")
