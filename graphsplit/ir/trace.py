@@ -42,6 +42,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph import CodeGen
 
 from ..errors import GraphsplitError
+from .export_views import views_to_reshapes
 from .grad_regions import (
     GradModeProxy,
     inline_grad_regions,
@@ -428,6 +429,7 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             graph.erase_node(ph)
     _flat_output(graph)  # already flat: the structure is export's out_spec
     inline_grad_regions(gm)
+    views_to_reshapes(gm)  # views that relied on the trace device's strides: export_views.py
     for node in graph.nodes:
         info(node).source = _source_from_stack_trace(node.meta.get("stack_trace"))
     mark_inference_mode(gm, type(model).__name__)
