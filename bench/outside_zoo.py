@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from zoo_table import cell  # noqa: E402
+from zoo_table import cell, left_whole  # noqa: E402
 
 from graphsplit.compile import trace_loaded  # noqa: E402
 from graphsplit.errors import GraphsplitError  # noqa: E402
@@ -39,8 +39,8 @@ def main() -> None:
     files = sorted(OUTSIDE.glob("*_tiny.py"))
     if args.only:
         files = [f for f in files if f.name.removesuffix("_tiny.py") in args.only]
-    print("| model | tracer | " + " | ".join(PLANS) + " |")
-    print("|---" * (2 + len(PLANS)) + "|")
+    print("| model | tracer | " + " | ".join(PLANS) + " | left whole under tp 2 (correct, not sharded) |")
+    print("|---" * (3 + len(PLANS)) + "|")
     start = time.perf_counter()
     for path in files:
         name = path.name.removesuffix("_tiny.py")
@@ -48,10 +48,13 @@ def main() -> None:
             loaded = load_model(str(path))
             traced = trace_loaded(loaded)
         except GraphsplitError as exc:
-            print(f"| {name} | - | " + " | ".join([f"refused: {exc}"] * len(PLANS)) + " |", flush=True)
+            print(f"| {name} | - | " + " | ".join([f"refused: {exc}"] * len(PLANS)) + " | |", flush=True)
             continue
-        cells = [cell(loaded, plan, traced.copy())[0] for plan in PLANS.values()]
-        print(f"| {name} | {traced.tracer} | " + " | ".join(cells) + " |", flush=True)
+        results = {label: cell(loaded, plan, traced.copy()) for label, plan in PLANS.items()}
+        tp_program = results["tp 2"][1]
+        whole = (left_whole(tp_program) or "nothing") if tp_program is not None else ""
+        print(f"| {name} | {traced.tracer} | " + " | ".join(text for text, _ in results.values()) + f" | {whole} |",
+              flush=True)
     print(f"\n{len(files)} models; {time.perf_counter() - start:.0f} s")
 
 

@@ -17,6 +17,7 @@ of the input.
 from __future__ import annotations
 
 import operator
+from dataclasses import replace
 
 import torch.fx as fx
 
@@ -36,7 +37,12 @@ R = Replicate()
 def linear(node: fx.Node, view: LayoutView) -> Decision:
     form = linear_form(node)
     if form is None or not (isinstance(form[1], fx.Node) and form[1].op == "get_attr"):
-        return matmul(node, view)  # a product with a computed weight
+        decision = matmul(node, view)  # a product with a computed weight
+        if form is not None and decision.out == R and not decision.reason:  # say why a layer stays whole
+            weight = form[1].name if isinstance(form[1], fx.Node) else repr(form[1])
+            return replace(decision, reason=f"linear left replicated: its weight is computed in forward ({weight}), "
+                                            "not read from a parameter")
+        return decision
     x, w, b, out_dim, in_dim = form
     needs: list[tuple[fx.Node, Need]] = []
     have = view.layout(x)
