@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import random
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -54,6 +55,7 @@ class LoadedModel:
     # train_data() / eval_data(), not called yet: a dataset may be costly to open (runtime/data.py reads them)
     train_data: Callable[[], Any] | None = None
     eval_data: Callable[[], Any] | None = None
+    seed: int = DEFAULT_SEED  # what load_model seeded with: a build without a seed draws from it
 
     @property
     def spec(self) -> str:
@@ -61,8 +63,12 @@ class LoadedModel:
 
     def build(self, device: str | torch.device = "meta", seed: int | None = None) -> nn.Module:
         """Build the model; on `meta` it costs no weight memory."""
-        if seed is not None:
-            torch.manual_seed(seed)
+        if seed is None:  # the same model wherever it is built, the caller's generators left as they were
+            with forked_generators():
+                seed_generators(self.seed)
+                with torch.device(device):
+                    return self._call_builder()
+        seed_generators(seed)
         with torch.device(device):
             return self._call_builder()
 
@@ -160,12 +166,40 @@ def _output_only(loss_fn: Callable[[Any], torch.Tensor]) -> Callable[[Any, Any],
     return loss
 
 
+def seed_generators(seed: int) -> None:
+    """Seed every global generator a model file may draw from while it builds the model or its
+    examples: torch's, Python's `random` and NumPy's (Time-Series-Library picks FEDformer's Fourier
+    modes with `np.random.shuffle`): each process then builds the same model."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+
+
+@contextmanager
+def forked_generators() -> Iterator[None]:
+    """Inside, draw freely: torch's, Python's and NumPy's global generators are restored on exit."""
+    numpy = sys.modules.get("numpy")
+    python_state, numpy_state = random.getstate(), numpy.random.get_state() if numpy is not None else None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        random.setstate(python_state)
+        numpy = numpy or sys.modules.get("numpy")
+        if numpy_state is not None:
+            numpy.random.set_state(numpy_state)
+
+
 def load_model(spec: str, seed: int = DEFAULT_SEED) -> LoadedModel:
-    """Load `path/to/model.py[:factory]`, the global RNG seeded with `seed` while the file is
-    imported and its example functions run (the caller's RNG state is left as it was)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return _load(spec)
+    """Load `path/to/model.py[:factory]`, the global generators seeded with `seed` while the file
+    is imported and its example functions run (the caller's generator states are left as they were)."""
+    with forked_generators():
+        seed_generators(seed)
+        loaded = _load(spec)
+    loaded.seed = seed
+    return loaded
 
 
 def _load(spec: str) -> LoadedModel:

@@ -138,6 +138,22 @@ def test_an_unseeded_model_file_loads_the_same_batch_whatever_ran_before():
     assert not torch.equal(first.args[0], other.args[0])
 
 
+def test_an_unseeded_model_file_builds_the_same_model_whatever_python_and_numpy_drew_before():
+    import random
+
+    import numpy as np
+
+    loaded = load_model(str(MODELS / "unseeded.py"))
+    built = []
+    for _ in range(2):
+        random.random(), np.random.rand()  # each process's generators are elsewhere
+        model = loaded.build("cpu", seed=0)
+        built.append((model.net[0].out_features, model.order.tolist()))
+    assert built[0] == built[1]
+    widths = {loaded.build("cpu", seed=s).net[0].out_features for s in range(8)}
+    assert len(widths) > 1  # the seed decides: the draws are not constant
+
+
 def test_an_unseeded_model_file_checks_at_pp1():
     _, cmp = check_locally(load_model(str(MODELS / "unseeded.py")), Plan())
     assert cmp.ok, cmp.failures

@@ -17,8 +17,11 @@ PLANS = {"pp2": Plan(pp=2), "tp2": Plan(tp=2), "pp2-tp2": Plan(pp=2, tp=2)}
 # what each exercises: nanoGPT and minGPT their own loss, an assert on the sequence length, ModuleDict
 # layers, a tied head (nanoGPT), dropout (minGPT); llama2.c RoPE tables, GQA, a tied head; mamba a Python
 # loop over the sequence; nanochat value embeddings, x0 and scaled residuals, smear and backout, QK-norm,
-# sliding windows, soft-capped logits, its own loss
-MODELS_THAT_TRAIN = ["nanogpt", "mingpt", "llama2c", "mamba", "nanochat"]
+# sliding windows, soft-capped logits, its own loss; FEDformer complex spectra and weights (torch.fft, cfloat
+# einsums, in-place writes into a complex zeros tensor filled across a stage cut), one Fourier block shared
+# by two layers, series decomposition, dropout; Informer random draws (torch.randint in ProbSparse
+# attention), BatchNorm1d between encoder layers (compared per micro-batch), dropout
+MODELS_THAT_TRAIN = ["nanogpt", "mingpt", "llama2c", "mamba", "nanochat", "tslib_fedformer", "tslib_informer"]
 
 
 @pytest.fixture(scope="module", params=MODELS_THAT_TRAIN)
@@ -43,3 +46,14 @@ def test_the_seq_first_transformer_is_refused_in_one_line():
         trace_loaded(loaded)
     assert str(exc.value).startswith("cannot trace TransformerModel")
     assert "\n" not in str(exc.value)
+
+
+def test_a_model_that_reads_tensor_values_into_python_is_refused_in_one_line():
+    """Time-Series-Library's TimesNet picks its periods from the data (`.cpu().numpy()` of an FFT's
+    top-k): no one graph holds it. The line names the file, the function and the code."""
+    loaded = load_model(str(OUTSIDE / "tslib_timesnet_tiny.py"))
+    with pytest.raises(GraphsplitError) as exc:
+        trace_loaded(loaded)
+    message = str(exc.value)
+    assert message.startswith("cannot trace Model at TimesNet.py:16 in FFT_for_Period: `top_list = top_list.detach()")
+    assert "reads tensor values into Python" in message and "\n" not in message

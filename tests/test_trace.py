@@ -166,3 +166,31 @@ def test_views_of_unwritten_storage_become_reshapes():
     assert t.tracer == "export"
     targets = [n.target for n in t.gm.graph.nodes if n.op == "call_function"]
     assert torch.ops.aten.view.default not in targets and targets.count(torch.ops.aten.reshape.default) == 2
+
+
+@pytest.mark.parametrize("tracer", ["fx", "export"])
+def test_a_tensor_filled_in_place_across_a_cut_is_sent_with_its_writes(models_dir, monkeypatch, tracer):
+    """`filled = torch.zeros(...)` then `filled[:, i].copy_(...)` layer by layer: a stage after the cut
+    used to recompute the zeros (a factory call on sizes looks free to recompute) and lost the
+    writes made before the cut. Now the written storage is computed once and sent, at pp 2 and 3."""
+    monkeypatch.setenv("FILLED_TRACER", tracer)
+    loaded = load_model(str(models_dir / "filled_in_place.py"))
+    for plan in (Plan(pp=2), Plan(pp=3, microbatches=1)):
+        program, cmp = check_locally(loaded, plan)
+        assert program.traced.tracer == tracer
+        assert cmp.ok, (plan, cmp.failures)
+        assert any(k.startswith("grad slots.0.weight") for k in cmp.max_diff), cmp.max_diff
+
+
+def test_export_of_a_meta_model_leaves_a_shared_block_as_built(models_dir, monkeypatch):
+    """torch's reparametrization restores a module reached under two names by one name only: the
+    model kept fake CPU tensors after export and was no longer on meta (FEDformer's shared Fourier
+    blocks), so the graph kept `device=cpu` factory calls and the analysis failed on them."""
+    monkeypatch.setenv("FILLED_TRACER", "export")
+    loaded = load_model(str(models_dir / "filled_in_place.py"))
+    with torch.device("meta"):
+        model = loaded.build()
+    traced = trace_model(model, loaded.args, loaded.kwargs)
+    assert traced.tracer == "export"
+    assert all(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
+    assert "device(type='cpu')" not in traced.gm.code

@@ -3,19 +3,22 @@
 Scalars (sizes, ints) always can. So can tensors computed only from
 parameters, buffers and scalars (a RoPE table sliced to the sequence length,
 a causal mask, a transposed weight): every stage that needs one recomputes it
-from its own copy of the buffer, so it never crosses a pipeline boundary.
+from its own copy of the buffer, so it never crosses a pipeline boundary. Not a
+value some op writes in place (ir/aliasing.py): it is computed once, and sent.
 """
 
 from __future__ import annotations
 
 import torch.fx as fx
 
+from ..ir.aliasing import Storages
 from ..ir.meta import info
 
 _RANDOM = ("rand", "dropout", "bernoulli", "multinomial", "normal")
 
 
 def recomputable(graph: fx.Graph) -> set[fx.Node]:
+    storages = Storages(graph.owning_module) if graph.owning_module is not None else None
     found: set[fx.Node] = set()
     for node in graph.nodes:
         if node.op == "get_attr":
@@ -31,6 +34,8 @@ def recomputable(graph: fx.Graph) -> set[fx.Node]:
             continue
         name = str(getattr(node.target, "__name__", node.target)).lower()
         if any(r in name for r in _RANDOM) or mutates(node, name):
+            continue
+        if storages is not None and storages.is_written(node):  # written in place: computed once, where written
             continue
         if node.all_input_nodes and all(a in found for a in node.all_input_nodes):
             found.add(node)

@@ -114,9 +114,16 @@ def trace_model(
             ) from export_exc
         where = _user_frame(export_exc, source) or _user_frame(fx_error, source)
         at = f" at {where}" if where else ""
+        said = f"torch.fx said '{_first_line(fx_error)}' and torch.export said '{_first_line(export_exc)}'"
+        if any(word in _first_line(export_exc) for word in _READS_VALUES):  # shapes would follow the data
+            raise GraphsplitError(
+                f"cannot trace {type(model).__name__}{at}: it reads tensor values into Python ({said}), so "
+                "what follows depends on the data and no one graph holds it; graphsplit needs shapes and "
+                "control flow fixed by the input sizes: keep such values as tensors (torch.where, torch.cond, "
+                "masks) or run this model unsplit"
+            ) from export_exc
         raise GraphsplitError(
-            f"cannot trace {type(model).__name__}{at}: torch.fx said "
-            f"'{_first_line(fx_error)}' and torch.export said '{_first_line(export_exc)}'; "
+            f"cannot trace {type(model).__name__}{at}: {said}; "
             "make that code traceable: no Python control flow on tensor values (torch.where "
             "or torch.cond instead of if/else on a tensor)"
         ) from export_exc
@@ -145,18 +152,23 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _user_frame(exc: BaseException, source: Path | None) -> str | None:
-    """`file:line` of the innermost frame in the user's file (or outside torch)."""
+    """`file:line in function: `code`` of the innermost frame in the user's file, else of the
+    innermost frame of the model's code (outside torch, graphsplit and the standard library)."""
     frames = traceback.extract_tb(exc.__traceback__)
     want = source.resolve() if source is not None else None
-    for frame in reversed(frames):
-        path = Path(frame.filename)
-        if want is not None and path.resolve() == want:
-            return f"{path.name}:{frame.lineno}"
+    mine = [f for f in frames if want is not None and Path(f.filename).resolve() == want]
+    model_code = [f for f in frames if not _internal(f.filename)]
+    for frame in (mine or model_code)[-1:]:
+        code = f": `{frame.line.strip()}`" if frame.line else ""
+        return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}{code}"
     # torch.export reports the user's frame inside its message
     for line in str(exc).splitlines():
         if source is not None and source.name in line and "line" in line:
             return line.strip()[:200]
     return None
+
+
+_READS_VALUES = ("numpy()", ".item()", ".tolist()", "data-dependent", "data dependent")
 
 
 def _raised_by_model(exc: BaseException) -> str | None:

@@ -50,8 +50,16 @@ def as_if_on_cpu(model: nn.Module) -> Iterator[FakeTensorMode]:
         name: nn.Parameter(fake(p), requires_grad=p.requires_grad) for name, p in model.named_parameters()
     }
     state.update({name: fake(b) for name, b in model.named_buffers()})
-    with _reparametrize_module(model, state, tie_weights=True):
-        yield mode
+    # torch restores a module reached under two names (one attention block shared by two layers)
+    # by one name only: the other keeps the fake tensor. Put back what every module held.
+    held = [(sub, dict(sub._parameters), dict(sub._buffers)) for sub in model.modules()]
+    try:
+        with _reparametrize_module(model, state, tie_weights=True):
+            yield mode
+    finally:
+        for sub, parameters, buffers in held:
+            sub._parameters.update(parameters)
+            sub._buffers.update(buffers)
 
 
 def fake_inputs(mode: FakeTensorMode, value: torch.Tensor) -> torch.Tensor:

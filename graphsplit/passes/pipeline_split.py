@@ -22,6 +22,7 @@ from ..analysis.balance import balanced_cuts
 from ..analysis.cost import boundary_cost, node_cost
 from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
+from ..ir.aliasing import Storages
 from ..ir.meta import info
 from .manager import PassInput, PassResults
 
@@ -54,6 +55,10 @@ def liveness(gm: fx.GraphModule) -> tuple[list[fx.Node], np.ndarray, np.ndarray]
         last_use[node] = lu
     live = np.zeros(n + 2, dtype=np.float64)
     blocked = np.zeros(n + 2, dtype=np.int64)
+    # values sharing a storage that is written in place (ir/aliasing.py) cross a cut as separate
+    # copies: a write after the cut would reach one and not the other. Count them per storage.
+    storages = Storages(gm)
+    sharing: dict[fx.Node, np.ndarray] = {}
     for node in gm.graph.nodes:
         if node.op in ("get_attr", "output"):
             continue
@@ -67,10 +72,17 @@ def liveness(gm: fx.GraphModule) -> tuple[list[fx.Node], np.ndarray, np.ndarray]
         if ni.value == "tensor":
             live[start] += ni.out_bytes
             live[end + 1] -= ni.out_bytes
+            if storages.is_written(node):
+                count = sharing.setdefault(storages.find(node), np.zeros(n + 2, dtype=np.int64))
+                count[start] += 1
+                count[end + 1] -= 1
         elif ni.value == "container":
             blocked[start] += 1
             blocked[end + 1] -= 1
-    return seq, np.cumsum(live)[: n + 1], np.cumsum(blocked)[: n + 1] > 0
+    crossing = np.cumsum(blocked)[: n + 1] > 0
+    for count in sharing.values():
+        crossing |= np.cumsum(count)[: n + 1] > 1
+    return seq, np.cumsum(live)[: n + 1], crossing
 
 
 def cut_places(gm: fx.GraphModule) -> tuple[int, int]:

@@ -58,6 +58,7 @@ import torch.nn as nn
 
 from ..errors import GraphsplitError
 from ..ir.sharding import Layout, Shard, shard_tensor
+from ..loader import seed_generators
 
 if TYPE_CHECKING:
     from ..ir.program import StageProgram
@@ -158,7 +159,7 @@ class FastInit:
             raise GraphsplitError(f"--init fast: no init rule for parameter {missing[0]!r} "
                                   f"({len(missing)} in all): use --init exact")
         with torch.random.fork_rng(devices=[]):  # the same constructor values on every rank, whatever ran before
-            torch.manual_seed(seed)
+            seed_generators(seed)
             shell = loaded.build_buffers_only(keep_up_to=SMALL)
         buffers = dict(shell.named_buffers(remove_duplicate=False))
         given = {n: p.detach() for n, p in shell.named_parameters(remove_duplicate=False)

@@ -28,7 +28,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from ..errors import GraphsplitError
-from ..loader import LoadedModel, parameter_registration
+from ..loader import LoadedModel, forked_generators, parameter_registration, seed_generators
 
 aten = torch.ops.aten
 
@@ -98,7 +98,7 @@ def _registrations(decide: Callable[[int, nn.Module, str, nn.Parameter], nn.Para
         yield
 
 
-def _names_by_call(loaded: LoadedModel) -> tuple[dict[int, str], dict[str, tuple[int, ...]]]:
+def _names_by_call(loaded: LoadedModel, seed: int) -> tuple[dict[int, str], dict[str, tuple[int, ...]]]:
     """Build on meta: the n-th parameter registration -> the name its tensor ends up with."""
     calls: dict[int, nn.Parameter] = {}
 
@@ -106,7 +106,8 @@ def _names_by_call(loaded: LoadedModel) -> tuple[dict[int, str], dict[str, tuple
         calls[index] = param
         return param
 
-    with _registrations(note), torch.device("meta"):
+    with forked_generators(), _registrations(note), torch.device("meta"):
+        seed_generators(seed)  # the structure the CPU build gets (a width drawn from `random`)
         model = loaded._call_builder()
     first = {id(p): n for n, p in model.named_parameters()}
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
@@ -127,14 +128,14 @@ def lean_build(loaded: LoadedModel, seed: int, keep: set[str], draw: bool = True
     """The kept parameters and every buffer, valued as in `loaded.build("cpu", seed)`, under every name.
 
     `draw=False`: random fills of dropped parameters draw nothing (a dry run: the values are not used)."""
-    names, shapes = _names_by_call(loaded)
+    names, shapes = _names_by_call(loaded, seed)
 
     def decide(index: int, module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter:
         if names.get(index) in keep or isinstance(param, _Sink):
             return param  # kept, or a sink registered again under a tied name
         return nn.Parameter(_Sink(param.detach(), draw), requires_grad=param.requires_grad)
 
-    torch.manual_seed(seed)
+    seed_generators(seed)  # torch, random, numpy: every rank builds the same model
     with _registrations(decide):
         try:
             model = loaded._call_builder()
