@@ -131,7 +131,7 @@ def trace_model(
                 f"{type(model).__name__}.forward raised {type(export_exc).__name__} at {own} on the example inputs: "
                 f"'{_first_line(export_exc)}'; make example_inputs() give what the model expects (or fix the model there)"
             ) from export_exc
-        where = _user_frame(export_exc, source) or _user_frame(fx_error, source)
+        where = _user_frame(export_exc, source) or _user_frame(fx_error, source) or _model_frame(fx_error)
         at = f" at {where}" if where else ""
         raise GraphsplitError(
             f"cannot trace {type(model).__name__}{at}: torch.fx said "
