@@ -12,6 +12,7 @@ from rich.console import Console
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.compile import compile_loaded, compile_program
+from graphsplit.ir.meta import module_path
 from graphsplit.ir.trace import trace_model
 from graphsplit.launch.parity import check_locally
 from graphsplit.report.artifacts import stage_source
@@ -45,18 +46,23 @@ def test_the_issue_repro_traces_with_fx_and_trains_at_pp_tp_and_both():
 
 def test_every_decided_condition_survives_every_pass():
     """An assert on the sequence length, an `if` on it in each block, an assert on parameter sizes in
-    each block and an `if` on the batch size: 6 checks, each kept once, across stages, inside
-    checkpointed blocks, under tp; the stage files show them and are Python."""
+    each block and an `if` on the batch size. Checks on the input's sizes run first, once each (the
+    input is not sent to the last stage to be measured there); those on a block's parameters stay in
+    the block (inside its checkpointed region), under tp on the whole weight's size. Each plan against
+    the untouched model; the stage files show the checks and are Python."""
     loaded, traced = traced_once(MODELS / "size_branches.py")
-    assert traced.tracer == "fx" and traced.reason.count("size_branches.py:") == 6
-    for plan in (Plan(pp=2), Plan(pp=2, tp=2, checkpoint="blocks")):
+    assert traced.tracer == "fx" and traced.reason.count("size_branches.py:") == 4
+    for plan in (Plan(pp=3, microbatches=2), Plan(pp=2, tp=2, checkpoint="blocks")):
         program, cmp = check_locally(loaded, plan, traced=traced.copy())
         assert cmp.ok, (plan, cmp.failures)
-        assert sum(_checks(program)) == 6 and all(_checks(program)), _checks(program)
+        assert sum(_checks(program)) == 5, _checks(program)
+        assert [st.index for st in program.stages if "idx" in st.inputs] == [0]
         for st in program.stages:
             compile(stage_source(st, program), f"stage_{st.index}.py", "exec")
-    text = stage_source(program.stages[0], program)  # the checkpointed regions hold the blocks' checks
-    assert "size_branches.py:44 in forward `assert t <= 64" in text
+    text = stage_source(program.stages[0], program)
+    assert "size_branches.py:45 in forward `assert t <= 64" in text and "size_branches.py:49" in text
+    assert {module_path(n) for n in traced.gm.graph.nodes
+            if n.target is torch._assert and "fused qkv" in str(n.args[1])} == {"blocks.0", "blocks.1"}
 
 
 def test_a_micro_batch_that_decides_a_condition_otherwise_fails_in_one_line():
@@ -65,7 +71,7 @@ def test_a_micro_batch_that_decides_a_condition_otherwise_fails_in_one_line():
     with pytest.raises(GraphsplitError) as exc:
         compile_loaded(loaded, Plan(pp=2, microbatches=4), traced=traced.copy())
     message = str(exc.value)
-    assert message.startswith("size_branches.py:48 in forward `if b >= 2:` was True on the example inputs "
+    assert message.startswith("size_branches.py:49 in forward `if b >= 2:` was True on the example inputs "
                               "and is False here: graphsplit traced only the branch the example inputs took")
     assert "--microbatches" in message and "\n" not in message
 

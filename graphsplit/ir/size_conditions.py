@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .meta import SourceLine
+from .meta import SourceLine, info
 
 # what a size expression may be made of: sizes of a tensor, then arithmetic and comparisons
 _SIZE_METHODS = frozenset({"size", "dim", "ndimension", "numel"})
@@ -144,6 +144,55 @@ def length_message(place: str, length: int) -> str:
             f"the model at that length; {_KEEP.split('; ', 1)[1]}")
 
 
+def hoist_checks(graph: fx.Graph) -> None:
+    """Move each check that reads only the inputs' sizes (and its size expression) to just after the
+    inputs. Where the model wrote it (`if b >= 2:` after the blocks), it would make the inputs live to a
+    later pipeline stage only to be measured there; at the top it runs in stage 0, on the values stage 0
+    has. A check that reads a parameter's size stays where it is: moved, it would clone that parameter
+    into another stage."""
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    if not placeholders:
+        return
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    anchor = placeholders[-1]
+    hoisted: set[fx.Node] = set()  # with the placeholders, all that precedes `anchor`
+    seen: set[Any] = set()
+    for check in [n for n in graph.nodes if info(n).extra.get(DECIDED)]:
+        key = _spelling(check)
+        if key in seen:  # the same check in every block: once is enough
+            _erase_with_unused_inputs(graph, check)
+            continue
+        seen.add(key)
+        expression: set[fx.Node] = set()
+        stack = list(check.all_input_nodes)
+        while stack:
+            node = stack.pop()
+            if node.op != "placeholder" and node not in expression:
+                expression.add(node)
+                stack.extend(node.all_input_nodes)
+        if any(n.op != "call_method" and n.op != "call_function" for n in expression):
+            continue
+        for node in sorted(expression - hoisted, key=order.__getitem__) + [check]:
+            anchor.append(node)
+            anchor = node
+            hoisted.add(node)
+
+
+def _spelling(node: fx.Node) -> Any:
+    """What a node computes, as a hashable tree of its ops down to the placeholders and attributes."""
+    if node.op in ("placeholder", "get_attr"):
+        return (node.op, node.target)
+    return (node.op, node.target, fx.node.map_arg((node.args, tuple(node.kwargs.items())), _spelling))
+
+
+def _erase_with_unused_inputs(graph: fx.Graph, node: fx.Node) -> None:
+    inputs = node.all_input_nodes
+    graph.erase_node(node)
+    for used in inputs:
+        if not used.users and used.op in ("call_method", "call_function"):
+            _erase_with_unused_inputs(graph, used)
+
+
 def check_export_ranges(gm: fx.GraphModule, ranges: dict[Any, Any]) -> int:
     """torch.export keeps what a condition on a symbolic size decided as that size's range
     (`if h.size(0) > 2:` leaves the batch dim in [3, inf]) and checks it in a guard function the
@@ -152,8 +201,6 @@ def check_export_ranges(gm: fx.GraphModule, ranges: dict[Any, Any]) -> int:
     the model's and is not checked. Returns how many checks were added."""
     import sympy
     from torch.utils._sympy.numbers import int_oo
-
-    from .meta import info
 
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     added = 0

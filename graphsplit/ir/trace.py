@@ -58,6 +58,7 @@ from .size_conditions import (
     check_export_ranges,
     check_message,
     condition_frame,
+    hoist_checks,
     length_message,
     where,
 )
@@ -242,6 +243,7 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}))
     graph = tracer.trace(model, concrete_args=concrete or None)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
+    hoist_checks(graph)
     spec = _flat_output(graph)
     # Python code is generated on the first call, not here: the planner reads the graph of a deep
     # model and never runs it whole (0.4-0.6 s of a 405B's 2 s trace is that code)
@@ -256,7 +258,8 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         b.apply_defaults()
         return [b.arguments[k] for k in tensor_names]
 
-    decided = f" (sizes decided on the example inputs: {'; '.join(tracer.conditions)})" if tracer.conditions else ""
+    places = "; ".join(dict.fromkeys(tracer.conditions))  # a block's condition once, not once per block
+    decided = f" (sizes decided on the example inputs: {places})" if places else ""
     return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls, f"torch.fx{decided}")
 
 

@@ -20,7 +20,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
 
     def forward(self, x, idx):
-        assert self.qkv.weight.size(0) == 3 * self.o.weight.size(1), "fused qkv"
+        # the whole weight's size, under tp too
+        assert self.qkv.weight.size(0) == 3 * D, "fused qkv"
         B, T, C = x.size()
         q, k, v = self.qkv(self.ln(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, HEADS, C // HEADS).transpose(1, 2) for t in (q, k, v))
