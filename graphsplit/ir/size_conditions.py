@@ -62,7 +62,12 @@ class SizeValues:
 
     def __call__(self, node: fx.Node) -> Any:
         if node not in self.memo:
-            self.memo[node] = self._evaluate(node)
+            try:
+                self.memo[node] = self._evaluate(node)
+            except Unknown:
+                raise
+            except Exception as exc:  # `x.size(5)`, `t // 0`: the model's own error, where it runs
+                raise Unknown(node.name) from exc
         return self.memo[node]
 
     def plain(self, node: fx.Node) -> Any:
