@@ -10,7 +10,7 @@ from graphsplit.errors import GraphsplitError
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
 
-from .conftest import MODELS
+from .conftest import MODELS, traced_once
 
 OUTSIDE = MODELS / "outside"
 PLANS = {"pp2": Plan(pp=2), "tp2": Plan(tp=2), "pp2-tp2": Plan(pp=2, tp=2)}
@@ -38,13 +38,21 @@ def test_an_unchanged_model_trains_as_the_untouched_one(outside, plan):
     assert "loss" in cmp.max_diff and any(k.startswith("grad ") for k in cmp.max_diff), cmp.max_diff
 
 
-def test_the_seq_first_transformer_is_refused_in_one_line():
-    """pytorch/examples' word_language_model: nn.TransformerEncoder checks its mask's values
-    (data-dependent for torch.export) and the model takes len() of its input (not traceable by fx)."""
-    loaded = load_model(str(OUTSIDE / "word_language_model_tiny.py"))
+def test_the_seq_first_transformer_traces_and_trains_at_tp_2():
+    """pytorch/examples' word_language_model: it takes len() of its input and caches the causal mask it
+    builds on itself. torch.fx records the length as a checked constant (ir/size_conditions.py) and the
+    model is left as it was; nn.TransformerEncoder, which looks at its mask's values, stays one module.
+    It is sequence-first: at tp 2 the batch is not cut; at pp 2 the micro-batches are cut along dim 0,
+    its sequence, and the length check refuses that in one line naming the model's line."""
+    loaded, traced = traced_once(OUTSIDE / "word_language_model_tiny.py")
+    assert traced.tracer == "fx" and "model.py:135" in traced.reason
+    program, cmp = check_locally(loaded, Plan(tp=2), traced=traced.copy())
+    assert cmp.ok, cmp.failures
+    assert program.param_shardings and any(k.endswith("(rank 1)") for k in cmp.max_diff), cmp.max_diff
     with pytest.raises(GraphsplitError) as exc:
-        trace_loaded(loaded)
-    assert str(exc.value).startswith("cannot trace TransformerModel")
+        check_locally(loaded, Plan(pp=2), traced=traced.copy())
+    assert str(exc.value).startswith("model.py:135 in forward `mask = self._generate_square_subsequent_mask(len(src))"
+                                     ".to(device)` took len() = 16 on the example inputs and another length here")
     assert "\n" not in str(exc.value)
 
 

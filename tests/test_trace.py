@@ -42,14 +42,16 @@ def test_keyword_tensor_inputs_become_placeholders():
 
 
 class ShapeBranch(nn.Module):
-    """fx cannot follow `if x.shape[0] > 1`; export can (a guard on a size)."""
+    """fx cannot follow `if h.shape[0] > 1` on a computed tensor's size; export can (a guard on a
+    size). A condition on the inputs' sizes fx decides itself (test_size_conditions.py)."""
 
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(4, 4)
 
     def forward(self, x):
-        if x.shape[0] > 1:
+        h = x.transpose(0, 1).transpose(0, 1)
+        if h.shape[0] > 1:
             x = x * 3
         return self.lin(x)
 

@@ -19,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, module_path
 from ..ir.optable import OpKind, classify
+from ..ir.size_conditions import DECIDED
 
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
 
@@ -87,6 +88,15 @@ class _MetaAnnotator(fx.Interpreter):
         return value
 
 
+    def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return super().call_module(target, args, kwargs)
+        except RuntimeError as exc:
+            module = self.fetch_attr(str(target))
+            if "on meta tensors" not in str(exc) or _nbytes(module, args, kwargs) > _CPU_LIMIT:
+                raise
+            return _on_cpu(module, args, kwargs)  # a torch module that reads values: its shapes on CPU
+
     def _failed(self, n: fx.Node, exc: Exception) -> GraphsplitError:
         """What failed, on which shapes, where in the model's code, and what to change."""
         what = _name(n) if n.op != "call_module" else type(self.modules[str(n.target)]).__name__
@@ -95,11 +105,40 @@ class _MetaAnnotator(fx.Interpreter):
         src = info(n).source
         at = f" at {src}" if src is not None else ""
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if info(n).extra.get(DECIDED):  # a condition decided while tracing, decided otherwise here
+            return GraphsplitError(f"{message}{f' (in module {module!r})' if module else ''}")
         return GraphsplitError(
             f"{what} in module '{module or '<root>'}'{at} fails on input shape(s) "
             f"{', '.join(map(str, shapes)) or '(none)'}: {type(exc).__name__}: {message}; "
             "make example_inputs() give the shapes and dtypes this model expects (or fix the model there)"
         )
+
+
+# A module of torch's that reads its inputs' values (nn.TransformerEncoder looks whether its mask is
+# causal with `bool((mask == causal).all())`) cannot run on meta. Its output's shape does not depend
+# on them: it runs once on zeros on the CPU instead, if that is small.
+_CPU_LIMIT = 1 << 28
+
+
+def _nbytes(module: torch.nn.Module, args: Any, kwargs: Any) -> int:
+    tensors = [*module.parameters(), *module.buffers(), *pytree.tree_leaves((args, kwargs))]
+    return _tensor_bytes([t for t in tensors if isinstance(t, torch.Tensor)])
+
+
+def _on_cpu(module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+    def zeros(t: torch.Tensor) -> torch.Tensor:
+        z = torch.zeros(t.shape, dtype=t.dtype)
+        return z.requires_grad_() if t.requires_grad else z
+
+    state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
+    cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
+    out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
+
+    def to_meta(t: torch.Tensor) -> torch.Tensor:
+        m = torch.empty(t.shape, dtype=t.dtype, device="meta")
+        return m.requires_grad_() if t.requires_grad else m
+
+    return pytree.tree_map_only(torch.Tensor, to_meta, out)
 
 
 def annotate(

@@ -33,7 +33,7 @@ from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .meta import META_KEY, TensorSpec, canonical_names, info
 from .optable import OpKind
 from .sharding import Layout, Replicate, Shard, local_shape
-from .trace import Traced, fill_leaves, split_leaves
+from .trace import CONSTANT, Traced, fill_leaves, split_leaves
 
 
 @dataclass
@@ -232,7 +232,8 @@ def build_program(
 
     # 4. One graph per stage.
     canon_p = canonical_names(gm, params=True)
-    canon_b = canonical_names(gm, params=False)
+    made = {str(n.target) for n in gm.graph.find_nodes(op="get_attr") if info(n).extra.get(CONSTANT)}
+    canon_b = {k: name for k, name in canonical_names(gm, params=False).items() if name not in made}
     stages: list[StageProgram] = []
     for s in range(num):
         graph = fx.Graph()

@@ -50,9 +50,23 @@ from .grad_regions import (
     training_grad_mode,
 )
 from .meta import SourceLine, fresh_copy, info
+from .module_state import left_as_found
+from .size_conditions import (
+    DECIDED,
+    SizeValues,
+    Unknown,
+    check_export_ranges,
+    check_message,
+    condition_frame,
+    hoist_checks,
+    length_message,
+    where,
+)
 from .trace_device import as_if_on_cpu, back_to_meta, fake_inputs, on_meta
 
 _SPECIALIZED = ("has been specialized",)
+# NodeInfo.extra key of a get_attr node reading a tensor the model's forward made (`mark_constants`)
+CONSTANT = "trace_constant"
 
 
 @dataclass
@@ -67,6 +81,9 @@ class Traced:
     # the calls of the modules `trace_model(..., watch=)` named: name -> (args, kwargs, output), proxies
     # as their nodes (fx only; the planner's fold reads how its blocks were called)
     calls: dict[str, tuple[Any, Any, Any]] = field(default_factory=dict, repr=False)
+    # which tracer and why, for the summary: "torch.fx", with the size conditions it decided, or
+    # "torch.export: torch.fx failed at model.py:33: ..."
+    reason: str = ""
 
     def flatten_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
         return tuple(self._flatten(args, kwargs))
@@ -94,15 +111,18 @@ def trace_model(
     as one call_module node each, not traced through (fx only); `watch`: submodules whose calls are
     recorded in `Traced.calls`."""
     try:
-        with training_grad_mode():
+        with training_grad_mode(), left_as_found(model):
             return _trace_fx(model, args, kwargs, leaves, watch)
     except GraphsplitError:
         raise
     except Exception as fx_exc:  # any tracer failure: try the other tracer
         fx_error = fx_exc
     try:
-        with _quiet_torch_logs(), training_grad_mode():
-            return _trace_export(model, args, kwargs)
+        with _quiet_torch_logs(), training_grad_mode(), left_as_found(model):
+            traced = _trace_export(model, args, kwargs)
+        fx_at = _user_frame(fx_error, source) or _model_frame(fx_error)
+        traced.reason = f"torch.export: torch.fx failed{f' at {fx_at}' if fx_at else ''}: {_first_line(fx_error)}"
+        return traced
     except GraphsplitError:
         raise
     except Exception as export_exc:
@@ -112,7 +132,7 @@ def trace_model(
                 f"{type(model).__name__}.forward raised {type(export_exc).__name__} at {own} on the example inputs: "
                 f"'{_first_line(export_exc)}'; make example_inputs() give what the model expects (or fix the model there)"
             ) from export_exc
-        where = _user_frame(export_exc, source) or _user_frame(fx_error, source)
+        where = _user_frame(export_exc, source) or _user_frame(fx_error, source) or _model_frame(fx_error)
         at = f" at {where}" if where else ""
         said = f"torch.fx said '{_first_line(fx_error)}' and torch.export said '{_first_line(export_exc)}'"
         if any(word in _first_line(export_exc) for word in _READS_VALUES):  # shapes would follow the data
@@ -171,6 +191,18 @@ def _user_frame(exc: BaseException, source: Path | None) -> str | None:
 _READS_VALUES = ("numpy()", ".item()", ".tolist()", "data-dependent", "data dependent")
 
 
+def _model_frame(exc: BaseException) -> str | None:
+    """`file:line` of the innermost frame of the model's code (outside torch and graphsplit), else of the
+    torch module it called (nn.TransformerEncoder's own checks), never of the tracers."""
+    frames = list(reversed(traceback.extract_tb(exc.__traceback__)))
+    tracers = (os.path.dirname(os.path.realpath(fx.__file__)) + os.sep, _GRAPHSPLIT,
+               os.path.dirname(os.path.realpath(torch.export.__file__)) + os.sep)
+    for frame in (*[f for f in frames if not _internal(f.filename)],
+                  *[f for f in frames if not os.path.realpath(f.filename).startswith(tracers)]):
+        return f"{Path(frame.filename).name}:{frame.lineno}"
+    return None
+
+
 def _raised_by_model(exc: BaseException) -> str | None:
     """`file:line` when the exception was raised by the model's own code (its innermost frame is
     outside torch, graphsplit and the installed packages), as export runs it on fake tensors."""
@@ -220,13 +252,15 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     for k, v in concrete.items():
         if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v):
             raise TypeError(f"input {k!r} is a container of tensors")
-    tracer = _Tracer(leaves, watch)
+    tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}))
     graph = tracer.trace(model, concrete_args=concrete or None)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
+    hoist_checks(graph)
     spec = _flat_output(graph)
     # Python code is generated on the first call, not here: the planner reads the graph of a deep
     # model and never runs it whole (0.4-0.6 s of a 405B's 2 s trace is that code)
     gm = _LazyGraphModule(model, graph, class_name=type(model).__name__)
+    mark_constants(gm, model)
     names = [n.target for n in graph.nodes if n.op == "placeholder"]
     if names != tensor_names:
         raise TypeError(f"unexpected placeholders {names}")
@@ -236,22 +270,90 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         b.apply_defaults()
         return [b.arguments[k] for k in tensor_names]
 
-    return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls)
+    places = "; ".join(dict.fromkeys(tracer.conditions))  # a block's condition once, not once per block
+    decided = f" (sizes decided on the example inputs: {places})" if places else ""
+    return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls, f"torch.fx{decided}")
+
+
+def mark_constants(gm: fx.GraphModule, model: nn.Module) -> None:
+    """Mark the get_attr nodes of tensors forward made (`torch.ones(sz, sz)`: fx's `_tensor_constant0`,
+    export's lifted constants): no weight of the model, though a GraphModule registers each as a
+    buffer (again at every copy), so the program carries their values instead of looking them up in
+    the weights (ir/program.py)."""
+    own = {name for name, _ in (*model.named_parameters(remove_duplicate=False),
+                                *model.named_buffers(remove_duplicate=False))}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        if node.target not in own and isinstance(operator.attrgetter(str(node.target))(gm), torch.Tensor):
+            info(node).extra[CONSTANT] = True
 
 
 def _as_nodes(value: Any) -> Any:
     return pytree.tree_map_only(fx.Proxy, lambda p: p.node, value)
 
 
+class _Proxy(GradModeProxy):
+    """fx's Proxy has no length; `len(src)` of an input is often known from the example inputs."""
+
+    def __len__(self) -> int:
+        n = self.tracer.length(self)
+        return super().__len__() if n is None else n  # None: fx's own error, the model goes to export
+
+
 class _Tracer(fx.Tracer):
     # Buffers become graph values, so `self.rope_cos[:T]` with a traced T is traceable.
     proxy_buffer_attributes = True
 
-    def __init__(self, leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset()) -> None:
+    def __init__(self, leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset(),
+                 sizes: SizeValues | None = None) -> None:
         super().__init__()
         self.leaves = leaves
         self.watch = watch
         self.calls: dict[str, tuple[Any, Any, Any]] = {}
+        self.sizes = sizes
+        self.conditions: list[str] = []  # where each decided condition is (size_conditions.py)
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        """`assert t <= 64`, `if x.size(1) > 1:` on sizes known from the example inputs: decided here and
+        checked in the graph, so a call that decides it the other way fails (size_conditions.py)."""
+        try:
+            if self.sizes is None:
+                raise Unknown(obj.node.name)
+            decided = bool(self.sizes.plain(obj.node))
+        except Unknown:
+            return super().to_bool(obj)  # fx's error: the model goes to torch.export
+        place = self._place()
+        holds = obj if decided else self.create_proxy("call_function", operator.not_, (obj,), {})
+        self._check(holds, place, check_message(place, decided))
+        return decided
+
+    def length(self, obj: fx.Proxy) -> int | None:
+        """`len(src)` of an input whose size is known from the example inputs (None: not known). The
+        length becomes a constant of the graph; a call with another length fails its check."""
+        try:
+            if self.sizes is None:
+                raise Unknown(obj.node.name)
+            value = self.sizes(obj.node)
+        except Unknown:
+            return None
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            n, measured = value.shape[0], self.create_proxy("call_method", "size", (obj, 0), {})
+        elif isinstance(value, tuple):  # `len(x.shape)`: the number of dims
+            n, measured = len(value), self.create_proxy("call_function", len, (obj,), {})
+        else:
+            return None
+        holds = self.create_proxy("call_function", operator.eq, (measured, n), {})
+        place = self._place()
+        self._check(holds, place, length_message(place, n))
+        return n
+
+    def _place(self) -> str:
+        # frames: _place <- to_bool/length <- the proxy's __bool__/__len__ <- the condition's code
+        return where(condition_frame(sys._getframe(2)), _user_source(sys._getframe(2)))
+
+    def _check(self, holds: fx.Proxy, place: str, message: str) -> None:
+        check = self.create_proxy("call_function", torch._assert, (holds, message), {})
+        info(check.node).extra[DECIDED] = True
+        self.conditions.append(place)
 
     def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = super().call_module(m, forward, args, kwargs)
@@ -262,7 +364,7 @@ class _Tracer(fx.Tracer):
         return out
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
-        return GradModeProxy(node, self)
+        return _Proxy(node, self)
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
         if isinstance(root, nn.Module):
@@ -422,6 +524,7 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         except Exception:  # a symbolic batch dim is a bonus: retry fully static
             ep = torch.export.export(model, meta_args, meta_kwargs, strict=False)
         gm = ep.module()
+        ranges = ep.range_constraints
     if on_meta(model):
         back_to_meta(gm, model)
     graph = gm.graph
@@ -442,6 +545,8 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     _flat_output(graph)  # already flat: the structure is export's out_spec
     inline_grad_regions(gm)
     views_to_reshapes(gm)  # views that relied on the trace device's strides: export_views.py
+    check_export_ranges(gm, ranges)
+    mark_constants(gm, model)
     for node in graph.nodes:
         info(node).source = _source_from_stack_trace(node.meta.get("stack_trace"))
     mark_inference_mode(gm, type(model).__name__)

@@ -94,6 +94,7 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
     ]
     data: dict[str, Any] = {
         "tracer": program.traced.tracer,
+        "tracer_reason": program.traced.reason,
         "plan": plan.to_dict(),
         "num_stages": plan.num_stages,
         "microbatches": plan.num_microbatches,
@@ -181,6 +182,8 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
             sent,
         )
     console.print(table)
+    if summary.get("tracer_reason"):
+        console.print(f"traced with {summary['tracer_reason']}")
     if summary.get("note"):
         console.print(f"note: {summary['note']}")
     console.print(f"balance (max stage cost / mean): {summary['balance']:.3f}")
