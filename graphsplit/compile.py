@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .analysis.loss_reduction import TokenMeans
 from .analysis.shapes import annotate
 from .errors import GraphsplitError
 from .ir.program import Program, build_program
@@ -36,7 +37,7 @@ from .passes.manager import LossInput, Pass, PassInput, run_passes
 from .passes.pipeline_split import cut_places, pipeline_split_pass, too_few_cuts
 from .passes.sync_batch_norm import sync_batch_norm_pass
 from .passes.tensor_parallel import TensorParallelResult, tensor_parallel_pass
-from .passes.token_mean import TokenMeans, token_mean_pass
+from .passes.token_mean import token_mean_pass
 from .passes.vocab_parallel_loss import VocabParallelLoss, vocab_parallel_loss_pass
 from .plan import Plan, divisors
 from .runtime.microbatch import split_microbatches

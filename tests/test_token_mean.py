@@ -146,3 +146,17 @@ def test_counts_read_only_the_data():
     assert [m.why_not for m in found] == ["", "its count depends on the model's output",
                                           "its count reads a parameter or buffer of the model"]
     assert int(found[0].count.gm(torch.tensor([1, -100, 2]))) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_uneven_padding_passes_the_real_check_at_pp2_dp2():
+    """4 gloo processes: each rank counts its replica's share and the dp group sums the counts; loss
+    curve, gradient norms and weights after 2 steps equal the untouched model's on the whole batch."""
+    from graphsplit.launch.launcher import RunOptions, run_training
+
+    lines: list[str] = []
+    cmp = run_training(str(MODELS / "ignore_index.py"), Plan(pp=2, dp=2), RunOptions(steps=2, check=True, timeout_s=240),
+                       echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    assert any(line.startswith("note: the cross-entropy in loss_fn is normalized") for line in lines), lines

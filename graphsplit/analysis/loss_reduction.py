@@ -63,6 +63,29 @@ class TokenMean:
     numerator: fx.Node | None = None  # a masked mean's sum
 
 
+@dataclass(frozen=True)
+class Count:
+    """One normalized mean: where it is (for `run`'s words) and its count graph, which reads the
+    model's flat inputs (`reads` 'inputs') or the target ('target')."""
+
+    where: str
+    what: str
+    reads: str
+    graph: CountGraph
+
+
+@dataclass(frozen=True)
+class TokenMeans:
+    """The pass's result: the means normalized by the global count, in factor order; those it could not
+    prove ('the cross-entropy at model.py:12: why'); the user's loss as a graph with its means rewritten
+    (None when it has none to rewrite); whether loss_fn failed to trace."""
+
+    counts: tuple[Count, ...]
+    unproven: tuple[str, ...]
+    loss_gm: fx.GraphModule | None
+    loss_untraced: bool = False
+
+
 def token_means(gm: fx.GraphModule) -> Iterator[str]:
     """Where `gm` averages a cross-entropy or NLL over the tokens it counts: the model's line (or
     the node's name)."""

@@ -36,7 +36,7 @@ from .sharding import Layout, Replicate, Shard, local_shape
 from .trace import Traced, fill_leaves, split_leaves
 
 if TYPE_CHECKING:
-    from ..passes.token_mean import TokenMeans
+    from ..analysis.loss_reduction import TokenMeans
 
 
 @dataclass
@@ -104,7 +104,7 @@ class Program:
     # which output tensors stay sharded (index among the last stage's outputs -> Shard)
     loss_gm: fx.GraphModule | None = None
     sharded_outputs: dict[int, Shard] = field(default_factory=dict)
-    # means over counted tokens normalized by the global count (passes/token_mean.py's TokenMeans):
+    # means over counted tokens normalized by the global count (passes/token_mean.py):
     # their count graphs, run on each step's batch (runtime/token_count.py)
     token_means: TokenMeans | None = None
 

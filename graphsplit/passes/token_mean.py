@@ -20,14 +20,12 @@ It runs before tensor parallelism, whose vocab-parallel cross-entropy then compu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from ..analysis.loss_reduction import CountGraph, TokenMean, additive_in, find_token_means
+from ..analysis.loss_reduction import Count, TokenMean, TokenMeans, additive_in, find_token_means
 from ..analysis.shapes import annotate
 from ..ir.meta import info, insert_node
 from ..ir.optable import OpKind
@@ -38,29 +36,6 @@ from .manager import PassInput, PassResults
 
 aten = torch.ops.aten
 _SUM = 2  # ATen's reduction enum: 0 none, 1 mean, 2 sum
-
-
-@dataclass(frozen=True)
-class Count:
-    """One normalized mean: where it is (for `run`'s words) and its count graph, which reads the
-    model's flat inputs (`reads` 'inputs') or the target ('target')."""
-
-    where: str
-    what: str
-    reads: str
-    graph: CountGraph
-
-
-@dataclass(frozen=True)
-class TokenMeans:
-    """The pass's result: the means normalized by the global count, in factor order; those it could not
-    prove ('the cross-entropy at model.py:12: why'); the user's loss as a graph with its means rewritten
-    (None when it has none to rewrite); whether loss_fn failed to trace."""
-
-    counts: tuple[Count, ...]
-    unproven: tuple[str, ...]
-    loss_gm: fx.GraphModule | None
-    loss_untraced: bool = False
 
 
 def token_mean_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, TokenMeans | None]:

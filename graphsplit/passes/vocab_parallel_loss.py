@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from ..analysis.loss_reduction import TokenMeans
 from ..analysis.shapes import annotate
 from ..ir.meta import fresh_copy, info
 from ..ir.sharding import S, Shard
@@ -25,7 +26,6 @@ from ..ops import tp as tpops
 from .loss_graph import trace_loss
 from .manager import PassInput, PassResults
 from .tensor_parallel import parallelize_loss
-from .token_mean import TokenMeans
 
 
 @dataclass(frozen=True)
