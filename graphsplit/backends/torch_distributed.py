@@ -189,7 +189,7 @@ class DistributedPipeline:
             if self.loss_group is not None:
                 dist.all_reduce(counts, group=self.loss_group)
 
-        set_factors(self._counted, token_factors(self.program, inputs, target, over_replicas))
+        set_factors(self._counted, token_factors(self.program, [(inputs, target)], over_replicas))
 
     def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
         """One training step's forward and backward; (mean loss, merged output) on the last stage."""

@@ -3,9 +3,9 @@
 passes/token_mean.py rewrote each proven mean over counted tokens into its piece's sum times a
 factor (ops/token_scale.py) and kept, per mean, a graph computing its count from the data
 (analysis/loss_reduction.py's `CountGraph`: `(labels[..., 1:] != -100).sum()` for HF's shifted
-labels). Before each step the backend runs them on its batch: the local backend on the whole
-global batch; a rank on its own replica's share, summed over the dp replicas with one all-reduce
-(Megatron's way, and the only one for `parallelize()`, where a rank sees only its share). The factor
+labels). Before each step the backend runs them on each dp replica's share and sums the counts: a rank
+on its own share, summed over the dp group with one all-reduce (Megatron's way, and the only one for
+`parallelize()`, where a rank sees only its share); the local backend over the shares it runs in turn. The factor
 is pieces / count, pieces being the micro-batches x replicas whose losses are averaged as equals.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -47,14 +47,15 @@ def batch_counts(program: Program, inputs: tuple[Any, ...], target: Any) -> torc
     return torch.stack(found)
 
 
-def token_factors(program: Program, inputs: tuple[Any, ...], target: Any,
+def token_factors(program: Program, batches: Sequence[tuple[tuple[Any, ...], Any]],
                   reduce: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor | None:
-    """This step's factor per normalized mean: pieces / its count over the global batch. `inputs` and
-    `target` are the whole global batch, or with `reduce` (summing over the dp replicas in place)
-    this replica's share."""
-    counts = batch_counts(program, inputs, target)
-    if counts is None:
+    """This step's factor per normalized mean: pieces / its count over the global batch, the sum of
+    its counts in `batches` ((flat inputs, target) each: the replicas' shares this process holds)
+    and, with `reduce` (summing over the dp group in place), in the other processes' shares."""
+    found = [batch_counts(program, inputs, target) for inputs, target in batches]
+    if not found or found[0] is None:
         return None
+    counts = torch.stack(found).sum(0)  # type: ignore[arg-type]
     if reduce is not None:
         reduce(counts)
     plan = program.plan
