@@ -4,6 +4,8 @@ The passes, in the order they run (each in graphsplit/passes/):
 
 - grad_mode.py: ops the model ran under no_grad / inference_mode get detached
   inputs, so the program trains exactly what the model trains;
+- token_mean.py: means over counted tokens (cross-entropy with ignore_index, masked means)
+  become sums times a per-step factor: normalized by the whole global batch's count;
 - sync_batch_norm.py: with --sync-bn, BatchNorm statistics over the dp replicas;
 - tensor_parallel/: shard linears and embeddings, insert the tp collectives;
 - vocab_parallel_loss.py: keep vocab-sharded logits sharded into a cross-entropy;
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .analysis.loss_reduction import TokenMeans
 from .analysis.shapes import annotate
 from .errors import GraphsplitError
 from .ir.program import Program, build_program
@@ -34,12 +37,14 @@ from .passes.manager import LossInput, Pass, PassInput, run_passes
 from .passes.pipeline_split import cut_places, pipeline_split_pass, too_few_cuts
 from .passes.sync_batch_norm import sync_batch_norm_pass
 from .passes.tensor_parallel import TensorParallelResult, tensor_parallel_pass
+from .passes.token_mean import token_mean_pass
 from .passes.vocab_parallel_loss import VocabParallelLoss, vocab_parallel_loss_pass
 from .plan import Plan, divisors
 from .runtime.microbatch import split_microbatches
 
 PASSES: tuple[tuple[str, Pass], ...] = (
     ("grad_mode", grad_mode_pass),
+    ("token_mean", token_mean_pass),
     ("sync_batch_norm", sync_batch_norm_pass),
     ("tensor_parallel", tensor_parallel_pass),
     ("vocab_parallel_loss", vocab_parallel_loss_pass),
@@ -171,13 +176,15 @@ def compile_program(
     timings.update({f"pass:{k}": v for k, v in run.timings.items()})
     tp = run.results.get(TensorParallelResult)
     vocab_loss = run.results.get(VocabParallelLoss)
+    token_means = run.results.get(TokenMeans)
     start = time.perf_counter()
     program = build_program(
         traced, plan,
         param_shardings=dict(tp.param_shardings) if tp else None,
         replicated=[w.to_dict() for w in tp.left_whole] if tp else None,
-        loss_gm=vocab_loss.loss_gm if vocab_loss else None,
+        loss_gm=vocab_loss.loss_gm if vocab_loss else token_means.loss_gm if token_means else None,
         sharded_outputs=dict(vocab_loss.sharded_outputs) if vocab_loss else None,
+        token_means=token_means,
     )
     timings["build"] = time.perf_counter() - start
     return CompileResult(program, timings)

@@ -1,5 +1,6 @@
-"""run says how it combines the pieces' losses where a token mean makes that differ from the whole
-batch (issue 21, item 4: the global token count is not built yet, so this is said, not hidden)."""
+"""run says how it combines the pieces' losses where a token mean makes that matter (issue 21, item 4):
+normalized by the global token count where graphsplit proves how the mean reduces (tests/test_token_mean.py),
+averaged as equals, and said so, where it cannot."""
 
 import torch
 import torch.fx as fx
@@ -34,14 +35,14 @@ def test_token_means_are_found_in_every_spelling():
     assert len(list(token_means(exported))) == 3  # aten.cross_entropy_loss / nll_loss with reduction 1
 
 
-def test_run_names_the_token_mean_it_averages_as_equals():
+def test_run_names_the_token_mean_it_normalizes():
     loaded = load_model(str(MODELS / "hf_gpt2_labels.py"))  # HF's own cross-entropy, inside the graph
-    notes = combination_notes(compile_loaded(loaded, Plan(pp=2)).program, loaded.loss_fn)
+    notes = combination_notes(compile_loaded(loaded, Plan(pp=2)).program)
     assert len(notes) == 1 and notes[0].startswith("the cross-entropy at modeling_gpt2.py:"), notes
-    assert "2 pieces' losses (micro-batches x replicas) are averaged as equals" in notes[0]
-    assert combination_notes(compile_loaded(loaded, Plan(pp=1, microbatches=1)).program, loaded.loss_fn) == []
+    assert "normalized by the tokens it counts in the whole global batch: each of the 2 pieces" in notes[0]
+    assert combination_notes(compile_loaded(loaded, Plan(pp=1, microbatches=1)).program) == []
     loaded = load_model(str(MODELS / "ignore_index.py"))  # loss_fn's own cross-entropy
-    notes = combination_notes(compile_loaded(loaded, Plan(dp=2)).program, loaded.loss_fn)
+    notes = combination_notes(compile_loaded(loaded, Plan(dp=2)).program)
     assert len(notes) == 1 and notes[0].startswith("the cross-entropy in loss_fn"), notes
 
 
@@ -50,6 +51,6 @@ def test_a_loss_fn_that_does_not_trace_is_said_to_be_averaged(tmp_path):
         "return (output - 0.5).abs().mean()", "return output.abs().mean() if float(output.sum()) > 0 else output.mean()")
     (tmp_path / "m.py").write_text(src)
     loaded = load_model(str(tmp_path / "m.py"))
-    notes = combination_notes(compile_loaded(loaded, Plan(pp=2)).program, loaded.loss_fn)
+    notes = combination_notes(compile_loaded(loaded, Plan(pp=2)).program)
     assert notes == ["loss_fn does not trace, so graphsplit cannot see how it reduces: the losses of the 2 pieces "
                      "of the batch (micro-batches x replicas) are averaged as equals"]

@@ -1,17 +1,24 @@
 """How a loss reduces over the batch, where that decides whether cutting the batch changes it.
 
 A cross-entropy or NLL with reduction 'mean' divides by the number of tokens it counts (those
-whose target is not `ignore_index`). graphsplit computes the loss on each micro-batch and dp
-replica and averages those losses as equals, which is the whole batch's mean only when every
-piece counts as many tokens: with uneven padding it is not (the gradient-accumulation bug HF
-transformers fixed in 2024). Megatron and torchtitan divide each piece's sum by the global count
-of counted tokens instead; graphsplit does not do that yet, so it names such losses
-(`token_means`) for `run` to say how it combined the pieces.
+whose target is not `ignore_index`), and a masked mean `(loss * mask).sum() / mask.sum()` by the
+mask's sum. Computed on each micro-batch and dp replica and averaged as equals, that is the whole
+batch's mean only when every piece counts as many tokens: with uneven padding it is not (the
+gradient-accumulation bug HF transformers fixed in 2024). Megatron and torchtitan divide each
+piece's sum by the global count instead; `find_token_means` finds such means and, where it can
+prove how they reduce, the count as a graph of the data alone (`CountGraph`), so the program can
+normalize by the count over the whole global batch (passes/token_mean.py).
+
+A mean is proven when:
+- its count depends on the data only (inputs, target; no parameter, model output or random draw),
+- its value reaches the graph's output through linear steps only (+, -, and * or / by a value that
+  depends on no data), so each piece's share adds up to the whole batch's loss.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -19,39 +26,243 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ir.meta import info
+from ..ir.optable import OpKind, classify, op_name, randomness
 
 aten = torch.ops.aten
 _MEAN = 1  # ATen's reduction enum: 0 none, 1 mean, 2 sum
 
-# spelling -> (the reduction's position, its keyword, its default)
-_FUNCTIONS = {
-    F.cross_entropy: (6, "reduction", "mean"),
-    F.nll_loss: (6, "reduction", "mean"),
-}
-_ATEN = {aten.cross_entropy_loss, aten.nll_loss, aten.nll_loss_nd, aten.nll_loss2d}
-_MODULES = (nn.CrossEntropyLoss, nn.NLLLoss)
+_FUNCTIONS = {F.cross_entropy: "cross-entropy", F.nll_loss: "NLL"}
+_ATEN = {aten.cross_entropy_loss: "cross-entropy", aten.nll_loss: "NLL", aten.nll_loss_nd: "NLL",
+         aten.nll_loss2d: "NLL"}
+_MODULES = {nn.CrossEntropyLoss: "cross-entropy", nn.NLLLoss: "NLL"}
+# steps a loss may take to the output and stay a sum of its pieces' shares
+_ADDITIVE = frozenset({"add", "sub", "neg", "sum", "mean", "stack", "cat"})
+_KEEPS = (OpKind.IDENTITY, OpKind.VIEW)
+
+
+@dataclass(frozen=True)
+class CountGraph:
+    """What a token mean divides by, as a graph of the data: `gm(*values)` is the count on a batch,
+    `uses[i]` the position, among the placeholders of the graph the mean lies in, of the value fed
+    as its i-th argument (the model's flat inputs; in the loss's graph, the target)."""
+
+    gm: fx.GraphModule
+    uses: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TokenMean:
+    """One mean over counted tokens: where, what, and its count (None, with `why_not`, when
+    graphsplit cannot prove how it reduces)."""
+
+    node: fx.Node  # the mean: the loss node, or a masked mean's division
+    where: str  # the model's line, or the node's name
+    what: str  # "cross-entropy", "NLL", "masked mean"
+    count: CountGraph | None
+    why_not: str = ""
+    numerator: fx.Node | None = None  # a masked mean's sum
+
+
+@dataclass(frozen=True)
+class Count:
+    """One normalized mean: where it is (for `run`'s words) and its count graph, which reads the
+    model's flat inputs (`reads` 'inputs') or the target ('target')."""
+
+    where: str
+    what: str
+    reads: str
+    graph: CountGraph
+
+
+@dataclass(frozen=True)
+class TokenMeans:
+    """The pass's result: the means normalized by the global count, in factor order; those it could not
+    prove ('the cross-entropy at model.py:12: why'); the user's loss as a graph with its means rewritten
+    (None when it has none to rewrite); whether loss_fn failed to trace."""
+
+    counts: tuple[Count, ...]
+    unproven: tuple[str, ...]
+    loss_gm: fx.GraphModule | None
+    loss_untraced: bool = False
 
 
 def token_means(gm: fx.GraphModule) -> Iterator[str]:
     """Where `gm` averages a cross-entropy or NLL over the tokens it counts: the model's line (or
     the node's name)."""
     for node in gm.graph.nodes:
-        if _is_token_mean(node, gm):
-            source = info(node).source
-            yield str(source) if source is not None else node.name
+        if _loss_mean(node, gm) is not None:
+            yield _where(node)
 
 
-def _is_token_mean(node: fx.Node, gm: fx.GraphModule) -> bool:
+def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None) -> list[TokenMean]:
+    """Every token mean of `gm` (annotated: targets' dtypes are read): cross-entropy and NLL with
+    reduction 'mean' and class-index targets, and masked means `sum(...) / sum(data)`. `data`: the
+    placeholders that hold data (default: all; in a loss's graph, the target, not the model's output)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    data = set(placeholders if data is None else data)
+    batched = _depends_on(gm, set(placeholders))
+    found = []
+    for node in gm.graph.nodes:
+        mean = _loss_mean(node, gm)
+        if mean is not None:
+            what, target, ignore_index, why = mean
+            spec = info(target).tensor if isinstance(target, fx.Node) else None
+            if spec is not None and spec.dtype.is_floating_point:
+                continue  # class probabilities: the mean is over examples, alike in every piece
+            why = why or _not_data(target, gm, data) or _not_additive(node, gm, batched)
+            count = None if why else _extract(gm, target, placeholders, _not_ignored(ignore_index))
+            found.append(TokenMean(node, _where(node), what, count, why))
+            continue
+        masked = _masked_mean(node, gm, data)
+        if masked is not None:
+            numerator, denominator = masked
+            why = _not_additive(node, gm, batched)
+            count = None if why else _extract(gm, denominator, placeholders, None)
+            found.append(TokenMean(node, _where(node), "masked mean", count, why, numerator))
+    return found
+
+
+def additive_in(gm: fx.GraphModule, node: fx.Node) -> str:
+    """'' when `node`'s value reaches `gm`'s output through linear steps only, else why not."""
+    return _not_additive(node, gm, _depends_on(gm, {n for n in gm.graph.nodes if n.op == "placeholder"}))
+
+
+def _where(node: fx.Node) -> str:
+    source = info(node).source
+    return str(source) if source is not None else node.name
+
+
+def _arg(node: fx.Node, index: int, key: str, default: object) -> object:
+    return node.args[index] if len(node.args) > index else node.kwargs.get(key, default)
+
+
+def _loss_mean(node: fx.Node, gm: fx.GraphModule) -> tuple[str, object, int, str] | None:
+    """(what, target, ignore_index, why not provable or '') for a cross-entropy / NLL with reduction
+    'mean', in any spelling; None for anything else."""
     if node.op == "call_module":
         module = gm.get_submodule(str(node.target))
-        return isinstance(module, _MODULES) and module.reduction == "mean"
+        what = next((w for cls, w in _MODULES.items() if isinstance(module, cls)), None)
+        if what is None or module.reduction != "mean":
+            return None
+        why = "it weighs classes (weight=)" if module.weight is not None else ""
+        return what, _arg(node, 1, "target", None), module.ignore_index, why
     if node.op != "call_function":
-        return False
+        return None
     if node.target in _FUNCTIONS:
-        index, key, default = _FUNCTIONS[node.target]
-        reduction = node.args[index] if len(node.args) > index else node.kwargs.get(key, default)
-        return reduction == "mean"
+        if _arg(node, 6, "reduction", "mean") != "mean":
+            return None
+        legacy = _arg(node, 3, "size_average", None) is not None or _arg(node, 5, "reduce", None) is not None
+        why = ("it weighs classes (weight=)" if _arg(node, 2, "weight", None) is not None else
+               "it uses size_average / reduce" if legacy else "")
+        return _FUNCTIONS[node.target], _arg(node, 1, "target", None), _arg(node, 4, "ignore_index", -100), why
     if isinstance(node.target, torch._ops.OpOverload) and node.target.overloadpacket in _ATEN:
-        reduction = node.args[3] if len(node.args) > 3 else node.kwargs.get("reduction", _MEAN)
-        return reduction == _MEAN
-    return False
+        if _arg(node, 3, "reduction", _MEAN) != _MEAN:
+            return None
+        why = "it weighs classes (weight=)" if _arg(node, 2, "weight", None) is not None else ""
+        return _ATEN[node.target.overloadpacket], node.args[1], _arg(node, 4, "ignore_index", -100), why
+    return None
+
+
+def _full_sum(node: object, gm: fx.GraphModule) -> fx.Node | None:
+    """The sum over every element `node` is (through casts and views), or None."""
+    while isinstance(node, fx.Node) and classify(node, gm) in _KEEPS and node.args:
+        node = node.args[0]
+    if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method") or op_name(node) != "sum":
+        return None
+    dims = _arg(node, 1, "dim", None)
+    return node if dims is None or isinstance(dims, torch.dtype) else None
+
+
+def _masked_mean(node: fx.Node, gm: fx.GraphModule, data: set[fx.Node]) -> tuple[fx.Node, fx.Node] | None:
+    """(numerator, denominator) of `sum(x) / sum(d)` where d is computed from the data alone and x
+    is not: a mean weighted by a mask."""
+    if node.op not in ("call_function", "call_method") or op_name(node) != "div" or len(node.args) < 2:
+        return None
+    numerator, denominator = _full_sum(node.args[0], gm), node.args[1]
+    if numerator is None or _full_sum(denominator, gm) is None or not isinstance(denominator, fx.Node):
+        return None
+    if _not_data(denominator, gm, data) or not _not_data(numerator, gm, data):
+        return None
+    return node.args[0], denominator  # type: ignore[return-value]
+
+
+def _not_data(node: object, gm: fx.GraphModule, data: set[fx.Node]) -> str:
+    """'' when `node` is computed from the data alone, else why not."""
+    if not isinstance(node, fx.Node):
+        return "its target is not a tensor of the data"
+    stack, seen = [node], {node}
+    while stack:
+        n = stack.pop()
+        if n.op == "placeholder" and n not in data:
+            return "its count depends on the model's output"
+        if n.op in ("get_attr", "call_module"):
+            return "its count reads a parameter or buffer of the model"
+        if n.op != "placeholder" and randomness(n, gm) is not None:
+            return "its count depends on a random draw"
+        for a in n.all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                stack.append(a)
+    return ""
+
+
+def _depends_on(gm: fx.GraphModule, roots: set[fx.Node]) -> set[fx.Node]:
+    found = set(roots)
+    for n in gm.graph.nodes:
+        if any(a in found for a in n.all_input_nodes):
+            found.add(n)
+    return found
+
+
+def _not_additive(node: fx.Node, gm: fx.GraphModule, batched: set[fx.Node]) -> str:
+    """'' when every path from `node` to the output takes linear steps only, else why not."""
+    stack, seen = [node], {node}
+    while stack:
+        n = stack.pop()
+        for user in n.users:
+            if user.op == "output" or user in seen:
+                continue
+            name = op_name(user) if user.op in ("call_function", "call_method") else str(user.target)
+            if user.op in ("call_function", "call_method") and (name in _ADDITIVE or classify(user, gm) in _KEEPS):
+                pass
+            elif name == "mul" or (name == "div" and user.args[0] is n):
+                if any(a is not n and a in batched for a in user.all_input_nodes):
+                    return f"its value is scaled by a value computed from the batch ({_where(user)})"
+            else:
+                return f"its value goes through {name} ({_where(user)}), not a sum of the pieces' shares"
+            seen.add(user)
+            stack.append(user)
+    return ""
+
+
+def _not_ignored(ignore_index: int) -> Callable[[fx.Graph, fx.Node], fx.Node]:
+    def finish(graph: fx.Graph, target: fx.Node) -> fx.Node:
+        return graph.call_method("sum", (graph.call_function(torch.ne, (target, ignore_index)),))
+
+    return finish
+
+
+def _extract(gm: fx.GraphModule, root: fx.Node, placeholders: list[fx.Node],
+             finish: Callable[[fx.Graph, fx.Node], fx.Node] | None) -> CountGraph:
+    """`root` and what it is computed from, as a graph of its own (`finish` adds the last steps)."""
+    needed, stack = {root}, [root]
+    while stack:
+        for a in stack.pop().all_input_nodes:
+            if a not in needed:
+                needed.add(a)
+                stack.append(a)
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    uses = []
+    for n in gm.graph.nodes:
+        if n not in needed:
+            continue
+        if n.op == "placeholder":
+            env[n] = graph.placeholder(n.name)
+            uses.append(placeholders.index(n))
+        else:
+            env[n] = graph.node_copy(n, env.__getitem__)
+            env[n].meta = {}
+    out = finish(graph, env[root]) if finish is not None else env[root]
+    graph.output(out)
+    return CountGraph(fx.GraphModule(torch.nn.Module(), graph, class_name="TokenCount"), tuple(uses))

@@ -15,6 +15,8 @@ and the count a process group would give. With dp > 1 each tp rank runs the dp
 replicas one after the other on the same (step-1) weights, each on its share
 of the batch, and their gradients are averaged, as DDP's all-reduce and FSDP's
 reduce-scatter leave them; the loss is the replicas' mean, as `run` reports it.
+Means over counted tokens are normalized by the sum of the replicas' counts
+(runtime/token_count.py), as the ranks' all-reduce gives it.
 It is the fast reference for tests and for `transform --check`: no process is
 started.
 """
@@ -37,6 +39,7 @@ from ..ir.program import Program
 from ..ops.tp_comm import TPComm, bind_tp, tp_comms
 from ..plan import SPLIT_BACKWARD_SCHEDULES
 from ..runtime.microbatch import gather_outputs, join_outputs, split_microbatches
+from ..runtime.token_count import set_factors, token_factors
 from ..runtime.training import LossFn, make_loss, named_grads, sync_tied_grads
 from .compile_stages import DEFAULT_BACKEND, apply_compile
 from .threads import ThreadHub, ThreadLink, run_ranks
@@ -196,6 +199,11 @@ class LocalProgram:
         dp = self.program.plan.dp
         # the replicas' shares: the batch's first, second, ... dp-th part, as `run` deals them out
         shares = split_microbatches((inputs, target), dp) if dp > 1 else [(inputs, target)]
+        # means over counted tokens: each replica counts its share and the counts are summed, as the
+        # ranks' all-reduce sums them
+        factors = token_factors(self.program, shares)
+        for pipe, loss_graph in zip(self.ranks, self.loss_graphs):
+            set_factors([*pipe.stages, *([loss_graph] if loss_graph is not None else [])], factors)
         # each rank its own batch, as each process has: a model writing into its input in place must
         # not change another rank's (copied before any rank starts)
         batches = [shares] + [pytree.tree_map_only(torch.Tensor, torch.clone, shares) for _ in range(len(self.ranks) - 1)]

@@ -32,6 +32,7 @@ from ..ir.program import Program
 from ..ops.tp_comm import TPComm
 from ..plan import Plan
 from ..runtime.grad_average import DPGradAverager
+from ..runtime.token_count import counts_tokens, set_factors, token_factors
 from ..runtime.training import named_grads, sync_tied_grads
 from .local import LocalPipeline
 
@@ -128,6 +129,10 @@ class DistributedPipeline:
         self.is_last = self.plan.num_stages - 1 in modules
         self.loss_group = mesh.get_group("dp") if self.plan.dp > 1 else None
         self._scale_used = 1.0
+        # the modules holding means over counted tokens (passes/token_mean.py): the stages, and on the
+        # last stage the loss graph; every rank of a dp group holds the same ones
+        held = [*modules.values(), *([program.loss_gm] if self.is_last and program.loss_gm is not None else [])]
+        self._counted = held if counts_tokens(held) else []
 
     def _dtensor(self) -> tuple[type, ...]:
         """The type FSDP makes parameters and gradients, imported only under FSDP (DTensor takes
@@ -174,8 +179,21 @@ class DistributedPipeline:
                 seen.setdefault(id(p), p)
         return list(seen.values())
 
+    def count_tokens(self, inputs: tuple[torch.Tensor, ...], target: Any) -> None:
+        """Means over counted tokens on this rank: this batch's count, summed over the dp replicas
+        (each holds its share), gives their factors (runtime/token_count.py)."""
+        if not self._counted:
+            return
+
+        def over_replicas(counts: torch.Tensor) -> None:
+            if self.loss_group is not None:
+                dist.all_reduce(counts, group=self.loss_group)
+
+        set_factors(self._counted, token_factors(self.program, [(inputs, target)], over_replicas))
+
     def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
         """One training step's forward and backward; (mean loss, merged output) on the last stage."""
+        self.count_tokens(inputs, target)
         if self.scaler is not None:
             self._scale_used = self.scaler.get_scale()
         if isinstance(self.schedule, LocalPipeline):
@@ -193,6 +211,7 @@ class DistributedPipeline:
     def evaluate(self, inputs: tuple[torch.Tensor, ...], target: Any) -> torch.Tensor | None:
         """Forward only, no gradient kept: the batch's mean loss over the dp replicas on the last stage
         (None elsewhere). Runs the pipelining schedule's `eval` (its step without backward)."""
+        self.count_tokens(inputs, target)
         with torch.no_grad():
             if isinstance(self.schedule, LocalPipeline):
                 loss = self.schedule.evaluate(inputs, target)

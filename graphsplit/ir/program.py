@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -34,6 +34,9 @@ from .meta import META_KEY, TensorSpec, canonical_names, info
 from .optable import OpKind
 from .sharding import Layout, Replicate, Shard, local_shape
 from .trace import CONSTANT, Traced, fill_leaves, split_leaves
+
+if TYPE_CHECKING:
+    from ..analysis.loss_reduction import TokenMeans
 
 
 @dataclass
@@ -101,6 +104,9 @@ class Program:
     # which output tensors stay sharded (index among the last stage's outputs -> Shard)
     loss_gm: fx.GraphModule | None = None
     sharded_outputs: dict[int, Shard] = field(default_factory=dict)
+    # means over counted tokens normalized by the global count (passes/token_mean.py):
+    # their count graphs, run on each step's batch (runtime/token_count.py)
+    token_means: TokenMeans | None = None
 
     def param_sharding(self, canonical: str) -> Layout:
         return self.param_shardings.get(canonical, Replicate())
@@ -167,9 +173,11 @@ def build_program(
     replicated: list[dict[str, str]] | None = None,
     loss_gm: fx.GraphModule | None = None,
     sharded_outputs: dict[int, Shard] | None = None,
+    token_means: TokenMeans | None = None,
 ) -> Program:
     """Cut the passes' graph into stages. The rest is what the passes found: tensor
-    parallelism's parameter shardings and what it left whole, the vocab-parallel loss."""
+    parallelism's parameter shardings and what it left whole, the vocab-parallel loss, the means
+    normalized by the global token count."""
     from ..analysis.cost import node_cost
 
     gm = traced.gm
@@ -307,7 +315,8 @@ def build_program(
         for canonical in dict.fromkeys(st.param_sources.values()):
             param_stages.setdefault(canonical, []).append(st.index)
     return Program(plan, traced, stages, boundaries, output_leaves, param_stages,
-                   dict(param_shardings or {}), list(replicated or []), loss_gm, dict(sharded_outputs or {}))
+                   dict(param_shardings or {}), list(replicated or []), loss_gm, dict(sharded_outputs or {}),
+                   token_means)
 
 
 def _send_cost(boundary: Boundary) -> float:

@@ -190,7 +190,7 @@ def run_training(
         if opts.weights is not None and opts.init == "fast":
             raise GraphsplitError("--init fast draws a new model and --weights gives one; drop one of them")
         echo(f"training on {objective(program, loaded.loss_fn)}")
-        for line in combination_notes(program, loaded.loss_fn):
+        for line in combination_notes(program):
             echo(f"note: {line}")
         if opts.weights is None:
             mode, why = choose_init(opts.init, loaded.build("meta"), opts.check)

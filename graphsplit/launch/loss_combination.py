@@ -1,31 +1,27 @@
-"""What `run` says about how the pieces' losses are combined, where that can differ from the loss
-of the whole batch (analysis/loss_reduction.py)."""
+"""What `run` says about how the pieces' losses are combined, where a mean over counted tokens makes
+that matter (passes/token_mean.py normalizes the ones it proves; analysis/loss_reduction.py)."""
 
 from __future__ import annotations
 
-from ..analysis.loss_reduction import token_means
 from ..ir.program import Program
-from ..passes.vocab_parallel_loss import trace_loss
-from ..runtime.training import LossFn
 
 
-def combination_notes(program: Program, user_loss: LossFn | None) -> list[str]:
-    """One line per token-mean loss (in the model's graph or in loss_fn) when the plan cuts the batch
-    into several pieces, and one when loss_fn cannot be read."""
+def combination_notes(program: Program) -> list[str]:
+    """When the plan cuts the batch into several pieces: one line per mean over counted tokens (in the
+    model's graph or in loss_fn), saying it is normalized by the global count or, where graphsplit
+    cannot prove how it reduces, that the pieces' losses are averaged as equals; one line when loss_fn
+    cannot be read."""
     plan = program.plan
     pieces = plan.dp * plan.num_microbatches
-    if pieces == 1:
+    means = program.token_means
+    if pieces == 1 or means is None:
         return []
-    where = [f"at {line}" for line in token_means(program.traced.gm)]
-    if user_loss is not None:
-        tensors = len({v for kind, v in program.output_leaves if kind == "tensor"})
-        try:
-            loss_gm = trace_loss(user_loss, program.traced.out_spec, program.output_leaves, tensors)
-        except Exception:  # any tracer failure: say what is done instead of what the loss is
-            return [f"loss_fn does not trace, so graphsplit cannot see how it reduces: the losses of the {pieces} "
-                    "pieces of the batch (micro-batches x replicas) are averaged as equals"]
-        where += ["in loss_fn" for _ in token_means(loss_gm)]
-    return [f"the cross-entropy {w} averages over the tokens its piece counts, and the {pieces} pieces' losses "
-            "(micro-batches x replicas) are averaged as equals: that is the whole batch's loss only when every "
-            "piece counts as many tokens (uneven padding or ignore_index makes them differ; normalizing by the "
-            "global token count is not built yet)" for w in where]
+    equals = f"the losses of the {pieces} pieces of the batch (micro-batches x replicas) are averaged as equals"
+    notes = [f"the {c.what} {c.where} is normalized by the tokens it counts in the whole global batch: each of the "
+             f"{pieces} pieces (micro-batches x replicas) adds its sum over that count, so loss and gradients are the "
+             "whole batch's" for c in means.counts]
+    if means.loss_untraced:
+        notes.append(f"loss_fn does not trace, so graphsplit cannot see how it reduces: {equals}")
+    notes += [f"{u}; so {equals}, which is the whole batch's loss only when every piece counts as many tokens"
+              for u in means.unproven]
+    return notes

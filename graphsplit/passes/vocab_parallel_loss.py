@@ -1,8 +1,7 @@
-"""The user's loss as a graph, so tensor parallelism can rewrite it too.
+"""The user's loss rewritten for vocab-sharded logits.
 
-`trace_loss(loss_fn, out_spec, output_leaves, n_tensor_leaves)` traces
-`loss_fn(output, target)` with torch.fx, taking the model output's tensor
-leaves and the target as inputs. With tp, `vocab_parallel_loss_pass` then
+The loss is traced as a graph (`loss_graph.trace_loss`; the one token_mean.py rewrote, when it
+normalized a mean over counted tokens in it). With tp, `vocab_parallel_loss_pass`
 keeps the LM head's logits sharded over the vocabulary when the loss is a
 cross-entropy it can compute in that layout (`ops/tp.vocab_parallel_cross_entropy`),
 and drops the gather of the logits.
@@ -10,47 +9,23 @@ and drops the gather of the logits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from ..analysis.loss_reduction import TokenMeans
 from ..analysis.shapes import annotate
-from ..ir.meta import info
+from ..ir.meta import fresh_copy, info
 from ..ir.sharding import S, Shard
-from ..ir.trace import fill_leaves, split_leaves
+from ..ir.trace import split_leaves
 from ..ops import tp as tpops
+from .loss_graph import trace_loss
 from .manager import PassInput, PassResults
 from .tensor_parallel import parallelize_loss
-
-
-class _Loss(nn.Module):
-    """forward(*tensor_leaves, target) = loss_fn(output rebuilt from the leaves, target)."""
-
-    def __init__(self, loss_fn: Callable[[Any, Any], torch.Tensor], spec: pytree.TreeSpec, leaves: list[tuple[str, Any]]):
-        super().__init__()
-        self.loss_fn = loss_fn
-        self.spec = spec
-        self.leaves = leaves
-
-    def rebuild(self, tensors: list[Any]) -> Any:
-        return pytree.tree_unflatten(fill_leaves(self.leaves, tensors), self.spec)
-
-
-def trace_loss(loss_fn: Callable[[Any, Any], torch.Tensor], spec: pytree.TreeSpec, leaves: list[tuple[str, Any]], n_tensors: int) -> fx.GraphModule:
-    names = [f"out{i}" for i in range(n_tensors)]
-    namespace: dict[str, Any] = {}
-    src = f"def forward(self, {', '.join([*names, 'target'])}):\n    return self.loss_fn(self.rebuild([{', '.join(names)}]), target)\n"
-    exec(src, namespace)  # noqa: S102 - a fixed signature; fx needs named arguments
-    cls = type("LossGraph", (_Loss,), {"forward": namespace["forward"]})
-    module = cls(loss_fn, spec, leaves)
-    graph = fx.Tracer().trace(module)
-    return fx.GraphModule(module, graph, class_name="Loss")
 
 
 @dataclass(frozen=True)
@@ -79,8 +54,12 @@ def vocab_parallel_loss_pass(
     }
     if not candidates:
         return gm, None
+    normalized = done.get(TokenMeans)
     try:
-        loss_gm = trace_loss(loss.fn, loss.out_spec, kinds, len(tensor_leaves))
+        if normalized is not None and normalized.loss_gm is not None:  # its means already rewritten
+            loss_gm = fresh_copy(normalized.loss_gm)
+        else:
+            loss_gm = trace_loss(loss.fn, loss.out_spec, kinds, len(tensor_leaves))
     except Exception:  # an untraceable loss keeps the gathered logits: correct, just slower
         return gm, None
     examples = [torch.empty(tuple(info(t).tensor.shape), dtype=info(t).tensor.dtype, device="meta") for t in tensor_leaves]

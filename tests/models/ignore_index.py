@@ -1,9 +1,9 @@
 """A token classifier whose loss ignores padding (cross_entropy ignore_index=-100), padded unevenly:
 the first half of the batch holds most of the padding.
 
-The whole batch's loss is the mean over all counted tokens; the mean of per-micro-batch means weighs
-the tokens of a half with more padding more, so --check must fail until mean losses are normalized
-by the global count of counted tokens."""
+The whole batch's loss is the mean over all counted tokens; the mean of per-micro-batch means would
+weigh the tokens of a half with more padding more, so graphsplit normalizes each piece's sum by the
+global count of counted tokens (passes/token_mean.py), and --check passes against the whole batch."""
 
 import torch
 import torch.nn as nn

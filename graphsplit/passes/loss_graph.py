@@ -1,0 +1,43 @@
+"""The user's loss_fn as a graph over the model's output leaves and the target, so passes can
+rewrite it with the model: token_mean.py (means over counted tokens) and vocab_parallel_loss.py
+(cross-entropy over vocab-sharded logits).
+
+`trace_loss(loss_fn, out_spec, output_leaves, n_tensor_leaves)` traces `loss_fn(output, target)`
+with torch.fx; its inputs are the output's tensor leaves, then the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.utils._pytree as pytree
+
+from ..ir.trace import fill_leaves
+
+
+class _Loss(nn.Module):
+    """forward(*tensor_leaves, target) = loss_fn(output rebuilt from the leaves, target)."""
+
+    def __init__(self, loss_fn: Callable[[Any, Any], torch.Tensor], spec: pytree.TreeSpec, leaves: list[tuple[str, Any]]):
+        super().__init__()
+        self.loss_fn = loss_fn
+        self.spec = spec
+        self.leaves = leaves
+
+    def rebuild(self, tensors: list[Any]) -> Any:
+        return pytree.tree_unflatten(fill_leaves(self.leaves, tensors), self.spec)
+
+
+def trace_loss(loss_fn: Callable[[Any, Any], torch.Tensor], spec: pytree.TreeSpec, leaves: list[tuple[str, Any]], n_tensors: int) -> fx.GraphModule:
+    names = [f"out{i}" for i in range(n_tensors)]
+    namespace: dict[str, Any] = {}
+    src = f"def forward(self, {', '.join([*names, 'target'])}):\n    return self.loss_fn(self.rebuild([{', '.join(names)}]), target)\n"
+    exec(src, namespace)  # noqa: S102 - a fixed signature; fx needs named arguments
+    cls = type("LossGraph", (_Loss,), {"forward": namespace["forward"]})
+    module = cls(loss_fn, spec, leaves)
+    graph = fx.Tracer().trace(module)
+    return fx.GraphModule(module, graph, class_name="Loss")
