@@ -112,6 +112,19 @@ def test_hf_labels_with_padding_equal_the_whole_batch():
     assert token_scaled in {n.target for n in program.stages[-1].gm.graph.nodes}
 
 
+@pytest.mark.parametrize("plan", [Plan(pp=2, dp=2), Plan(tp=2, dp=2)], ids=["pp2-dp2", "tp2-dp2"])
+def test_an_outside_model_s_own_padded_loss_equals_the_whole_batch(plan):
+    """nanoGPT, unchanged, computes its own cross-entropy with ignore_index=-1 on `targets`: the
+    first sample mostly padding, the second half of it."""
+    loaded = load_model(str(MODELS / "outside" / "nanogpt_tiny.py"))
+    targets = loaded.kwargs["targets"].clone()
+    targets[0, 2:], targets[1, 5:] = -1, -1
+    loaded = dataclasses.replace(loaded, kwargs={**loaded.kwargs, "targets": targets})
+    program, cmp = check_locally(loaded, plan)
+    assert cmp.ok, cmp.failures
+    assert program.token_means is not None and len(program.token_means.counts) == 1
+
+
 def test_the_vocab_parallel_cross_entropy_sums_and_is_normalized():
     """tp 2 keeps the logits vocab-sharded into the loss: the rewritten loss graph's cross-entropy
     computes the sum there, and pp 2 x tp 2 with uneven padding equals the whole batch."""
