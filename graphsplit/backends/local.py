@@ -36,6 +36,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
 from ..ir.program import Program
+from ..ops.token_scale import TokenScale
 from ..ops.tp_comm import TPComm, bind_tp, tp_comms
 from ..plan import SPLIT_BACKWARD_SCHEDULES
 from ..runtime.microbatch import gather_outputs, join_outputs, split_microbatches
@@ -104,6 +105,15 @@ class LocalPipeline:
             run_weights()
         return pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out), loss
 
+    def _own_factors(self, inputs: tuple[torch.Tensor, ...], target: Any) -> None:
+        """Run alone (not under `LocalProgram` or a rank, which set each step's global count), this
+        pipeline's batch is the whole batch: its count gives the factors of the means over counted
+        tokens."""
+        modules = [*self.stages, *([self.program.loss_gm] if self.program.loss_gm is not None else [])]
+        scales = [m for module in modules for m in module.modules() if isinstance(m, TokenScale)]
+        if scales and all(scale.factors is None for scale in scales):  # else a caller set them
+            set_factors(modules, token_factors(self.program, [(inputs, target)]))
+
     def forward_stages(self, inputs: tuple[torch.Tensor, ...]) -> Any:
         values: Any = inputs
         for stage in self.stages:
@@ -113,6 +123,7 @@ class LocalPipeline:
     def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor, Any]:
         """Forward + backward over all micro-batches; returns (mean loss, merged raw output)."""
         n = self.program.plan.num_microbatches
+        self._own_factors(inputs, target)
         chunks = split_microbatches(inputs, n)
         targets = split_microbatches(target, n)
         losses, outputs = [], []
@@ -140,6 +151,7 @@ class LocalPipeline:
     def evaluate(self, inputs: tuple[torch.Tensor, ...], target: Any) -> torch.Tensor:
         """Forward only over all micro-batches (call under no_grad): the mean loss."""
         n = self.program.plan.num_microbatches
+        self._own_factors(inputs, target)
         losses = [self.loss_fn(self.forward_stages(mb_in), mb_target).detach()
                   for mb_in, mb_target in zip(split_microbatches(inputs, n), split_microbatches(target, n))]
         return torch.stack(losses).mean()
