@@ -20,8 +20,10 @@ PLANS = {"pp2": Plan(pp=2), "tp2": Plan(tp=2), "pp2-tp2": Plan(pp=2, tp=2)}
 # sliding windows, soft-capped logits, its own loss; FEDformer complex spectra and weights (torch.fft, cfloat
 # einsums, in-place writes into a complex zeros tensor filled across a stage cut), one Fourier block shared
 # by two layers, series decomposition, dropout; Informer random draws (torch.randint in ProbSparse
-# attention), BatchNorm1d between encoder layers (compared per micro-batch), dropout
-MODELS_THAT_TRAIN = ["nanogpt", "mingpt", "llama2c", "mamba", "nanochat", "tslib_fedformer", "tslib_informer"]
+# attention), BatchNorm1d between encoder layers (compared per micro-batch), dropout; llama2.c of July 2023 a
+# complex64 RoPE buffer (torch.polar) multiplied into view_as_complex'd queries and keys, its own loss, dropout
+MODELS_THAT_TRAIN = ["nanogpt", "mingpt", "llama2c", "llama2c_complex", "mamba", "nanochat", "tslib_fedformer",
+                     "tslib_informer"]
 
 
 @pytest.fixture(scope="module", params=MODELS_THAT_TRAIN)
