@@ -47,7 +47,8 @@ def transform(
     loaded = load_model(model, plan.seed) if isinstance(model, str) else model
     module = loaded.build("meta")
     start = time.perf_counter()
-    result = compile_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target)
+    result = compile_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target,
+                             declared_batch=loaded.batch_dims)
     summary = summarize(result.program, timings=result.timings)
     if out_dir is not None:
         from .report.artifacts import write_artifacts
@@ -85,11 +86,12 @@ class PipelinedModule(nn.Module):
         return self.rank_program.tp_rank
 
     def train_step(self, *args: Any, target: Any = None, **kwargs: Any) -> torch.Tensor | None:
+        from .runtime.microbatch import batch_size
         from .runtime.training import default_target
 
         inputs = self.program.traced.flatten_inputs(args, kwargs)
         if target is None:
-            target = default_target(inputs)
+            target = default_target(inputs, batch_size(self.program, inputs))
         loss, output = self.pipeline.step(inputs, target)
         # vocab-parallel cross-entropy keeps logits sharded: there is no whole output to show
         whole = output is not None and not self.program.sharded_outputs
@@ -128,6 +130,7 @@ def parallelize(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     example_target: Any = None,
     timeout_s: float = 120.0,
+    batch_dims: dict[str, int | None] | None = None,
 ) -> PipelinedModule:
     """Inside a torchrun process: build this rank's part of `model` under `plan`.
 
@@ -138,13 +141,18 @@ def parallelize(
     A model with real weights is sliced (each rank copies only its stages'
     tensors); a model built on `meta` is initialized per module with its own
     `reset_parameters()`, seeded by module name.
+
+    The batch dim of each input is found in the graph (a seq-first model's is dim 1; a position
+    table's is None: it goes whole to every micro-batch); `batch_dims` (input name -> dim or None)
+    says it instead, as torch.distributed.pipelining's chunk specs do.
     """
     from .backends.rank import assemble_rank
     from .runtime.dcp.record import model_names
     from .runtime.materialize import model_tensors
 
     args, kwargs = (example_inputs, {}) if isinstance(example_inputs, tuple) else ((), dict(example_inputs))
-    program = compile_program(model, args, kwargs, plan, loss_fn=loss_fn, target=example_target, global_batch=False).program
+    program = compile_program(model, args, kwargs, plan, loss_fn=loss_fn, target=example_target, global_batch=False,
+                              declared_batch=batch_dims).program
     on_meta = any(t.device.type == "meta" for t in model.parameters())
     source = None if on_meta else model_tensors(model)
     rank = assemble_rank(program, lambda stages: source, loss_fn, model_names(model), timeout_s)

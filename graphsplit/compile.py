@@ -25,9 +25,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .analysis.batch_dims import find_batch_dims
 from .analysis.loss_reduction import TokenMeans
 from .analysis.shapes import annotate
 from .errors import GraphsplitError
+from .ir.batch import BatchDims
 from .ir.program import Program, build_program
 from .ir.trace import Traced, trace_model
 from .passes.activation_checkpoint import checkpoint_pass
@@ -78,26 +80,41 @@ def _divisors(n: int) -> str:
     return ", ".join(map(str, divisors(n)))
 
 
-def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas: int) -> tuple[Any, ...]:
+def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas: int,
+                     batch: BatchDims | None = None) -> tuple[Any, ...]:
     """One micro-batch of the inputs (each of `replicas` data-parallel replicas takes its share of
     the batch, then cuts it into the plan's micro-batches); the refusal names which factor does not fit."""
     n = plan.num_microbatches
-    for name, t in zip(traced.input_names, flat):
-        if not isinstance(t, torch.Tensor) or t.dim() == 0:
-            continue  # split_microbatches names a 0-d input
-        batch = t.shape[0]
-        shape = tuple(t.shape)
-        if batch == 0:
-            raise GraphsplitError(f"input {name!r} of shape {shape} is an empty batch; example_inputs() must give "
-                                  f"at least {replicas * n} example(s) along dim 0 (the batch dim)")
-        if batch % replicas:
+    batch = batch or BatchDims.leading(traced.input_names, flat)
+    dims = batch.input_dims(traced.input_names)
+    if not batch.batched:
+        if replicas * n > 1:
+            why = batch.notes[-1] if batch.notes else "no input carries a batch"
             raise GraphsplitError(
-                f"the batch of {batch} (input {name!r} of shape {shape}) cannot be shared equally by {replicas} "
-                f"data-parallel replicas; use a --dp that divides {batch} ({_divisors(batch)}) or a batch divisible by {replicas}"
+                f"the inputs cannot be cut into {replicas} replica(s) x {n} micro-batch(es): {why}; the whole input "
+                "is one example here: run with --dp 1 --microbatches 1, or give batch_dims() in the model file "
+                "if a dim does hold independent examples")
+        return tuple(flat)
+    for name, t, dim in zip(traced.input_names, flat, dims):
+        if not isinstance(t, torch.Tensor) or dim is None:
+            continue
+        if t.dim() <= dim:
+            raise GraphsplitError(f"input {name!r} of shape {tuple(t.shape)} has no dim {dim} to hold the batch")
+        size = t.shape[dim]
+        shape = tuple(t.shape)
+        along = f"along dim {dim} (the batch dim)"
+        if size == 0:
+            raise GraphsplitError(f"input {name!r} of shape {shape} is an empty batch; example_inputs() must give "
+                                  f"at least {replicas * n} example(s) {along}")
+        if size % replicas:
+            raise GraphsplitError(
+                f"the batch of {size} (input {name!r} of shape {shape}, {along}) cannot be shared equally by "
+                f"{replicas} data-parallel replicas; use a --dp that divides {size} ({_divisors(size)}) or a batch "
+                f"divisible by {replicas}"
             )
-        share = batch // replicas
+        share = size // replicas
         if share % n:
-            whose = f"each replica's share ({share} of {batch})" if replicas > 1 else f"the batch of {batch}"
+            whose = f"each replica's share ({share} of {size})" if replicas > 1 else f"the batch of {size}"
             if plan.microbatches is None:
                 if plan.num_stages > 1:
                     _require_cut_places(traced, flat, plan)  # too many stages is the problem to report first
@@ -105,10 +122,24 @@ def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas
             else:
                 why = f"--microbatches {n}"
             raise GraphsplitError(
-                f"{whose} (input {name!r} of shape {shape}) cannot be cut into equal micro-batches ({why}); "
+                f"{whose} (input {name!r} of shape {shape}, {along}) cannot be cut into equal micro-batches ({why}); "
                 f"give --microbatches dividing {share} ({_divisors(share)}) or a batch divisible by {n * replicas}"
             )
-    return split_microbatches(flat, replicas * n)[0]
+    return tuple(split_microbatches(tuple(flat), replicas * n, dims)[0])
+
+
+def find_batch(traced: Traced, flat: tuple[Any, ...], loss_fn: Any, target: Any,
+               declared: dict[str, int | None] | None = None) -> BatchDims:
+    """Where each input, the target and each output hold the batch (analysis/batch_dims.py)."""
+    loss = None
+    if loss_fn is not None:
+        def loss(raw: Any, meta_target: Any) -> Any:
+            return loss_fn(traced.unflatten_output(raw), meta_target)
+
+    def leaves(raw: Any) -> list[Any]:
+        return list(raw) if isinstance(raw, tuple | list) else [raw]
+
+    return find_batch_dims(traced.gm, traced.input_names, flat, leaves, loss, target, declared)
 
 
 def _require_cut_places(traced: Traced, flat: tuple[Any, ...], plan: Plan) -> None:
@@ -146,12 +177,14 @@ def compile_program(
     target: Any = None,
     global_batch: bool = True,
     traced: Traced | None = None,
+    declared_batch: dict[str, int | None] | None = None,
 ) -> CompileResult:
     """Trace `model`, analyze it at the micro-batch shape, split it: the whole transform.
 
     `args` hold the global batch (each of the plan's dp replicas takes 1/dp of it), or with
     `global_batch=False` one replica's batch (parallelize() inside a rank). `traced`: this model
     already traced with these inputs (`trace_model`), compiled from a copy and left as it is.
+    `declared_batch`: the model file's batch_dims() (else the batch dims are found in the graph).
     """
     require_supported(plan)
     check_call(model, args, kwargs, source)
@@ -161,16 +194,26 @@ def compile_program(
     timings["trace"] = time.perf_counter() - start
     flat = traced.flatten_inputs(args, kwargs)
     replicas = plan.dp if global_batch else 1
-    batch = next((int(t.shape[0]) for t in flat if isinstance(t, torch.Tensor) and t.dim()), 0)
-    if batch and batch % replicas == 0:
+    start = time.perf_counter()
+    batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
+    dims = batch_dims.input_dims(traced.input_names)
+    if traced.tracer == "export" and any(d not in (0, None) for d in dims):
+        # export left dim 0 symbolic and fixed the others: again, with the batch's dims symbolic
+        by_id = {id(t): d for t, d in zip(flat, dims)}
+        traced = trace_model(model, args, kwargs, source, batch_dims=by_id)
+        flat = traced.flatten_inputs(args, kwargs)
+    timings["batch"] = time.perf_counter() - start
+    batch = batch_dims.size if batch_dims.batched else 1
+    if batch % replicas == 0:
         plan = plan.for_batch(batch // replicas)  # default micro-batches that divide this batch
     # Stages see micro-batches: analyze (shapes, bytes, FLOPs) at that size.
     pieces = plan.num_microbatches * (plan.dp if global_batch else 1)
-    micro = first_microbatch(traced, flat, plan, plan.dp if global_batch else 1)
+    micro = first_microbatch(traced, flat, plan, plan.dp if global_batch else 1, batch_dims)
     start = time.perf_counter()
     annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
     timings["analyze"] = time.perf_counter() - start
-    micro_target = split_microbatches(target, pieces)[0] if target is not None else None
+    micro_target = (split_microbatches(target, pieces, batch_dims.target_dims(target))[0]
+                    if target is not None else None)
     loss = LossInput(loss_fn, micro_target, traced.out_spec) if loss_fn is not None else None
     run = run_passes(traced.gm, PassInput(plan, tuple(micro), fixed_cuts, loss), PASSES)
     timings.update({f"pass:{k}": v for k, v in run.timings.items()})
@@ -185,6 +228,7 @@ def compile_program(
         loss_gm=vocab_loss.loss_gm if vocab_loss else token_means.loss_gm if token_means else None,
         sharded_outputs=dict(vocab_loss.sharded_outputs) if vocab_loss else None,
         token_means=token_means,
+        batch_dims=batch_dims,
     )
     timings["build"] = time.perf_counter() - start
     return CompileResult(program, timings)
@@ -196,7 +240,7 @@ def compile_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None =
     its trace, `trace_loaded`'s, to compile several plans from one trace)."""
     return compile_program(
         loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target,
-        traced=traced,
+        traced=traced, declared_batch=loaded.batch_dims,
     )
 
 

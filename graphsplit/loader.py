@@ -56,6 +56,9 @@ class LoadedModel:
     train_data: Callable[[], Any] | None = None
     eval_data: Callable[[], Any] | None = None
     seed: int = DEFAULT_SEED  # what load_model seeded with: a build without a seed draws from it
+    # batch_dims(): input name -> the dim holding the batch, or None (that input goes whole to every
+    # micro-batch and replica); None: found in the graph (analysis/batch_dims.py)
+    batch_dims: dict[str, int | None] | None = None
 
     @property
     def spec(self) -> str:
@@ -242,11 +245,23 @@ def _load(spec: str) -> LoadedModel:
     if loss_fn is not None and not has_target:  # the loss needs nothing but the output: loss_fn(output)
         loss_fn = _output_only(loss_fn)
     target = _call(module, path, "example_target") if has_target else None
-    data = {}
+    declared = _batch_dims(module, path) if hasattr(module, "batch_dims") else None
+    data: dict[str, Any] = {}
     for name in ("train_data", "eval_data"):
         fn = getattr(module, name, None)
         if fn is not None and not callable(fn):
             raise GraphsplitError(f"{name} in {path} is not callable; define {name}() returning an iterable of "
                                   "(inputs, target) batches or a torch.utils.data.Dataset")
         data[name] = fn
-    return LoadedModel(path, factory, builder, args, kwargs, loss_fn, target, **data)
+    return LoadedModel(path, factory, builder, args, kwargs, loss_fn, target, **data, batch_dims=declared)
+
+
+def _batch_dims(module: Any, path: Path) -> dict[str, int | None]:
+    """The model file's `batch_dims()`: a dict of input name -> dim or None, checked for its form."""
+    declared = _call(module, path, "batch_dims") if callable(module.batch_dims) else module.batch_dims
+    if not isinstance(declared, dict) or not all(
+            isinstance(k, str) and (v is None or (isinstance(v, int) and not isinstance(v, bool)))
+            for k, v in declared.items()):
+        raise GraphsplitError(f"batch_dims() in {path} must return a dict of input name -> the batch dim (an int) or "
+                              "None (the input has no batch), e.g. {'src': 1, 'pos_ids': None}")
+    return dict(declared)

@@ -31,6 +31,8 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..errors import GraphsplitError
+from ..ir.batch import BatchDims
 from ..ir.meta import SourceLine, info
 
 aten = torch.ops.aten
@@ -497,7 +499,8 @@ def _couple_dims(dims_arg: str, default: Any = -1) -> Rule:
         name = func.overloadpacket.__name__
         mixed = _dims(_arg(func, args, kwargs, dims_arg, default), x.dim())
         for k in mixed:  # sorting rows (by expert) permutes them for indexing back: routing
-            d.couple_label(v.labels[k], f"{name} along it at {d.where()}", routed=name in ("sort", "argsort"))
+            routed = name in ("sort", "argsort")
+            d.couple_label(v.labels[k], f"{'sorted' if routed else name} along it at {d.where()}", routed=routed)
         _keep_others(d, x, v, mixed, out)
 
     return rule
@@ -944,6 +947,7 @@ def discover(
     output_leaves: Callable[[Any], list[Any]],
     loss: Callable[[Any, Any], Any] | None = None,
     target: Any = None,
+    declared: dict[str, int | None] | None = None,
 ) -> Decision:
     """Label every input dim, run `gm` (on meta copies) and the loss under the dispatch mode, and
     decide. `output_leaves(raw)`: the graph output's tensor leaves in the user's output order;
@@ -969,11 +973,12 @@ def discover(
         outputs = [t for t in output_leaves(raw)]
         if loss is not None:
             loss(raw, meta_target)
-    return _decide(d, input_names, input_atoms, target_atoms, outputs, unread)
+    return _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared)
 
 
 def _decide(d: _Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
-            target_atoms: list[tuple[int, ...] | None], outputs: list[Any], unread: dict[str, torch.Tensor]) -> Decision:
+            target_atoms: list[tuple[int, ...] | None], outputs: list[Any], unread: dict[str, torch.Tensor],
+            declared: dict[str, int | None] | None = None) -> Decision:
     atoms = d.atoms
     # candidate classes: an input's dim no op couples and no weight fixes
     votes: dict[int, list[tuple[int, int]]] = {}  # root -> (input index, dim)
@@ -995,13 +1000,19 @@ def _decide(d: _Discovery, names: Sequence[str], input_atoms: dict[str, tuple[in
         return (root not in routed, len({i for i, _ in hits}), -min(k for _, k in hits), -min(i for i, _ in hits))
 
     unproven = list(d.unproven)
-    if not votes:
+    if not votes and declared is None:
         return Decision({n: None for n in names}, tuple(None for _ in target_atoms),
                         tuple(None for _ in outputs), 0, [], unproven,
                         first_reason or "no input has a dim of size 2 or more")
-    batch = max(votes, key=score)
-    if batch in routed:
-        unproven.append(f"the batch is {atoms.routed[batch]}: assumed to route each row and bring it back")
+    batch = max(votes, key=score) if votes else -1
+    if declared is not None:
+        batch = _declared_class(d, names, input_atoms, declared)
+        if batch < 0:
+            return Decision({n: None for n in names}, tuple(None for _ in target_atoms),
+                            tuple(None for _ in outputs), 0, [], unproven, "batch_dims() gives no batch dim")
+    elif batch in routed:
+        unproven.append(f"the batch dim is {atoms.routed_by(batch)}: taken to route each example and bring it "
+                        "back, as a mixture of experts routes tokens")
 
     def dim_of(found: Sequence[int] | None) -> int | None:
         if not found:
@@ -1010,6 +1021,9 @@ def _decide(d: _Discovery, names: Sequence[str], input_atoms: dict[str, tuple[in
         return dims[0] if len(dims) == 1 else None
 
     inputs = {n: dim_of(input_atoms.get(n)) for n in names}
+    if declared is not None:
+        inputs.update(declared)
+        unread = {}
     for n, t in unread.items():  # only its sizes are read (zeros(x.shape[0], ...)): the batch's size marks it
         k = next((k for k, s in enumerate(t.shape) if s == atoms.size[batch]), None)
         inputs[n] = k
@@ -1027,3 +1041,44 @@ def _decide(d: _Discovery, names: Sequence[str], input_atoms: dict[str, tuple[in
         if d.batch_norms else []
     return Decision(inputs, tuple(dim_of(t) for t in target_atoms),
                     tuple(out_dims), atoms.size[batch], coupling, unproven)
+
+
+def _declared_class(d: _Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
+                    declared: dict[str, int | None]) -> int:
+    """The class of the dims a model file's batch_dims() names, or one line on why it cannot be cut."""
+    unknown = sorted(set(declared) - set(names))
+    if unknown:
+        raise GraphsplitError(f"batch_dims() names {', '.join(map(repr, unknown))}, which the model takes no tensor "
+                              f"as; its tensor inputs are {', '.join(map(repr, names))}")
+    batch = -1
+    for name, k in declared.items():
+        if k is None:
+            continue
+        found = input_atoms.get(name, ())
+        if not -len(found) <= k < len(found) or found[k] < 0:
+            raise GraphsplitError(f"batch_dims() cuts {name!r} along dim {k}, which it does not have or has of size 1; "
+                                  "give the dim that holds the examples")
+        why = d.atoms.why_not(found[k])
+        if why is not None:
+            raise GraphsplitError(f"batch_dims() cuts {name!r} along dim {k}, but the model does not keep the examples "
+                                  f"of that dim apart: {why}; give the dim that holds the examples")
+        batch = d.atoms.find(found[k]) if batch < 0 else batch
+    return batch
+
+
+def find_batch_dims(
+    gm: fx.GraphModule,
+    input_names: Sequence[str],
+    flat: Sequence[Any],
+    output_leaves: Callable[[Any], list[Any]],
+    loss: Callable[[Any, Any], Any] | None = None,
+    target: Any = None,
+    declared: dict[str, int | None] | None = None,
+) -> BatchDims:
+    """`discover`, as the program's BatchDims."""
+    found = discover(gm, input_names, flat, output_leaves, loss, target, declared)
+    notes = [*found.coupling, *(f"assumed: {u}" for u in found.unproven)]
+    if not found.size:
+        notes.append(f"no batch: {found.why_none}")
+    return BatchDims(dict(found.inputs), found.target, found.outputs, found.size,
+                     "batch_dims()" if declared is not None else "found", tuple(notes))

@@ -39,7 +39,7 @@ from ..ir.program import Program
 from ..ops.token_scale import TokenScale
 from ..ops.tp_comm import TPComm, bind_tp, tp_comms
 from ..plan import SPLIT_BACKWARD_SCHEDULES
-from ..runtime.microbatch import gather_outputs, join_outputs, split_microbatches
+from ..runtime.microbatch import cut_batch, gather_outputs, join_outputs, stage_output_dims
 from ..runtime.token_count import set_factors, token_factors
 from ..runtime.training import LossFn, make_loss, named_grads, sync_tied_grads
 from .compile_stages import DEFAULT_BACKEND, apply_compile
@@ -124,10 +124,8 @@ class LocalPipeline:
         """Forward + backward over all micro-batches; returns (mean loss, merged raw output)."""
         n = self.program.plan.num_microbatches
         self._own_factors(inputs, target)
-        chunks = split_microbatches(inputs, n)
-        targets = split_microbatches(target, n)
         losses, outputs = [], []
-        for i, (mb_in, mb_target) in enumerate(zip(chunks, targets)):
+        for i, (mb_in, mb_target) in enumerate(cut_batch(self.program, inputs, target, n)):
             with contextlib.ExitStack() as quiet:
                 if i < n - 1:  # DDP-wrapped stages: accumulate, and all-reduce once, on the last micro-batch
                     for stage in self.stages:
@@ -146,14 +144,14 @@ class LocalPipeline:
                 if p.grad is not None:
                     p.grad.div_(n)
         sync_tied_grads(self.program, dict(enumerate(self.stages)))
-        return torch.stack(losses).mean(), join_outputs(outputs)
+        return torch.stack(losses).mean(), join_outputs(outputs, stage_output_dims(self.program))
 
     def evaluate(self, inputs: tuple[torch.Tensor, ...], target: Any) -> torch.Tensor:
         """Forward only over all micro-batches (call under no_grad): the mean loss."""
         n = self.program.plan.num_microbatches
         self._own_factors(inputs, target)
         losses = [self.loss_fn(self.forward_stages(mb_in), mb_target).detach()
-                  for mb_in, mb_target in zip(split_microbatches(inputs, n), split_microbatches(target, n))]
+                  for mb_in, mb_target in cut_batch(self.program, inputs, target, n)]
         return torch.stack(losses).mean()
 
     def grads(self) -> dict[str, torch.Tensor]:
@@ -210,7 +208,7 @@ class LocalProgram:
         TorchFunctionMode is per thread: `--check`'s dropout off)."""
         dp = self.program.plan.dp
         # the replicas' shares: the batch's first, second, ... dp-th part, as `run` deals them out
-        shares = split_microbatches((inputs, target), dp) if dp > 1 else [(inputs, target)]
+        shares = cut_batch(self.program, inputs, target, dp) if dp > 1 else [(inputs, target)]
         # means over counted tokens: each replica counts its share and the counts are summed, as the
         # ranks' all-reduce sums them
         factors = token_factors(self.program, shares)

@@ -33,6 +33,7 @@ from ..ops.sync_bn import bind_dp_group
 from ..ops.tp_comm import TPComm, bind_tp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Plan
 from ..runtime.grad_average import DPGradAverager
+from ..runtime.microbatch import stage_output_dims, target_batch_dim
 from ..runtime.training import LossFn
 from .compile_stages import apply_compile
 from .local import LocalPipeline
@@ -130,18 +131,34 @@ def schedule_class(name: str) -> type:
     return cls
 
 
-def output_merge_spec(outputs: Any, microbatches: int) -> Any:
+def output_merge_spec(outputs: Any, microbatches: int, dims: list[int | None] | None = None) -> Any:
     """How the schedule joins the last stage's outputs over the micro-batches: batched tensors
-    along dim 0 (torch's default), a scalar (the model's own loss) as the mean of the micro-batches'
-    values, as their losses are combined (`runtime/microbatch.join_outputs` does the same)."""
+    along their batch dims (`dims`, per output; torch's default is dim 0), a scalar (the model's own
+    loss) as the mean of the micro-batches' values, as their losses are combined, a tensor with no
+    batch dim as the first micro-batch's (each holds it whole); `runtime/microbatch.join_outputs`
+    does the same."""
     from torch.distributed.pipelining.microbatch import TensorChunkSpec, _CustomReducer
 
-    def spec(t: Any) -> Any:
+    leaves, spec_tree = pytree.tree_flatten(outputs)
+    dims = dims if dims is not None and len(dims) == len(leaves) else [0] * len(leaves)
+
+    def spec(t: Any, dim: int | None) -> Any:
         if isinstance(t, torch.Tensor) and t.dim() == 0:
             return _CustomReducer(torch.tensor(0.0), lambda acc, value: acc + value / microbatches)
-        return TensorChunkSpec(0)
+        if dim is None:
+            return _CustomReducer(None, lambda acc, value: value if acc is None else acc)
+        return TensorChunkSpec(dim)
 
-    return pytree.tree_map(spec, outputs)
+    return pytree.tree_unflatten([spec(t, d) for t, d in zip(leaves, dims)], spec_tree)
+
+
+def input_chunk_spec(program: Program) -> tuple[Any, ...]:
+    """How the schedule cuts the first stage's inputs (the flat inputs): along each one's batch dim,
+    or whole to every micro-batch (a position table, a shared mask)."""
+    from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
+
+    return tuple(TensorChunkSpec(d) if d is not None else _Replicate()
+                 for d in program.batch.input_dims(program.traced.input_names))
 
 
 def build_schedule(program: Program, runners: Mapping[int, nn.Module], loss_fn: LossFn, mesh: DeviceMesh,
@@ -162,8 +179,17 @@ def build_schedule(program: Program, runners: Mapping[int, nn.Module], loss_fn: 
         for index, module in sorted(runners.items())
     ]
     cls = schedule_class(plan.schedule)
+    moved = target_batch_dim(program)
+    if moved is not None:  # torch cuts a target along dim 0: it arrives batch-first (`batch_first`), turned back here
+        inner = loss_fn
+
+        def loss_fn(output: Any, target: Any) -> torch.Tensor:
+            return inner(output, target.movedim(0, moved))
+
     common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True,
-                                  output_merge_spec=output_merge_spec(examples[-1][1], plan.num_microbatches))
+                                  args_chunk_spec=input_chunk_spec(program),
+                                  output_merge_spec=output_merge_spec(examples[-1][1], plan.num_microbatches,
+                                                                      stage_output_dims(program)))
     if plan.schedule in MULTI_STAGE_SCHEDULES:
         return cls(stages, **common)
     (only,) = stages

@@ -32,6 +32,7 @@ from ..ir.program import Program
 from ..ops.tp_comm import TPComm
 from ..plan import Plan
 from ..runtime.grad_average import DPGradAverager
+from ..runtime.microbatch import batch_first
 from ..runtime.token_count import counts_tokens, set_factors, token_factors
 from ..runtime.training import named_grads, sync_tied_grads
 from .local import LocalPipeline
@@ -220,7 +221,7 @@ class DistributedPipeline:
                 args = inputs if self.is_first else ()
                 kwargs: dict[str, Any] = {"losses": losses}
                 if self.is_last:
-                    kwargs["target"] = target
+                    kwargs["target"] = batch_first(self.program, target)
                 self.schedule.eval(*args, **kwargs)
                 loss = torch.stack([x.detach() for x in losses]).mean() if self.is_last else None
         if loss is not None and self.scaler is not None:
@@ -236,7 +237,7 @@ class DistributedPipeline:
         args = inputs if self.is_first else ()
         kwargs: dict[str, Any] = {"losses": losses}
         if self.is_last:
-            kwargs["target"] = target
+            kwargs["target"] = batch_first(self.program, target)
         output = self.schedule.step(*args, **kwargs)
         if self.dp_averager is not None:
             self.dp_averager.average()

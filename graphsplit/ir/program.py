@@ -30,6 +30,7 @@ from ..ops.pipeline import dense_grad
 from ..ops.pipeline import sent as sent_alias
 from ..passes.grad_mode import is_detach, params_without_grad
 from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
+from .batch import BatchDims
 from .meta import META_KEY, TensorSpec, canonical_names, info
 from .optable import OpKind
 from .sharding import Layout, Replicate, Shard, local_shape
@@ -107,6 +108,14 @@ class Program:
     # means over counted tokens normalized by the global count (passes/token_mean.py):
     # their count graphs, run on each step's batch (runtime/token_count.py)
     token_means: TokenMeans | None = None
+    # where inputs, target and outputs hold the batch (analysis/batch_dims.py); None: dim 0 of each
+    batch_dims: BatchDims | None = None
+
+    @property
+    def batch(self) -> BatchDims:
+        if self.batch_dims is None:
+            return BatchDims({n: 0 for n in self.traced.input_names}, size=1, how="dim 0")
+        return self.batch_dims
 
     def param_sharding(self, canonical: str) -> Layout:
         return self.param_shardings.get(canonical, Replicate())
@@ -174,6 +183,7 @@ def build_program(
     loss_gm: fx.GraphModule | None = None,
     sharded_outputs: dict[int, Shard] | None = None,
     token_means: TokenMeans | None = None,
+    batch_dims: BatchDims | None = None,
 ) -> Program:
     """Cut the passes' graph into stages. The rest is what the passes found: tensor
     parallelism's parameter shardings and what it left whole, the vocab-parallel loss, the means
@@ -316,7 +326,7 @@ def build_program(
             param_stages.setdefault(canonical, []).append(st.index)
     return Program(plan, traced, stages, boundaries, output_leaves, param_stages,
                    dict(param_shardings or {}), list(replicated or []), loss_gm, dict(sharded_outputs or {}),
-                   token_means)
+                   token_means, batch_dims)
 
 
 def _send_cost(boundary: Boundary) -> float:

@@ -106,10 +106,12 @@ def trace_model(
     source: Path | None = None,
     leaves: frozenset[str] = frozenset(),
     watch: frozenset[str] = frozenset(),
+    batch_dims: dict[int, int | None] | None = None,
 ) -> Traced:
     """Trace `model` called as `model(*args, **kwargs)`. `leaves`: submodules (qualified names) kept
     as one call_module node each, not traced through (fx only); `watch`: submodules whose calls are
-    recorded in `Traced.calls`."""
+    recorded in `Traced.calls`; `batch_dims`: id of an input tensor -> its batch dim, which export
+    leaves symbolic (default: dim 0 of each)."""
     try:
         with training_grad_mode(), left_as_found(model):
             return _trace_fx(model, args, kwargs, leaves, watch)
@@ -119,7 +121,7 @@ def trace_model(
         fx_error = fx_exc
     try:
         with _quiet_torch_logs(), training_grad_mode(), left_as_found(model):
-            traced = _trace_export(model, args, kwargs)
+            traced = _trace_export(model, args, kwargs, batch_dims)
         fx_at = _user_frame(fx_error, source) or _model_frame(fx_error)
         traced.reason = f"torch.export: torch.fx failed{f' at {fx_at}' if fx_at else ''}: {_first_line(fx_error)}"
         return traced
@@ -495,20 +497,24 @@ def _to_model_device(model: nn.Module, value: Any) -> Any:
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)
 
 
-def _batch_dynamic(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """dynamic_shapes for export: dim 0 (the batch) of every tensor input left symbolic."""
+def _batch_dynamic(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   batch_dims: dict[int, int | None] | None = None) -> dict[str, Any]:
+    """dynamic_shapes for export: the batch dim of every tensor input left symbolic (`batch_dims`:
+    by the tensor's id; default dim 0), so the graph runs on micro-batches."""
     from torch.export import Dim
 
+    def spec(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            return None
+        dim = batch_dims.get(id(x), 0) if batch_dims is not None else 0
+        return {dim: Dim.AUTO} if dim is not None and dim < x.dim() else None
+
     bound = inspect.signature(model.forward).bind(*args, **kwargs)
-    return {
-        name: pytree.tree_map(
-            lambda x: {0: Dim.AUTO} if isinstance(x, torch.Tensor) and x.dim() > 0 else None, value
-        )
-        for name, value in bound.arguments.items()
-    }
+    return {name: pytree.tree_map(spec, value) for name, value in bound.arguments.items()}
 
 
-def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
+def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  batch_dims: dict[int, int | None] | None = None) -> Traced:
 
     with contextlib.ExitStack() as stack:
         if on_meta(model):  # device-dependent branches take the CPU's side: trace_device.py
@@ -519,7 +525,8 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             meta_args, meta_kwargs = _to_model_device(model, (args, kwargs))
         try:
             ep = torch.export.export(
-                model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs), strict=False
+                model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs, batch_dims),
+                strict=False
             )
         except Exception:  # a symbolic batch dim is a bonus: retry fully static
             ep = torch.export.export(model, meta_args, meta_kwargs, strict=False)

@@ -190,6 +190,9 @@ def run_training(
         if opts.weights is not None and opts.init == "fast":
             raise GraphsplitError("--init fast draws a new model and --weights gives one; drop one of them")
         echo(f"training on {objective(program, loaded.loss_fn)}")
+        echo(f"batch: {program.batch.describe(program.traced.input_names)}")
+        for line in program.batch.notes:
+            echo(f"note: {line}")
         for line in combination_notes(program):
             echo(f"note: {line}")
         if opts.weights is None:
@@ -251,7 +254,7 @@ def run_training(
         with no_dropout() if randoms.dropouts else contextlib.nullcontext(), seeded(plan.seed):
             reference = reference_run(model, loaded, plan, opts.steps, config, opts.resume, first_step, skipped,
                                       train_data=loaded.train_data is not None, data_start=data_start,
-                                      eval_every=opts.eval_every)
+                                      eval_every=opts.eval_every, program=program)
         return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped, model=model,
                          weights_atol=weight_tolerance(config, opts.steps), randoms=randoms)
 

@@ -29,12 +29,15 @@ if TYPE_CHECKING:
     from .tensorboard import ScalarWriter
 
 
-def work_per_step(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, int]:
-    """("tokens", tokens in a global batch) for token-id inputs, else ("samples", the batch size)."""
+def work_per_step(args: tuple[Any, ...], kwargs: dict[str, Any], size: int | None = None) -> tuple[str, int]:
+    """("tokens", tokens in a global batch) for token-id inputs, else ("samples", the batch size:
+    `size`, the program's, where known)."""
     tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()]
     for t in tensors:
         if not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool and t.dim() >= 2:
             return "tokens", t.numel()
+    if size is not None:
+        return "samples", size
     return "samples", int(tensors[0].shape[0]) if tensors else 0
 
 

@@ -32,7 +32,14 @@ from ..ir.sharding import shard_tensor, unpad
 from ..ir.trace import Traced
 from ..loader import LoadedModel
 from ..plan import Plan
-from ..runtime.microbatch import join_outputs, merge_outputs, split_microbatches
+from ..runtime.microbatch import (
+    batch_size,
+    call_dims,
+    join_outputs,
+    merge_outputs,
+    split_microbatches,
+    stage_output_dims,
+)
 from ..runtime.training import OptimConfig, default_loss, default_target
 from .random_ops import RandomOps, find_random_ops, no_dropout, seeded, streams_match
 from .reference_batch import ReferenceBatch, reference_batch
@@ -80,6 +87,7 @@ def reference_step(
     loss_fn: Callable[[Any, Any], torch.Tensor],
     microbatches: int = 1,
     replicas: int = 1,
+    program: Program | None = None,
 ) -> StepResult:
     """One forward/backward of the untouched model: on the whole batch (`microbatches` 1, the
     reference), or over the pipeline's micro-batches (where the model's own semantics depend on
@@ -88,15 +96,18 @@ def reference_step(
     `microbatches` counts all pieces (dp replicas x micro-batches, replica-major). With
     `replicas` > 1 (sync-bn: BatchNorm statistics span the replicas), the replicas'
     m-th micro-batches run as one batch, as the synchronized program sees them; the
-    output is put back in replica-major order.
+    output is put back in replica-major order. `program`: whose batch dims cut the pieces (else dim 0).
     """
     model.zero_grad(set_to_none=True)
-    chunks = split_microbatches((args, kwargs), microbatches)
-    targets = split_microbatches(target, microbatches)
+    in_dims = call_dims(program, args, kwargs) if program is not None else None
+    t_dims = program.batch.target_dims(target) if program is not None else None
+    out_dims = program.batch.outputs if program is not None and program.batch_dims is not None else None
+    chunks = split_microbatches((args, kwargs), microbatches, in_dims)
+    targets = split_microbatches(target, microbatches, t_dims)
     per = microbatches // replicas
     if replicas > 1:
-        chunks = [merge_outputs([chunks[d * per + m] for d in range(replicas)]) for m in range(per)]
-        targets = [merge_outputs([targets[d * per + m] for d in range(replicas)]) for m in range(per)]
+        chunks = [merge_outputs([chunks[d * per + m] for d in range(replicas)], in_dims) for m in range(per)]
+        targets = [merge_outputs([targets[d * per + m] for d in range(replicas)], t_dims) for m in range(per)]
     losses, outputs = [], []
     for (a, k), t in zip(chunks, targets):
         out = model(*a, **k)
@@ -105,7 +116,7 @@ def reference_step(
         losses.append(loss.detach())
         outputs.append(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out))
     if replicas > 1:
-        parts = [split_microbatches(out, replicas) for out in outputs]
+        parts = [split_microbatches(out, replicas, out_dims) for out in outputs]
         outputs = [parts[m][d] for d in range(replicas) for m in range(per)]
     grads, groups = {}, {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -115,7 +126,7 @@ def reference_step(
                 p.grad.div_(per)
             grads[name] = p.grad.detach().clone()
     aliases = [sorted(names) for names in groups.values()]
-    return StepResult(torch.stack(losses).mean(), join_outputs(outputs), grads, aliases)
+    return StepResult(torch.stack(losses).mean(), join_outputs(outputs, out_dims), grads, aliases)
 
 
 def _scaled_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -197,7 +208,8 @@ class ReferenceRun:
 
 def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, config: OptimConfig,
                   resume: str | None = None, first_step: int = 1, skipped: Collection[int] = (),
-                  train_data: bool = False, data_start: int = 0, eval_every: int = 0) -> ReferenceRun:
+                  train_data: bool = False, data_start: int = 0, eval_every: int = 0,
+                  program: Program | None = None) -> ReferenceRun:
     """Train the untouched model in this process as `run` trains the program: the same optimizer,
     lr schedule and clipping (`clip_grad_norm_` over its parameters), from the checkpoint `resume` if
     given, on the same global batches (train_data() from batch `data_start`, or example_inputs())
@@ -217,7 +229,7 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
     scheduler = make_scheduler(opt, config.lr_schedule, config.warmup_steps, done + steps, done)
     if train_data:
         assert loaded.train_data is not None
-        source = DataSource("train_data", loaded.train_data, (loaded.args, loaded.kwargs), plan.seed)
+        source = DataSource("train_data", loaded.train_data, (loaded.args, loaded.kwargs), plan.seed, program=program)
         batches: Iterator[Batch] = source.global_batches(plan.dp, data_start)
     else:
         batches = itertools.repeat(Batch(loaded.args, loaded.kwargs, loaded.target))
@@ -225,8 +237,8 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
     first, losses, norms, evals = None, [], [], {}
     for step in range(first_step, first_step + steps):
         batch = next(batches)
-        target = batch.target if batch.target is not None else default_target((*batch.args, *batch.kwargs.values()))
-        result = reference_step(model, batch.args, batch.kwargs, target, loss_fn, cut.pieces, cut.replicas)
+        target = batch.target if batch.target is not None else _stand_in(program, batch)
+        result = reference_step(model, batch.args, batch.kwargs, target, loss_fn, cut.pieces, cut.replicas, program)
         first = first or result
         losses.append(float(result.loss))
         grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -239,26 +251,38 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
         opt.zero_grad(set_to_none=True)
         advance(scheduler)
         if eval_every and step % eval_every == 0:
-            evals[step] = reference_eval(model, loaded, plan)
+            evals[step] = reference_eval(model, loaded, plan, program)
     assert first is not None, "at least one step"
     return ReferenceRun(first, losses, norms, evals, cut)
 
 
-def reference_eval(model: nn.Module, loaded: LoadedModel, plan: Plan) -> float:
+def _stand_in(program: Program | None, batch: Any) -> torch.Tensor:
+    """The stand-in target of a batch: one zero per example."""
+    if program is None:
+        return default_target((*batch.args, *batch.kwargs.values()))
+    return default_target(program.traced.flatten_inputs(batch.args, batch.kwargs),
+                          batch_size(program, program.traced.flatten_inputs(batch.args, batch.kwargs)))
+
+
+def reference_eval(model: nn.Module, loaded: LoadedModel, plan: Plan, program: Program | None = None) -> float:
     """The untouched model's mean loss over one pass of eval_data(), forward only, each batch whole
     (or on the program's pieces where BatchNorm needs them, `reference_batch`)."""
     from ..runtime.data import DataSource
 
     assert loaded.eval_data is not None
     loss_fn = loaded.loss_fn or default_loss
-    source = DataSource("eval_data", loaded.eval_data, (loaded.args, loaded.kwargs), plan.seed, shuffle=False)
+    source = DataSource("eval_data", loaded.eval_data, (loaded.args, loaded.kwargs), plan.seed, shuffle=False,
+                        program=program)
     means = []
     with torch.no_grad():
         for batch in source.global_batches(plan.dp, cycle=False):
-            target = batch.target if batch.target is not None else default_target((*batch.args, *batch.kwargs.values()))
+            target = batch.target if batch.target is not None else _stand_in(program, batch)
             pieces = reference_batch(model, plan).pieces
-            chunks = split_microbatches((batch.args, batch.kwargs), pieces)
-            losses = [loss_fn(model(*a, **k), t) for (a, k), t in zip(chunks, split_microbatches(target, pieces))]
+            in_dims = call_dims(program, batch.args, batch.kwargs) if program is not None else None
+            t_dims = program.batch.target_dims(target) if program is not None else None
+            chunks = split_microbatches((batch.args, batch.kwargs), pieces, in_dims)
+            losses = [loss_fn(model(*a, **k), t)
+                      for (a, k), t in zip(chunks, split_microbatches(target, pieces, t_dims))]
             means.append(float(torch.stack(losses).mean()))
     return sum(means) / len(means)
 
@@ -312,7 +336,8 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
                 replica_outputs[r.dp_rank] = r.output
     output = None
     if replica_outputs:  # each dp replica computed its share of the batch
-        output = program.unflatten_output(join_outputs([replica_outputs[d] for d in sorted(replica_outputs)]))
+        output = program.unflatten_output(join_outputs([replica_outputs[d] for d in sorted(replica_outputs)],
+                                                       stage_output_dims(program)))
     cmp = compare(loss, output, {}, first, atol=LOW_PRECISION_ATOL if low else ATOL)
     for r in ranks if grads else ():
         def shard(name: str, full: torch.Tensor, tp_rank: int = r.tp_rank) -> torch.Tensor:
@@ -353,7 +378,7 @@ def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] |
     within = no_dropout if randoms.dropouts else contextlib.nullcontext
     local = LocalProgram(program, model_tensors(model), loaded.loss_fn, compile_backend)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
-    target = loaded.target if loaded.target is not None else default_target(inputs)
+    target = loaded.target if loaded.target is not None else default_target(inputs, batch_size(program, inputs))
     everything = tuple(range(len(program.stages)))
     tp = program.plan.tp
     with seeded(plan.seed):  # both sides draw from one seed (alike where `streams_match`)
@@ -362,7 +387,7 @@ def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] |
     cut = reference_batch(model, program.plan)
     with within(), seeded(plan.seed):
         ref = reference_step(model, loaded.args, loaded.kwargs, target, loaded.loss_fn or default_loss,
-                             cut.pieces, cut.replicas)
+                             cut.pieces, cut.replicas, program)
     cmp = check_ranks(program, ranks, ref)
     cmp.notes.extend(check_notes(cut, randoms, program.plan))
     return program, cmp

@@ -143,7 +143,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     position = data_position(read_info(spec.resume_dir)) if spec.resume_dir and spec.train_data else 0
     batches = _train_batches(spec, loaded, program, rank.dp_rank, position, rank.device)
     prints_loss = pipe.is_last and rank.dp_rank == 0 and rank.tp_rank == 0
-    unit, per_step = work_per_step(loaded.args, loaded.kwargs)
+    unit, per_step = work_per_step(loaded.args, loaded.kwargs, program.batch.size)
     log = StepLog(spec.metrics if prints_loss else None, unit, per_step, rank.device, append=bool(spec.resume_dir),
                   tensorboard=spec.tensorboard if prints_loss else None)
     losses: list[float] = []
@@ -220,28 +220,29 @@ def _train_batches(spec: RunSpec, loaded: LoadedModel, program: Program, dp_rank
     """(flat inputs, target) on this rank's device for each step: this replica's share of the next
     global batch of train_data() from `position`, or of example_inputs() every step."""
     from ..runtime.data import Batch, DataSource
-    from ..runtime.microbatch import split_microbatches
+    from ..runtime.microbatch import batch_size, batch_tree_dims, split_microbatches
     from ..runtime.training import default_target
 
     plan = program.plan
 
     def prepared(batch: Batch) -> tuple[tuple[torch.Tensor, ...], Any]:
         inputs = program.traced.flatten_inputs(batch.args, batch.kwargs)
-        target = batch.target if batch.target is not None else default_target(inputs)
+        target = batch.target if batch.target is not None else default_target(inputs, batch_size(program, inputs))
         return to_device(inputs, device), to_device(target, device)
 
     if spec.train_data:
         assert loaded.train_data is not None
-        source = DataSource("train_data", loaded.train_data, (loaded.args, loaded.kwargs), plan.seed)
+        source = DataSource("train_data", loaded.train_data, (loaded.args, loaded.kwargs), plan.seed, program=program)
         for batch in source.batches(plan.dp, dp_rank, position):
             yield prepared(batch)
         return
     target = loaded.target if loaded.target is not None else None
     whole = Batch(loaded.args, loaded.kwargs, target)
-    share = Batch.from_tree(split_microbatches(whole.tree(), plan.dp)[dp_rank]) if plan.dp > 1 else whole
-    if share.target is None:  # the stand-in target of the whole batch, this replica's rows of it
-        full = default_target(program.traced.flatten_inputs(loaded.args, loaded.kwargs))
-        share.target = split_microbatches(full, plan.dp)[dp_rank] if plan.dp > 1 else full
+    if whole.target is None:  # the stand-in target of the whole batch: each replica takes its rows of it
+        flat = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
+        whole.target = default_target(flat, batch_size(program, flat))
+    dims = batch_tree_dims(program, whole.args, whole.kwargs, whole.target)
+    share = Batch.from_tree(split_microbatches(whole.tree(), plan.dp, dims)[dp_rank]) if plan.dp > 1 else whole
     fixed = prepared(share)
     while True:
         yield fixed
@@ -251,15 +252,17 @@ def _evaluate(loaded: LoadedModel, program: Program, pipe: DistributedPipeline, 
               device: torch.device) -> float | None:
     """The mean loss over one pass of eval_data() (every rank runs it; the last stage gets the number)."""
     from ..runtime.data import DataSource
+    from ..runtime.microbatch import batch_size
     from ..runtime.training import default_target
 
     assert loaded.eval_data is not None
     plan = program.plan
-    source = DataSource("eval_data", loaded.eval_data, (loaded.args, loaded.kwargs), plan.seed, shuffle=False)
+    source = DataSource("eval_data", loaded.eval_data, (loaded.args, loaded.kwargs), plan.seed, shuffle=False,
+                        program=program)
     total, count = 0.0, 0
     for batch in source.batches(plan.dp, dp_rank, cycle=False):
         inputs = program.traced.flatten_inputs(batch.args, batch.kwargs)
-        target = batch.target if batch.target is not None else default_target(inputs)
+        target = batch.target if batch.target is not None else default_target(inputs, batch_size(program, inputs))
         loss = pipe.evaluate(to_device(inputs, device), to_device(target, device))
         count += 1
         if loss is not None:

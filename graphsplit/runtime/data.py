@@ -25,14 +25,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from ..errors import GraphsplitError
-from .microbatch import merge_outputs, split_microbatches
+from .microbatch import batch_tree_dims, call_dims, merge_outputs, split_microbatches
+
+if TYPE_CHECKING:
+    from ..ir.program import Program
 
 
 @dataclass
@@ -75,11 +78,16 @@ class DataSource:
     dtypes; `shuffle`: a dataset's order is reshuffled each epoch (training), with `seed`."""
 
     def __init__(self, name: str, make: Callable[[], Any], example: tuple[tuple[Any, ...], dict[str, Any]],
-                 seed: int = 0, shuffle: bool = True) -> None:
+                 seed: int = 0, shuffle: bool = True, program: Program | None = None) -> None:
         self.name = name
         self.make = make
         self.example = example
-        self.rows = batch_rows(*example)
+        # the program's batch dims (a seq-first model's batch is its dim 1); without one, dim 0
+        self.program = program
+        self.rows = program.batch.size if program is not None and program.batch.batched else batch_rows(*example)
+        leaves = pytree.tree_leaves(example)
+        dims = call_dims(program, *example) if program is not None else [0] * len(leaves)
+        self._dim_of = {id(leaf): d for leaf, d in zip(leaves, dims)}
         self.seed = seed
         self.shuffle = shuffle
         self.source = self._call()
@@ -114,7 +122,8 @@ class DataSource:
             return
         for index, raw in self._iterable_batches(start, cycle):
             whole = self.check(raw, index, self.rows)
-            yield Batch.from_tree(split_microbatches(whole.tree(), replicas)[replica]) if replicas > 1 else whole
+            yield Batch.from_tree(split_microbatches(whole.tree(), replicas, self._dims(whole))[replica]) \
+                if replicas > 1 else whole
 
     def global_batches(self, replicas: int = 1, start: int = 0, cycle: bool = True) -> Iterator[Batch]:
         """The whole global batches, the replicas' shares joined in replica order: the batches the
@@ -124,7 +133,13 @@ class DataSource:
             return
         streams = [self.batches(replicas, d, start, cycle) for d in range(replicas)]
         for shares in zip(*streams):
-            yield Batch.from_tree(merge_outputs([s.tree() for s in shares]))
+            yield Batch.from_tree(merge_outputs([s.tree() for s in shares], self._dims(shares[0])))
+
+    def _dims(self, batch: Batch) -> list[int | None] | None:
+        """Batch dims per leaf of `batch.tree()` (None: dim 0 of each)."""
+        if self.program is None:
+            return None
+        return batch_tree_dims(self.program, batch.args, batch.kwargs, batch.target)
 
     def _iterable_batches(self, start: int, cycle: bool) -> Iterator[tuple[int, Any]]:
         """(global position, raw batch) from `start` on, calling the function again for each new epoch."""
@@ -202,14 +217,20 @@ class DataSource:
         for what, value, ex in pairs:
             if not isinstance(ex, torch.Tensor):
                 continue
-            want = (rows, *ex.shape[1:]) if ex.dim() else tuple(ex.shape)
+            dim = self._dim_of.get(id(ex), 0)
+            want = tuple(rows if k == dim else s for k, s in enumerate(ex.shape))
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != want or value.dtype != ex.dtype:
                 got = f"{_shape(value)} {value.dtype}" if isinstance(value, torch.Tensor) else _describe(value)
                 raise GraphsplitError(f"{where}: {what} is {got}, expected ({', '.join(map(str, want))}) {ex.dtype} "
                                       f"(example_inputs()' shapes fix the pipeline's; the batch is {self.rows})")
-        for leaf in pytree.tree_leaves(target):
-            if isinstance(leaf, torch.Tensor) and (leaf.dim() == 0 or leaf.shape[0] != rows):
-                raise GraphsplitError(f"{where}: the target has shape {_shape(leaf)}, expected {rows} rows "
+        target_dims = self.program.batch.target_dims(target) if self.program is not None else None
+        for k, leaf in enumerate(pytree.tree_leaves(target)):
+            dim = target_dims[k] if target_dims is not None else 0
+            if dim is None:
+                continue
+            if isinstance(leaf, torch.Tensor) and (leaf.dim() <= dim or leaf.shape[dim] != rows):
+                along = "rows" if dim == 0 else f"along dim {dim}"
+                raise GraphsplitError(f"{where}: the target has shape {_shape(leaf)}, expected {rows} {along} "
                                       "(one per example of the batch)")
         return Batch(args, kwargs, target)
 

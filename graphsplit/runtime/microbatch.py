@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -11,48 +12,118 @@ from ..errors import GraphsplitError
 from ..ir.program import Program
 
 
-def split_microbatches(value: Any, n: int) -> list[Any]:
-    """Cut every tensor in `value` into `n` pieces along dim 0, as the pipelining schedules do."""
+def split_microbatches(value: Any, n: int, dims: Sequence[int | None] | None = None) -> list[Any]:
+    """Cut every tensor in `value` into `n` pieces along its batch dim, as the pipelining schedules
+    do. `dims`: per leaf of `value` (pytree order), the batch dim or None (the leaf goes whole to
+    every piece); by default dim 0 of every tensor."""
     leaves, spec = pytree.tree_flatten(value)
+    if dims is None:
+        dims = [0] * len(leaves)
+    if len(dims) != len(leaves):
+        raise GraphsplitError(f"internal: {len(dims)} batch dims for {len(leaves)} values")
     pieces = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            if leaf.dim() == 0 or leaf.shape[0] % n:
+    for leaf, dim in zip(leaves, dims):
+        if isinstance(leaf, torch.Tensor) and dim is not None and n > 1:
+            if leaf.dim() <= dim or leaf.shape[dim] % n:
                 raise GraphsplitError(
                     f"a batch tensor of shape {tuple(leaf.shape)} cannot be cut into {n} equal micro-batches "
-                    f"along dim 0; use a batch size divisible by {n} or change --microbatches"
+                    f"along dim {dim}; use a batch size divisible by {n} or change --microbatches"
                 )
-            pieces.append(torch.tensor_split(leaf, n, dim=0))
+            pieces.append(torch.tensor_split(leaf, n, dim=dim))
         else:
             pieces.append([leaf] * n)
     return [pytree.tree_unflatten([p[i] for p in pieces], spec) for i in range(n)]
 
 
-def merge_outputs(chunks: list[Any]) -> Any:
-    """Concatenate per-micro-batch outputs along dim 0 (scalars: stacked)."""
+def merge_outputs(chunks: list[Any], dims: Sequence[int | None] | None = None) -> Any:
+    """Concatenate per-micro-batch values along their batch dims (scalars: stacked; a value with no
+    batch dim: the first piece's, as every piece holds it whole)."""
     flat = [pytree.tree_flatten(c) for c in chunks]
     spec = flat[0][1]
+    columns = list(zip(*(f[0] for f in flat)))
+    dims = [0] * len(columns) if dims is None else dims
     merged = []
-    for leaves in zip(*(f[0] for f in flat)):
-        if isinstance(leaves[0], torch.Tensor):
-            merged.append(torch.cat(leaves) if leaves[0].dim() else torch.stack(leaves))
-        else:
+    for leaves, dim in zip(columns, dims):
+        if not isinstance(leaves[0], torch.Tensor):
             merged.append(leaves[0])
+        elif leaves[0].dim() == 0:
+            merged.append(torch.stack(leaves))
+        else:
+            merged.append(torch.cat(leaves, dim) if dim is not None else leaves[0])
     return pytree.tree_unflatten(merged, spec)
 
 
-def join_outputs(chunks: list[Any]) -> Any:
+def join_outputs(chunks: list[Any], dims: Sequence[int | None] | None = None) -> Any:
     """The model's output over the whole batch from its outputs on equal pieces of it: batched
-    tensors concatenated along dim 0, a scalar (the model's own loss, a mean) averaged as the
-    pieces' losses are."""
+    tensors concatenated along their batch dims, a scalar (the model's own loss, a mean) averaged
+    as the pieces' losses are, a value with no batch dim the first piece's."""
     flat = [pytree.tree_flatten(c) for c in chunks]
+    columns = list(zip(*(f[0] for f in flat)))
+    dims = [0] * len(columns) if dims is None else dims
     joined = []
-    for leaves in zip(*(f[0] for f in flat)):
-        if isinstance(leaves[0], torch.Tensor):
-            joined.append(torch.cat(leaves) if leaves[0].dim() else torch.stack(leaves).mean(0))
-        else:
+    for leaves, dim in zip(columns, dims):
+        if not isinstance(leaves[0], torch.Tensor):
             joined.append(leaves[0])
+        elif leaves[0].dim() == 0:
+            joined.append(torch.stack(leaves).mean(0))
+        else:
+            joined.append(torch.cat(leaves, dim) if dim is not None else leaves[0])
     return pytree.tree_unflatten(joined, flat[0][1])
+
+
+def input_target_dims(program: Program, inputs: Sequence[Any], target: Any) -> list[int | None]:
+    """Batch dims per leaf of `(inputs, target)`: the flat inputs in the traced order, then the target."""
+    return [*program.batch.input_dims(program.traced.input_names), *program.batch.target_dims(target)]
+
+
+def cut_batch(program: Program, inputs: Sequence[Any], target: Any, n: int) -> list[tuple[Any, Any]]:
+    """`n` equal pieces of (flat inputs, target) along the program's batch dims."""
+    pieces = split_microbatches((tuple(inputs), target), n, input_target_dims(program, inputs, target))
+    return [(tuple(i), t) for i, t in pieces]
+
+
+def batch_size(program: Program, inputs: Sequence[Any]) -> int:
+    """How many examples flat `inputs` hold along the program's batch dims (1 with no batch)."""
+    for t, dim in zip(inputs, program.batch.input_dims(program.traced.input_names)):
+        if isinstance(t, torch.Tensor) and dim is not None and t.dim() > dim:
+            return int(t.shape[dim])
+    return 1
+
+
+def target_batch_dim(program: Program) -> int | None:
+    """The batch dim of a one-tensor target when it is not dim 0 (where torch's schedules cut it)."""
+    dims = program.batch.target
+    return dims[0] if len(dims) == 1 and dims[0] not in (None, 0) else None
+
+
+def batch_first(program: Program, target: Any) -> Any:
+    """A one-tensor target with its batch dim moved to dim 0, for torch's schedules to cut."""
+    moved = target_batch_dim(program)
+    return target.movedim(moved, 0) if moved is not None and isinstance(target, torch.Tensor) else target
+
+
+def stage_output_dims(program: Program) -> list[int | None]:
+    """Batch dims of the last stage's outputs (each the dim of the model's output leaf it is)."""
+    dims: dict[int, int | None] = {}
+    outputs = program.batch.outputs
+    for k, (what, i) in enumerate(program.output_leaves):
+        if what == "tensor":
+            dims.setdefault(i, outputs[k] if k < len(outputs) else 0)
+    return [dims.get(i, 0) for i in range(max(dims, default=-1) + 1)]
+
+
+def call_dims(program: Program, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int | None]:
+    """Batch dims per leaf of `(args, kwargs)` as the model is called: each leaf found among the
+    traced inputs by identity (a leaf no input is, a flag or a size, goes whole)."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    flat = program.traced.flatten_inputs(args, kwargs)
+    by_id = {id(t): d for t, d in zip(flat, program.batch.input_dims(program.traced.input_names))}
+    return [by_id.get(id(leaf)) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+
+
+def batch_tree_dims(program: Program, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any) -> list[int | None]:
+    """Batch dims per leaf of a `Batch.tree()`: (args, kwargs, target)."""
+    return [*call_dims(program, args, kwargs), *program.batch.target_dims(target)]
 
 
 def gather_outputs(program: Program, output: Any, comm: Any) -> Any:

@@ -68,9 +68,14 @@ def objective(program: Program, user_loss: LossFn | None) -> str:
     return "the mean of squares of the outputs (the model file defines no loss_fn and its output holds no loss)"
 
 
-def default_target(inputs: Iterable[Any]) -> torch.Tensor:
+def default_target(inputs: Iterable[Any], size: int | None = None) -> torch.Tensor:
     """The stand-in target when the model file defines none (`default_loss` ignores it): one zero
-    per example, so it splits into micro-batches as the batch does."""
+    per example (`size` of them, else dim 0 of the first input), so it splits into micro-batches as
+    the batch does."""
+    inputs = list(inputs)
+    if size is not None:
+        device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), None)
+        return torch.zeros(size, device=device)
     for value in inputs:
         if isinstance(value, torch.Tensor) and value.dim():
             return torch.zeros(value.shape[0], device=value.device)

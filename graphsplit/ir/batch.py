@@ -1,0 +1,59 @@
+"""Where each input, target and output holds the batch: what micro-batching and the dp replicas cut.
+
+`BatchDims` is decided once per program (analysis/batch_dims.py finds it; a model file's
+`batch_dims()` may say it) and read wherever a batch is cut or joined: the micro-batches of the
+schedules, the replicas' shares, the analysis shapes, the reference of `--check`, the counts of
+samples. A dim of None: that value has no batch and goes whole to every piece.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+Dim = int | None
+
+
+@dataclass(frozen=True)
+class BatchDims:
+    inputs: dict[str, Dim]  # by the traced input's name
+    target: tuple[Dim, ...] = ()  # per leaf of the target
+    outputs: tuple[Dim, ...] = ()  # per leaf of the model's output
+    size: int = 0  # the example's batch (0: no input carries one)
+    how: str = "found"  # "found" in the graph, or "batch_dims()" (the model file's)
+    notes: tuple[str, ...] = field(default=())  # what was assumed, what couples the batch
+
+    @classmethod
+    def leading(cls, names: Sequence[str], flat: Sequence[Any]) -> BatchDims:
+        """The convention before discovery: dim 0 of every tensor with dims (programs built by hand)."""
+        size = next((int(t.shape[0]) for t in flat if isinstance(t, torch.Tensor) and t.dim()), 0)
+        return cls({n: 0 for n in names}, size=size, how="dim 0")
+
+    def input_dims(self, names: Sequence[str]) -> list[Dim]:
+        return [self.inputs.get(n, 0) for n in names]
+
+    def target_dims(self, target: Any) -> list[Dim]:
+        """Per leaf of `target` (the stand-in target: one value per example, along dim 0)."""
+        leaves = pytree.tree_leaves(target)
+        if len(leaves) == len(self.target):
+            return list(self.target)
+        return [0 if self.size else None] * len(leaves)
+
+    @property
+    def batched(self) -> bool:
+        return self.size > 0
+
+    def describe(self, names: Sequence[str]) -> str:
+        """`src` dim 1, `pos` whole (found in the graph)."""
+        if not self.batched:
+            return "no batch (every input whole: one micro-batch, no dp replicas)"
+        parts = [f"{n} " + (f"dim {d}" if d is not None else "whole") for n, d in zip(names, self.input_dims(names))]
+        return f"{', '.join(parts)} ({'found in the graph' if self.how == 'found' else self.how})"
+
+    def to_dict(self, names: Sequence[str]) -> dict[str, Any]:
+        return {"inputs": dict(zip(names, self.input_dims(names))), "target": list(self.target),
+                "outputs": list(self.outputs), "size": self.size, "how": self.how, "notes": list(self.notes)}

@@ -1,0 +1,142 @@
+"""The batch is found in the graph, not assumed to be dim 0 (analysis/batch_dims.py): seq-first
+models are cut along dim 1, inputs without a batch go whole to every piece, a graph whose nodes
+are coupled has no batch, a model file may say it (`batch_dims()`), and the program computes what
+the untouched model computes on the whole batch."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+from graphsplit import Plan
+from graphsplit.compile import compile_loaded, compile_program
+from graphsplit.errors import GraphsplitError
+from graphsplit.launch.parity import check_locally
+from graphsplit.loader import load_model
+
+from .conftest import MODELS
+
+
+def _found(model: nn.Module, *inputs: torch.Tensor) -> dict:
+    program = compile_program(model, inputs, {}, Plan()).program
+    return program.batch.inputs
+
+
+def test_a_seq_first_transformer_is_cut_along_dim_1_and_equals_the_whole_batch():
+    loaded = load_model(str(MODELS / "seq_first.py"))
+    for plan in (Plan(pp=2), Plan(dp=2), Plan(pp=2, dp=2, microbatches=1)):
+        program, cmp = check_locally(loaded, plan)
+        assert program.batch.inputs == {"src": 1} and program.batch.target == (1,), program.batch
+        assert cmp.ok, (plan, cmp.failures)
+    assert program.batch.describe(program.traced.input_names) == "src dim 1 (found in the graph)"
+
+
+def test_cutting_a_seq_first_model_along_dim_0_changes_what_it_computes():
+    """What the discovery avoids: the micro-batches' mean loss along dim 0 (the sequence) is another number."""
+    loaded = load_model(str(MODELS / "seq_first.py"))
+    model = loaded.build("cpu", seed=0)
+    (src,), target = loaded.args, loaded.target
+    whole = loaded.loss_fn(model(src), target).detach()
+    by_seq = sum(loaded.loss_fn(model(s), t).detach() for s, t in zip(src.chunk(2, 0), target.chunk(2, 0))) / 2
+    by_batch = sum(loaded.loss_fn(model(s), t).detach() for s, t in zip(src.chunk(2, 1), target.chunk(2, 1))) / 2
+    assert abs(float(whole - by_seq)) > 1e-4
+    assert abs(float(whole - by_batch)) < 1e-5
+
+
+def test_a_declared_batch_dim_the_model_mixes_is_refused_naming_the_op():
+    loaded = load_model(str(MODELS / "seq_first.py"))
+    loaded.batch_dims = {"src": 0}
+    with pytest.raises(GraphsplitError) as exc:
+        compile_loaded(loaded, Plan(pp=2))
+    message = str(exc.value)
+    assert message.startswith("batch_dims() cuts 'src' along dim 0, but the model does not keep the examples of "
+                              "that dim apart:"), message
+    assert "\n" not in message
+    loaded.batch_dims = {"src": 1}
+    program = compile_loaded(loaded, Plan(pp=2)).program
+    assert program.batch.how == "batch_dims()" and program.batch.inputs == {"src": 1}
+    loaded.batch_dims = {"source": 1}
+    with pytest.raises(GraphsplitError, match="batch_dims\\(\\) names 'source', which the model takes no tensor as"):
+        compile_loaded(loaded, Plan(pp=2))
+
+
+def test_position_ids_without_a_batch_go_whole_to_every_micro_batch_and_replica():
+    loaded = load_model(str(MODELS / "unbatched_ids.py"))
+    for plan in (Plan(pp=2), Plan(dp=2), Plan(pp=2, dp=2, microbatches=2)):
+        program, cmp = check_locally(loaded, plan)
+        assert program.batch.inputs == {"x": 0, "ids": None}
+        assert cmp.ok, (plan, cmp.failures)
+    assert program.batch.describe(["x", "ids"]) == "x dim 0, ids whole (found in the graph)"
+
+
+def test_a_graph_whose_nodes_attend_to_each_other_has_no_batch():
+    """pytorch/examples' GAT: the nodes are coupled (softmax over neighbours). One micro-batch through
+    the pipeline; dp replicas refused in one line that says why."""
+    loaded = load_model(str(MODELS / "outside" / "gat_tiny.py"))
+    program, cmp = check_locally(loaded, Plan(pp=2))
+    assert not program.batch.batched and program.plan.num_microbatches == 1
+    assert cmp.ok, cmp.failures
+    with pytest.raises(GraphsplitError) as exc:
+        compile_loaded(loaded, Plan(dp=2))
+    message = str(exc.value)
+    assert "cannot be cut into 2 replica(s) x 1 micro-batch(es): no batch: dim 0 of 'input_tensor': _softmax along " \
+           "it at main.py:" in message and "\n" not in message
+
+
+def test_the_batch_is_told_apart_from_a_sequence_of_the_same_size():
+    """Batch 4 and sequence 4: the labels follow dims, not sizes."""
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).split(8, dim=-1)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v).sum(-1)
+
+    assert _found(Attn(), torch.randn(4, 4, 8)) == {"x": 0}
+    assert _found(Attn(), torch.randn(4, 4, 8).transpose(0, 1).contiguous()) == {"x": 0}  # the graph cannot tell
+
+
+def test_what_couples_the_batch_is_named():
+    class Centred(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 6)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h - h.mean(dim=0)  # every example minus the batch's mean
+
+    program = compile_program(Centred(), (torch.randn(4, 6),), {}, Plan()).program
+    assert not program.batch.batched
+    assert any("mean over it at" in n for n in program.batch.notes), program.batch.notes
+
+    class Stats(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(6)
+
+        def forward(self, x):
+            return self.bn(x)
+
+    program = compile_program(Stats(), (torch.randn(4, 6),), {}, Plan()).program
+    assert program.batch.inputs == {"x": 0}
+    assert any(n.startswith("BatchNorm at") for n in program.batch.notes), program.batch.notes
+
+
+def test_a_batch_sorted_against_itself_is_assumed_routing_and_the_check_says_it_differs():
+    """Sorting rows is how a mixture of experts routes tokens: taken as the batch, with a note; here
+    the examples really are mixed, and the check against the whole batch fails."""
+    loaded = load_model(str(MODELS / "sorted_batch.py"))
+    program, cmp = check_locally(loaded, Plan(pp=2))
+    assert program.batch.inputs == {"x": 0}
+    assert any("sorted along it at sorted_batch.py:18" in n for n in program.batch.notes), program.batch.notes
+    assert not cmp.ok and any(f.startswith("loss:") for f in cmp.failures), cmp.failures
+
+
+def test_a_mixture_of_experts_batch_is_found_through_its_routing():
+    loaded = load_model(str(MODELS / "hf_mixtral.py"))
+    program = compile_loaded(loaded, Plan(pp=2)).program
+    assert program.batch.inputs == {"input_ids": 0}
+    assert any("taken to route each example" in n for n in program.batch.notes), program.batch.notes
