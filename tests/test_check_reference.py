@@ -27,9 +27,10 @@ def _step(loaded, pieces, seed=0):
 # ---- item 5: the whole batch ---------------------------------------------------------------------
 
 def test_the_check_catches_what_only_the_whole_batch_shows():
-    """A seq-first transformer cut along the sequence: graphsplit's own micro-batches agree with it
-    (the old reference passed), the whole batch does not."""
-    loaded = load_model(str(MODELS / "seq_first.py"))
+    """A model that sorts its examples against each other, cut into micro-batches (batch discovery
+    takes the sort for routing and says so): graphsplit's own micro-batches agree with it (the old
+    reference passed), the whole batch does not."""
+    loaded = load_model(str(MODELS / "sorted_batch.py"))
     program, cmp = check_locally(loaded, Plan(pp=2))
     assert program.plan.num_microbatches == 2
     assert not cmp.ok

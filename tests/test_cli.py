@@ -93,12 +93,23 @@ def test_run_transformed_folder_with_check(tmp_path):
 
 @pytest.mark.slow
 def test_run_check_fails_loudly_on_a_mismatch():
-    # a seq-first transformer: graphsplit cuts dim 0, the sequence; the untouched model on the whole batch
-    # attends over every token, so the check fails (until the batch dim is found in the graph)
-    r = cli("run", MODELS / "seq_first.py", "--pp", "2", "--steps", "1", "--check")
+    # a model that sorts its examples against each other: taken as routing (said in a note), it is not,
+    # and the untouched model on the whole batch says so
+    r = cli("run", MODELS / "sorted_batch.py", "--pp", "2", "--steps", "1", "--check")
     assert r.returncode == 1, r.stdout + r.stderr
+    assert "note: assumed: the batch dim is sorted along it at sorted_batch.py:18" in r.stdout
     assert "on the whole global batch (one forward, one backward)" in r.stdout
     assert "check FAILED" in r.stdout and "MISMATCH loss" in r.stdout
+
+
+@pytest.mark.slow
+def test_run_cuts_a_seq_first_model_along_its_batch_on_real_ranks():
+    # torch's pipelining schedule cuts the [sequence, batch] input along dim 1 (its chunk spec), the
+    # target arrives batch-first and is turned back for the loss, the dp shares are cut along dim 1
+    r = cli("run", MODELS / "seq_first.py", "--pp", "2", "--dp", "2", "--steps", "1", "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "batch: src dim 1 (found in the graph)" in r.stdout
+    assert "check passed" in r.stdout
 
 
 def test_run_refuses_plan_flags_with_a_transformed_folder(tmp_path):

@@ -21,9 +21,10 @@ PLANS = {"pp2": Plan(pp=2), "tp2": Plan(tp=2), "pp2-tp2": Plan(pp=2, tp=2)}
 # einsums, in-place writes into a complex zeros tensor filled across a stage cut), one Fourier block shared
 # by two layers, series decomposition, dropout; Informer random draws (torch.randint in ProbSparse
 # attention), BatchNorm1d between encoder layers (compared per micro-batch), dropout; llama2.c of July 2023 a
-# complex64 RoPE buffer (torch.polar) multiplied into view_as_complex'd queries and keys, its own loss, dropout
+# complex64 RoPE buffer (torch.polar) multiplied into view_as_complex'd queries and keys, its own loss, dropout;
+# word_language_model seq-first tokens and targets (batch at dim 1); GAT no batch at all (one micro-batch)
 MODELS_THAT_TRAIN = ["nanogpt", "mingpt", "llama2c", "llama2c_complex", "mamba", "nanochat", "tslib_fedformer",
-                     "tslib_informer"]
+                     "tslib_informer", "word_language_model", "gat"]
 
 
 @pytest.fixture(scope="module", params=MODELS_THAT_TRAIN)
@@ -40,22 +41,28 @@ def test_an_unchanged_model_trains_as_the_untouched_one(outside, plan):
     assert "loss" in cmp.max_diff and any(k.startswith("grad ") for k in cmp.max_diff), cmp.max_diff
 
 
-def test_the_seq_first_transformer_traces_and_trains_at_tp_2():
+def test_the_seq_first_transformer_is_cut_along_its_batch_dim():
     """pytorch/examples' word_language_model: it takes len() of its input and caches the causal mask it
     builds on itself. torch.fx records the length as a checked constant (ir/size_conditions.py) and the
     model is left as it was; nn.TransformerEncoder, which looks at its mask's values, stays one module.
-    It is sequence-first: at tp 2 the batch is not cut; at pp 2 the micro-batches are cut along dim 0,
-    its sequence, and the length check refuses that in one line naming the model's line."""
+    It is sequence-first ([sequence, batch] tokens, an NLL over the flattened log-probabilities): the
+    batch is found at dim 1 of the input and of the target, and micro-batches are cut there."""
     loaded, traced = traced_once(OUTSIDE / "word_language_model_tiny.py")
     assert traced.tracer == "fx" and "model.py:135" in traced.reason
-    program, cmp = check_locally(loaded, Plan(tp=2), traced=traced.copy())
+    program, cmp = check_locally(loaded, Plan(pp=2), traced=traced.copy())
     assert cmp.ok, cmp.failures
-    assert program.param_shardings and any(k.endswith("(rank 1)") for k in cmp.max_diff), cmp.max_diff
-    with pytest.raises(GraphsplitError) as exc:
-        check_locally(loaded, Plan(pp=2), traced=traced.copy())
-    assert str(exc.value).startswith("model.py:135 in forward `mask = self._generate_square_subsequent_mask(len(src))"
-                                     ".to(device)` took len() = 16 on the example inputs and another length here")
-    assert "\n" not in str(exc.value)
+    assert program.batch.inputs == {"src": 1} and program.batch.target == (1,)
+    assert program.plan.num_microbatches == 2
+
+
+def test_a_graph_network_has_no_batch_and_runs_as_one_micro_batch():
+    """pytorch/examples' GAT: its nodes attend to their neighbours, so no input dim holds independent
+    examples; the whole graph is one micro-batch through the pipeline."""
+    loaded, traced = traced_once(OUTSIDE / "gat_tiny.py")
+    program, cmp = check_locally(loaded, Plan(pp=2), traced=traced.copy())
+    assert cmp.ok, cmp.failures
+    assert not program.batch.batched and program.plan.num_microbatches == 1
+    assert program.batch.inputs == {"input_tensor": None, "adj_mat": None}
 
 
 def test_a_model_that_reads_tensor_values_into_python_is_refused_in_one_line():

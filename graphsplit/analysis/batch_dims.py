@@ -21,6 +21,7 @@ under the same mode without being traced.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,10 @@ class _Atoms:
         # and back): per-row in every model seen, but not provable from shapes: the batch when no
         # other dim is, said as assumed
         self.routed: dict[int, str] = {}
+        self.inputs: set[int] = set()  # atoms of the inputs' and target's dims
+        # a dim made in forward (zeros(B * T, C), a repeat to B * heads) that lines up with merged
+        # dims stands for them: root -> those atoms
+        self.alias: dict[int, tuple[int, ...]] = {}
         self.iota: set[int] = set()  # atoms of an arange(n) from 0 by 1: indexing with it picks every row
 
     def new(self, size: int, fixed: bool = False, origin: int | None = None) -> int:
@@ -135,6 +140,7 @@ class _Discovery(TorchDispatchMode):
 
     def label_input(self, t: torch.Tensor) -> tuple[int, ...]:
         atoms = tuple(self.atoms.new(s) if s > 1 else -1 for s in t.shape)
+        self.atoms.inputs.update(a for a in atoms if a >= 0)
         self.values[id(t)] = (t, _Value(tuple((a,) if a >= 0 else () for a in atoms)))
         return atoms
 
@@ -158,11 +164,32 @@ class _Discovery(TorchDispatchMode):
         for a in label:
             self.atoms.couple(a, why, routed)
 
+    def expand(self, label: Label) -> Label:
+        """`label` with each made dim that stands for merged dims replaced by them."""
+        out: list[int] = []
+        for a in label:
+            held = self.atoms.alias.get(self.atoms.find(a))
+            out.extend(self.expand(held) if held is not None else (a,))
+        return tuple(out)
+
+    def made(self, label: Label) -> bool:
+        """One dim made in forward (not an input's, not a weight's)."""
+        if len(label) != 1:
+            return False
+        root = self.atoms.find(label[0])
+        return not self.atoms.fixed[root] and not any(self.atoms.find(i) == root for i in self.atoms.inputs)
+
     def unify(self, a: Label, b: Label) -> Label:
         """Two dims the op lines up; returns the one label they now share."""
-        a, b = self.whole(a), self.whole(b)
+        a, b = self.whole(self.expand(a)), self.whole(self.expand(b))
         if not a or not b:
             return a or b
+        size = self.atoms.size
+        if len(a) != len(b) and math.prod(size[x] for x in a) == math.prod(size[x] for x in b):
+            for one, many in ((a, b), (b, a)):
+                if len(one) == 1 and len(many) > 1 and self.made(one):
+                    self.atoms.alias[self.atoms.find(one[0])] = many
+                    return many
         if len(a) == len(b) and all(self.atoms.size[x] == self.atoms.size[y] for x, y in zip(a, b)):
             for x, y in zip(a, b):
                 self.atoms.union(x, y)
@@ -340,7 +367,7 @@ def _constant(d: _Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> Non
 
 def _reshape(d: _Discovery, src: Sequence[Label], src_shape: Sequence[int], shape: Sequence[int]) -> list[Label]:
     """A view's output labels: the input's atoms regrouped, an atom split where a dim cuts through it."""
-    queue = [a for label in src for a in label]
+    queue = [a for label in src for a in d.expand(label)]
     labels: list[Label] = []
     for size in shape:
         if size == 1:
@@ -969,11 +996,23 @@ def discover(
         for t in pytree.tree_leaves(meta_target):
             target_atoms.append(d.label_input(t) if isinstance(t, torch.Tensor) else None)
         raw = runner.run(*meta_inputs)
+        loss_failed = None
         unread = {n: t for n, t in zip(input_names, meta_inputs) if isinstance(t, torch.Tensor) and id(t) not in d.read}
         outputs = [t for t in output_leaves(raw)]
         if loss is not None:
-            loss(raw, meta_target)
-    return _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared)
+            try:
+                loss(raw, meta_target)
+            except Exception as exc:  # noqa: BLE001 - a loss that reads values (.item()) or mixes devices
+                loss_failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                target_atoms = [None] * len(target_atoms)
+    decision = _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared)
+    if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
+        leaves = pytree.tree_leaves(meta_target)
+        decision.target = tuple(next((k for k, s in enumerate(t.shape) if s == decision.size), None)
+                                if isinstance(t, torch.Tensor) else None for t in leaves)
+        decision.unproven.append(f"the loss did not run on meta ({loss_failed}): the target cut along its dim of "
+                                 "the batch's size")
+    return decision
 
 
 def _decide(d: _Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
@@ -1075,9 +1114,17 @@ def find_batch_dims(
     target: Any = None,
     declared: dict[str, int | None] | None = None,
 ) -> BatchDims:
-    """`discover`, as the program's BatchDims."""
-    found = discover(gm, input_names, flat, output_leaves, loss, target, declared)
-    notes = [*found.coupling, *(f"assumed: {u}" for u in found.unproven)]
+    """`discover`, as the program's BatchDims. Where the graph does not run on meta (the analysis
+    then names what fails) or an input is empty, dim 0 of each, as before discovery."""
+    if any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in flat):
+        return BatchDims.leading(input_names, flat)
+    try:
+        found = discover(gm, input_names, flat, output_leaves, loss, target, declared)
+    except GraphsplitError:
+        raise
+    except Exception:  # noqa: BLE001 - the analysis runs the graph next and says what fails, and where
+        return BatchDims.leading(input_names, flat)
+    notes = [f"assumed: {u}" for u in found.unproven]
     if not found.size:
         notes.append(f"no batch: {found.why_none}")
     return BatchDims(dict(found.inputs), found.target, found.outputs, found.size,

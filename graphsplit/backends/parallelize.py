@@ -18,6 +18,7 @@ spans). `parallelize_stages` calls them in order.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -187,9 +188,14 @@ def build_schedule(program: Program, runners: Mapping[int, nn.Module], loss_fn: 
             return inner(output, target.movedim(0, moved))
 
     common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True,
-                                  args_chunk_spec=input_chunk_spec(program),
                                   output_merge_spec=output_merge_spec(examples[-1][1], plan.num_microbatches,
                                                                       stage_output_dims(program)))
+    if any(d != 0 for d in program.batch.input_dims(program.traced.input_names)):
+        if "args_chunk_spec" not in inspect.signature(cls.__init__).parameters:
+            raise GraphsplitError(f"schedule {plan.schedule!r} (torch's {cls.__name__}) cuts every input along dim 0 "
+                                  f"and this model's batch is not there ({program.batch.describe(program.traced.input_names)}); "
+                                  "choose another --schedule (1f1b, gpipe, interleaved-1f1b)")
+        common["args_chunk_spec"] = input_chunk_spec(program)
     if plan.schedule in MULTI_STAGE_SCHEDULES:
         return cls(stages, **common)
     (only,) = stages

@@ -45,7 +45,8 @@ class BatchDims:
 
     @property
     def batched(self) -> bool:
-        return self.size > 0
+        """Some input holds a batch (dim 0 assumed counts, even of an empty example: refused later)."""
+        return self.size > 0 or self.how == "dim 0"
 
     def describe(self, names: Sequence[str]) -> str:
         """`src` dim 1, `pos` whole (found in the graph)."""

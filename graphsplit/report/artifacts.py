@@ -90,6 +90,7 @@ def plan_record(program: Program, loaded: LoadedModel, out_dir: Path, summary: d
         },
         "plan": plan.to_dict(),
         "tracer": program.traced.tracer,
+        "batch": program.batch.to_dict(program.traced.input_names),
         "split": {"stage_starts": [st.first_node for st in program.stages[1:]]},
         "stages": [
             {"index": st.index, "pp_rank": plan.stage_rank(st.index), "code": f"stage_{st.index}.py",

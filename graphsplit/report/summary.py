@@ -95,6 +95,9 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
     data: dict[str, Any] = {
         "tracer": program.traced.tracer,
         "tracer_reason": program.traced.reason,
+        # where each input holds the batch (analysis/batch_dims.py), and what was assumed
+        "batch": program.batch.to_dict(program.traced.input_names),
+        "batch_text": program.batch.describe(program.traced.input_names),
         "plan": plan.to_dict(),
         "num_stages": plan.num_stages,
         "microbatches": plan.num_microbatches,
@@ -184,6 +187,10 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     console.print(table)
     if summary.get("tracer_reason"):
         console.print(f"traced with {summary['tracer_reason']}")
+    if summary.get("batch_text"):
+        console.print(f"batch: {summary['batch_text']}")
+        for line in summary["batch"]["notes"]:
+            console.print(f"note: {line}")
     if summary.get("note"):
         console.print(f"note: {summary['note']}")
     console.print(f"balance (max stage cost / mean): {summary['balance']:.3f}")
