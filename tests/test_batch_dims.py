@@ -139,3 +139,14 @@ def test_a_mixture_of_experts_batch_is_found_through_its_routing():
     program = compile_loaded(loaded, Plan(pp=2)).program
     assert program.batch.inputs == {"input_ids": 0}
     assert any("taken to route each example" in n for n in program.batch.notes), program.batch.notes
+
+
+def test_flux_position_ids_have_no_batch_dim():
+    """diffusers' FluxTransformer2DModel takes img_ids and txt_ids as [tokens, 3], shared by the batch
+    (tests/test_zoo.py checks it at pp 2, tp 2 and dp 2 x pp 2 x tp 2 against the whole batch)."""
+    pytest.importorskip("diffusers")
+    from .models import zoo
+
+    program = compile_loaded(zoo.loaded(zoo.BY_NAME["Flux"]), Plan(pp=2)).program
+    assert program.batch.inputs == {"hidden_states": 0, "encoder_hidden_states": 0, "pooled_projections": 0,
+                                    "timestep": 0, "img_ids": None, "txt_ids": None}

@@ -1,4 +1,4 @@
-"""The model zoo: HuggingFace transformers architectures (and diffusers' UNet2DModel), unmodified,
+"""The model zoo: HuggingFace transformers architectures (and diffusers' UNet2DModel and Flux), unmodified,
 each from a tiny config (no download), with its inputs, target and loss.
 
 One table row per architecture: what it exercises (`features`), how to build it, what to feed it.
@@ -93,6 +93,15 @@ INPUTS: dict[str, Inputs] = {
     "noise": Inputs(lambda g: {"sample": torch.randn(BATCH, 3, 8, 8, generator=g),
                                "timestep": torch.randint(0, 1000, (BATCH,), generator=g)},
                     lambda g: torch.randn(BATCH, 3, 8, 8, generator=g), _noise_loss),
+    # a rectified-flow transformer: image and text tokens, their position ids shared by the whole
+    # batch ([tokens, 3], no batch dim: they go whole to every micro-batch and replica)
+    "flux": Inputs(lambda g: {"hidden_states": torch.randn(BATCH, 16, 4, generator=g),
+                              "encoder_hidden_states": torch.randn(BATCH, SEQ, 16, generator=g),
+                              "pooled_projections": torch.randn(BATCH, 8, generator=g),
+                              "timestep": torch.rand(BATCH, generator=g),
+                              "img_ids": torch.stack([torch.zeros(16), torch.arange(16.0) // 4, torch.arange(16.0) % 4], -1),
+                              "txt_ids": torch.zeros(SEQ, 3)},
+                   lambda g: torch.randn(BATCH, 16, 4, generator=g), _noise_loss),
 }
 
 # what every tiny causal LM shares
@@ -190,6 +199,11 @@ ARCHS: tuple[Arch, ...] = (
               # attention in the middle block only: each attention block costs seconds of tracing
               down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
               norm_num_groups=4, attention_head_dim=8), inputs="noise", library="diffusers"),
+    Arch("Flux", "diffusion", "joint text-image attention, 3-axis RoPE from position ids without a batch dim",
+         "FluxTransformer2DModel", "FluxTransformer2DModel",
+         dict(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
+              num_attention_heads=4, joint_attention_dim=16, pooled_projection_dim=8, guidance_embeds=False,
+              axes_dims_rope=(2, 2, 4)), inputs="flux", library="diffusers"),
 )
 
 BY_NAME: dict[str, Arch] = {a.name: a for a in ARCHS}
