@@ -176,3 +176,26 @@ def test_the_summary_says_which_tracer_and_why():
     render(summarize(program), Console(file=out, width=400))
     assert ('traced with torch.fx (sizes decided on the example inputs: attn_assert.py:33 in forward '
             '`assert t <= 64, "too long"`)') in out.getvalue()
+
+
+def test_an_inputs_shape_unpacked_into_a_call_traces_with_fx():
+    """`x.reshape(*x.shape[:-1], 2, -1)` iterates the shape: its entries, from the example inputs,
+    one by one (the number of dims checked), where fx alone says a Proxy cannot be iterated."""
+
+    class Pairs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            pairs = x.reshape(*x.shape[:-1], 4, 2)
+            return self.lin(pairs.flip(-1).reshape(*[d for d in x.shape]))
+
+    x = torch.randn(4, 3, 8)
+    model = Pairs()
+    traced = trace_model(model, (x,), {})
+    assert traced.tracer == "fx", traced.reason
+    program = compile_program(model, (x,), {}, Plan(dp=2)).program
+    assert program.batch.inputs == {"x": 0}
+    out = traced.gm(x)
+    torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, model(x))

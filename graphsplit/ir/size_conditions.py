@@ -187,7 +187,16 @@ def _spelling(node: fx.Node) -> Any:
     """What a node computes, as a hashable tree of its ops down to the placeholders and attributes."""
     if node.op in ("placeholder", "get_attr"):
         return (node.op, node.target)
-    return (node.op, node.target, fx.node.map_arg((node.args, tuple(node.kwargs.items())), _spelling))
+    return (node.op, node.target, _hashable(fx.node.map_arg((node.args, tuple(node.kwargs.items())), _spelling)))
+
+
+def _hashable(value: Any) -> Any:
+    """Slices (`shape[:-1]`) are unhashable before Python 3.12: spelled as tuples."""
+    if isinstance(value, slice):
+        return ("slice", value.start, value.stop, value.step)
+    if isinstance(value, tuple | list):
+        return tuple(_hashable(v) for v in value)
+    return value
 
 
 def _erase_with_unused_inputs(graph: fx.Graph, node: fx.Node) -> None:

@@ -348,9 +348,26 @@ class _Tracer(fx.Tracer):
         self._check(holds, place, length_message(place, n))
         return n
 
+    def iter(self, obj: fx.Proxy) -> Any:
+        """`*x.shape[:-1]`, `for d in x.shape`: a shape's entries one by one, its number of dims known
+        from the example inputs and checked (a tensor's rows are not unrolled: fx's error stands)."""
+        try:
+            value = self.sizes(obj.node) if self.sizes is not None else None
+        except Unknown:
+            value = None
+        if not isinstance(value, tuple):
+            return super().iter(obj)
+        n = self.length(obj)
+        if n is None:
+            return super().iter(obj)
+        return iter([obj[i] for i in range(n)])
+
     def _place(self) -> str:
-        # frames: _place <- to_bool/length <- the proxy's __bool__/__len__ <- the condition's code
-        return where(condition_frame(sys._getframe(2)), _user_source(sys._getframe(2)))
+        # frames: _place <- to_bool/length <- the proxy's __bool__/__len__ (or iter <- __iter__) <- the code
+        frame = sys._getframe(2)
+        if frame.f_code is _Tracer.iter.__code__:
+            frame = frame.f_back.f_back
+        return where(condition_frame(frame), _user_source(frame))
 
     def _check(self, holds: fx.Proxy, place: str, message: str) -> None:
         check = self.create_proxy("call_function", torch._assert, (holds, message), {})
