@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -97,6 +99,18 @@ def describe(plan: Plan) -> str:
     return text + (" fsdp" if plan.fsdp else "") + (f" {plan.checkpoint}" if plan.checkpoint != "none" else "")
 
 
+def label(plan: Plan) -> str:
+    schedule = plan.schedule + (f" x{plan.stages_per_rank}" if plan.stages_per_rank > 1 else "")
+    return (f"mb{plan.num_microbatches} {schedule}, {plan.checkpoint}{', fsdp' if plan.fsdp else ''}, "
+            f"{plan.autocast or 'fp32'}{', compiled' if plan.compile else ''}")
+
+
+def breakdown(est: Any) -> str:
+    """Where the step's seconds go (the planner's `time`), largest first."""
+    parts = sorted(est.time.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {v:.2f} s" for k, v in parts if v >= 0.005)
+
+
 def published() -> None:
     hw = load_hardware("h100")
     model = ROOT / "bench" / "models" / "llama3_405b.py"
@@ -107,10 +121,11 @@ def published() -> None:
     print(f"\nLlama 3 405B on {hw.name} (profile in {time.perf_counter() - start:.1f} s)")
     for gpus, shape, reported in PUBLISHED:
         best = None
-        for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
-            for checkpoint in ("none", "selective", "blocks", "every:2", "stage"):
-                for fsdp in (False, True):
-                    plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp)
+        for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8)):
+            for checkpoint in ("none", "selective", "blocks", "every:2", "every:4", "stage"):
+                for fsdp, compiled in itertools.product((False, True), (False, True)):
+                    plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
+                                         compile=compiled)
                     est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
                                    profile.model_flops_per_sample)
                     fits = est.memory["total"] <= 0.95 * hw.memory_bytes
@@ -120,19 +135,20 @@ def published() -> None:
             print(f"  {gpus} GPUs, TP8 x PP16 x DP{shape.dp}: no choice of schedule, checkpointing and FSDP fits")
             continue
         tflops = best.mfu * hw.peak_flops["bfloat16"] / 1e12
-        print(f"  {gpus} GPUs, TP8 x PP16 x DP{shape.dp} ({best.plan.schedule}, {best.plan.checkpoint}"
-              f"{', fsdp' if best.plan.fsdp else ''}): predicted {tflops:.0f} TFLOP/s per GPU, published {reported} "
-              f"({tflops / reported:.2f}x); step {best.step_seconds:.1f} s, {best.memory['total'] / 2**30:.1f} GiB per GPU")
+        print(f"  {gpus} GPUs, TP8 x PP16 x DP{shape.dp} ({label(best.plan)}): predicted {tflops:.0f} TFLOP/s per GPU, "
+              f"published {reported} ({tflops / reported:.2f}x); step {best.step_seconds:.1f} s, "
+              f"{best.memory['total'] / 2**30:.1f} GiB per GPU")
+        print(f"    time: {breakdown(best)}")
         start = time.perf_counter()
         result, _ = plan_model(loaded, gpus, hw.memory_bytes, hw)
         took = time.perf_counter() - start
         if result.fits:
             own = result.plans[0]
             p = own.plan
-            print(f"    planner's own best ({took:.1f} s search): tp{p.tp} pp{p.pp} dp{p.dp}{' fsdp' if p.fsdp else ''} "
-                  f"mb{p.num_microbatches} {p.schedule} {p.checkpoint} {p.autocast}: "
+            print(f"    planner's own best ({took:.1f} s search): tp{p.tp} pp{p.pp} dp{p.dp} {label(p)}: "
                   f"{own.mfu * hw.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s per GPU, step {own.step_seconds:.1f} s, "
                   f"{own.memory['total'] / 2**30:.1f} GiB; {'at least as fast' if own.step_seconds <= best.step_seconds else 'SLOWER'}")
+            print(f"    time: {breakdown(own)}")
         else:
             print(f"    planner's own search ({took:.1f} s): nothing fits")
 

@@ -42,3 +42,51 @@ def test_fsdp_with_tensor_parallel_matches_the_untouched_model_and_its_checkpoin
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     stored = safe_read.stored_keys(tmp_path / "plain" / "step-3")
     assert "optimizer/layers.0.attention.wq.weight/exp_avg_sq" in stored
+
+
+def test_fsdp_under_bf16_gathers_parameters_in_bf16_and_keeps_fp32_master_weights(tmp_path):
+    """apply_fsdp's MixedPrecisionPolicy: the gathered parameters a forward reads are bf16, the
+    sharded ones the optimizer steps stay fp32, gradients arrive in fp32."""
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from graphsplit.backends.parallelize import apply_fsdp
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=__import__("datetime").timedelta(seconds=60))
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        seen = []
+        model[0].register_forward_pre_hook(lambda mod, args: seen.append(mod.weight.dtype))
+        apply_fsdp([model], mesh, "bf16")
+        model(torch.randn(4, 8)).float().sum().backward()
+        assert seen == [torch.bfloat16]
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_under_bf16_keeps_the_programs_dtypes():
+    """Under --fsdp --autocast bf16 every parameter read outside a matmul (an embedding's rows, a norm's
+    weight) is read through an fp32 copy: what crosses a stage boundary does not depend on the
+    dtype FSDP gathers in."""
+    from graphsplit.compile import compile_loaded
+    from graphsplit.loader import load_model
+
+    program = compile_loaded(load_model(str(EXAMPLES / "llama.py")), Plan(dp=2, pp=2, fsdp=True, autocast="bf16")).program
+    code = program.stages[0].gm.code
+    assert "tok_embeddings_weight.to(torch.float32)" in code
+    assert "layers_0_attention_norm_weight.to(torch.float32)" in code
+    plain = compile_loaded(load_model(str(EXAMPLES / "llama.py")), Plan(dp=2, pp=2, autocast="bf16")).program
+    assert "tok_embeddings_weight.to(torch.float32)" not in plain.stages[0].gm.code  # DDP: fp32 parameters
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_fsdp_with_bf16_under_a_pipeline_matches_the_untouched_model():
+    lines: list[str] = []
+    cmp = run_training(str(EXAMPLES / "llama.py"), Plan(dp=2, pp=2, fsdp=True, autocast="bf16"),
+                       RunOptions(steps=1, check=True, timeout_s=240), echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)

@@ -77,12 +77,44 @@ def autocast_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tupl
             caster.cast_inputs(node, low)
         elif precision is not None:
             caster.cast_inputs(node, torch.float32)
+    if inp.plan.fsdp:
+        _parameters_read_in_fp32(gm)
     gm.graph.lint()
     gm.recompile()
     tp = done.get(TensorParallelResult)
     annotate(gm, inp.example_inputs, param_shardings=dict(tp.param_shardings) if tp else {}, tp=inp.plan.tp)
     check_dtypes(gm, low)
     return gm, None
+
+
+def _parameters_read_in_fp32(gm: fx.GraphModule) -> None:
+    """Under FSDP the parameters arrive in the low dtype (apply_fsdp's MixedPrecisionPolicy gathers
+    them so); every use outside a matmul-class op reads an fp32 copy, as without FSDP (an embedding's
+    rows, a bias added to the residual stream, a scale), and a leaf module holding parameters has its
+    output cast back to the dtype it has with fp32 ones: the program's dtypes, and what crosses a
+    stage boundary, do not depend on how parameters are gathered."""
+    functionalize_modules(gm, (nn.Embedding, nn.LayerNorm, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())))
+    params = {name for name, _ in gm.named_parameters()}
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr" and str(node.target) in params:
+            spec = info(node).tensor
+            if spec is None or not spec.dtype.is_floating_point:
+                continue
+            for user in list(node.users):
+                if info(user).kind == OpKind.CAST or family(user, gm).precision == Precision.LOW:
+                    continue
+                up = insert_node(gm.graph, "to", (node, torch.float32), op="call_method", before=user, owner=user,
+                                 kind=OpKind.CAST, tensor=TensorSpec(spec.shape, torch.float32, spec.requires_grad))
+                user.replace_input_with(node, up)
+        elif node.op == "call_module" and any(True for _ in gm.get_submodule(str(node.target)).parameters()):
+            spec = info(node).tensor
+            if spec is None or not spec.dtype.is_floating_point:
+                continue
+            users = list(node.users)
+            back = insert_node(gm.graph, "to", (node, spec.dtype), op="call_method", after=node, owner=node,
+                               kind=OpKind.CAST, tensor=spec)
+            for user in users:
+                user.replace_input_with(node, back)
 
 
 def check_dtypes(gm: fx.GraphModule, low: torch.dtype) -> dict[str, int]:

@@ -91,7 +91,7 @@ class Estimate:
 def plan_fields(plan: Plan) -> dict[str, Any]:
     return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "fsdp": plan.fsdp, "microbatches": plan.num_microbatches,
             "schedule": plan.schedule, "stages_per_rank": plan.stages_per_rank, "checkpoint": plan.checkpoint,
-            "autocast": plan.autocast}
+            "autocast": plan.autocast, "compile": plan.compile}
 
 
 def ring_seconds(nbytes: float, ranks: int, bandwidth: float, latency: float, steps_factor: float) -> float:
@@ -140,8 +140,11 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     buffers = 2 * by_rank(st.send_bytes, "max") if pp > 1 else np.zeros(pp, dtype=np.int64)
     if dp > 1 and not plan.fsdp:
         buffers = buffers + np.minimum(params, DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES)
+    # FSDP under --autocast bf16/fp16 gathers parameters in that dtype (apply_fsdp's MixedPrecisionPolicy):
+    # the gathered copies and the unsharded gradients computed on them are half the fp32 bytes
+    gathered = params // 2 if plan.fsdp and plan.autocast in ("bf16", "fp16") else params
     if plan.fsdp:  # the gathered parameters and the unsharded gradients, from the first backward to the last
-        buffers = buffers + 2 * params
+        buffers = buffers + 2 * gathered
     parts.update(activations=acts, outputs_and_loss=outputs, communication_buffers=buffers)
     total = sum(parts.values())
     busiest = int(np.argmax(total))
@@ -157,8 +160,8 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     bubble = bubble_fraction(plan.schedule, pp, m, v)
     pipeline = bottleneck * m / (1 - bubble) if bubble < 1 else float("inf")
     grads = float(params.max())
-    if dp > 1 and plan.fsdp:
-        dp_comm = ring_seconds(grads, dp, dp_bw, dp_lat, 1) * 2  # gather once, reduce-scatter once
+    if dp > 1 and plan.fsdp:  # gather once (in the gathered dtype), reduce-scatter once in fp32
+        dp_comm = ring_seconds(float(gathered.max()), dp, dp_bw, dp_lat, 1) + ring_seconds(grads, dp, dp_bw, dp_lat, 1)
     elif dp > 1:
         dp_comm = ring_seconds(grads, dp, dp_bw, dp_lat, 2)
     else:

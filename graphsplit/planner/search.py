@@ -4,8 +4,8 @@ Candidates: tp within a node (dividing the devices and the model's heads),
 pp up to the model's places to cut, dp the rest; DDP or FSDP; micro-batch counts
 that divide each replica's batch; the schedules torch.distributed.pipelining
 runs (interleaved ones with 2 or 4 stages per rank); checkpoint none, selective,
-blocks, every:2, every:4 or stage; autocast none, bf16 or fp16. Nothing is compiled per
-candidate: each is priced from the profile's per-op sums (profile.py), so the
+blocks, every:2, every:4 or stage; autocast none, bf16 or fp16; each stage under torch.compile
+or eager. Nothing is compiled per candidate: each is priced from the profile's per-op sums (profile.py), so the
 search over tens of thousands of plans takes seconds. Plans that cannot work are
 counted with the reason.
 """
@@ -30,9 +30,12 @@ from .profile import build_all_tables
 from .stages import plan_stages
 
 SCHEDULE_CHOICES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
-                                                 ("interleaved-1f1b", 4), ("looped-bfs", 2))
+                                                 ("interleaved-1f1b", 4), ("interleaved-1f1b", 8),
+                                                 ("looped-bfs", 2))
 CHECKPOINT_CHOICES = ("none", "selective", "blocks", "every:2", "every:4", "stage")
 AUTOCAST_CHOICES: tuple[str | None, ...] = (None, "bf16", "fp16")
+# torch.compile of each stage (Plan.compile): elementwise ops fused between the matmuls (stages.fused_seconds)
+COMPILE_CHOICES = (False, True)
 # memory graphsplit does not model (the CUDA context, allocator fragmentation) is left free
 USABLE_FRACTION = 0.95
 
@@ -86,10 +89,11 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                     left_out["an interleaved schedule needs micro-batches divisible by pp"] += 1
                     continue
                 checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
-                for checkpoint, autocast, fsdp in itertools.product(checkpoints, AUTOCAST_CHOICES,
-                                                                    (False, True) if dp > 1 else (False,)):
+                for checkpoint, autocast, fsdp, compiled in itertools.product(
+                        checkpoints, AUTOCAST_CHOICES, (False, True) if dp > 1 else (False,), COMPILE_CHOICES):
                     yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, microbatches=m if pp > 1 else None,
-                               schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast)
+                               schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
+                               compile=compiled)
 
 
 @dataclass

@@ -50,9 +50,11 @@ def cuts(table: OpTable, stages: int, b: int) -> list[int]:
     return table.cache[key]
 
 
-def op_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:
+def op_seconds(table: OpTable, b: int, hw: Hardware, fused: bool = False) -> np.ndarray:
     """One forward of every op at `b` samples: a roofline (FLOPs at the op's rate, bytes at the memory's)
-    plus the per-op overhead."""
+    plus the per-op overhead. `fused`: as torch.compile runs the stage (`fused_seconds`)."""
+    if fused:
+        return fused_seconds(table, b, hw)
     key = ("seconds", b, hw.name)
     if key not in table.cache:
         flops = table.at(table.flops, b).astype(np.float64)
@@ -61,6 +63,63 @@ def op_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:
         roofline = np.maximum(flops / rate, moved / (hw.memory_bandwidth * hw.memory_efficiency))
         table.cache[key] = roofline + hw.op_overhead
     return table.cache[key]
+
+
+def fused_groups(table: OpTable) -> np.ndarray:
+    """Each op's fused group as torch.compile (inductor) runs a stage: every maximal run of ops
+    between matmul-class ops (which stay library kernels) is one group; a matmul-class op is -1."""
+    found = table.cache.get(("groups",))
+    if found is None:
+        compute = table.compute
+        starts = np.concatenate([[True], compute[:-1]]) & ~compute  # a run begins after a matmul, or at 0
+        found = np.where(compute, -1, np.cumsum(starts) - 1)
+        table.cache[("groups",)] = found
+    return found
+
+
+def fused_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:
+    """`op_seconds` under torch.compile: matmul-class ops as before; each fused group one kernel that
+    reads from memory what it takes from outside the group (once per value) and writes what leaves
+    it (read by an op outside the group), at the memory's rate, plus one launch. The group's time is
+    shared over its ops by their unfused bytes, so stage sums, cuts and recompute read it per op."""
+    key = ("fused", b, hw.name)
+    found = table.cache.get(key)
+    if found is not None:
+        return found
+    plain = op_seconds(table, b, hw).copy()
+    group = fused_groups(table)
+    count = int(group.max()) + 1 if len(group) else 0
+    if count == 0:
+        table.cache[key] = plain
+        return plain
+    escapes = np.zeros(len(group), dtype=bool)  # an op whose output an op outside its group reads
+    traffic = np.zeros(count)
+    seen: set[tuple[int, int]] = set()
+    for i, row in enumerate(table.reads):
+        g = group[i]
+        for vid, producer, per_sample, constant in row:
+            inside = producer >= 0 and group[producer] == g and g >= 0
+            if not inside and producer >= 0:
+                escapes[producer] = True
+            if g >= 0 and not inside and (g, vid) not in seen:
+                seen.add((g, vid))
+                traffic[g] += per_sample * b + constant
+    out = table.at(table.out, b).astype(np.float64)
+    members = group >= 0
+    traffic += np.bincount(group[members & escapes], weights=out[members & escapes], minlength=count)
+    flops = np.bincount(group[members], weights=table.at(table.flops, b)[members].astype(np.float64),
+                        minlength=count)
+    kernel = np.maximum(flops / hw.flops("float32"), traffic / (hw.memory_bandwidth * hw.memory_efficiency))
+    kernel += hw.op_overhead
+    moved = table.at(table.bytes, b).astype(np.float64)[members]
+    total = np.bincount(group[members], weights=moved, minlength=count)
+    size = np.bincount(group[members], minlength=count)
+    share = np.where(total[group[members]] > 0, moved / np.maximum(total[group[members]], 1e-30),
+                     1.0 / size[group[members]])
+    found = plain
+    found[members] = kernel[group[members]] * share
+    table.cache[key] = found
+    return found
 
 
 def _uses(table: OpTable, dp: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -100,13 +159,13 @@ def _stage_of(bounds: list[int], positions: np.ndarray) -> np.ndarray:
 
 def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.ndarray | list[int]]:
     """What the policy does not change, for `plan.num_stages` stages at `b` samples per micro-batch."""
-    key = ("split", plan.num_stages, b, plan.tp, hw.name)
+    key = ("split", plan.num_stages, b, plan.tp, hw.name, plan.compile)
     if key in table.cache:
         return table.cache[key]
     n, count = table.n, plan.num_stages
     bounds = [0, *cuts(table, count, b), n]
     param_bytes = _held(table, bounds)
-    secs = op_seconds(table, b, hw)
+    secs = op_seconds(table, b, hw, plan.compile)
     prefix = np.concatenate([[0.0], np.cumsum(secs)])
     forward = prefix[bounds[1:]] - prefix[bounds[:-1]]
     tp_seconds = np.zeros(count)
@@ -214,7 +273,7 @@ def _shifts(table: OpTable, bounds: np.ndarray) -> np.ndarray:
     return np.where((a >= first) & (k > 2) & (e <= end - length), (k - 2) * length, 0)
 
 
-def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hardware
+def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hardware, fused: bool = False
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`_kept` of every stage of `bounds` as three arrays, each shape priced once: a deep model's
     middle stages are the same ops."""
@@ -224,10 +283,10 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
     found = []
     for code in shapes.tolist():
         a, e = divmod(code, table.n + 1)
-        key = ("kept", policy, a, e, b, hw.name)
+        key = ("kept", policy, a, e, b, hw.name, fused)
         kept = table.cache.get(key)
         if kept is None:
-            kept = table.cache[key] = _kept(table, policy, a, e, b, op_seconds(table, b, hw))
+            kept = table.cache[key] = _kept(table, policy, a, e, b, op_seconds(table, b, hw, fused))
         found.append(kept)
     saved, peak, recompute = (np.array([k[i] for k in found]) for i in range(3))
     return saved[which].astype(np.int64), peak[which].astype(np.int64), recompute[which].astype(np.float64)
@@ -236,12 +295,12 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
 def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     """Each stage of `plan` (one tp rank's share), for one micro-batch."""
     b = batch // plan.dp // plan.num_microbatches
-    key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, hw.name)
+    key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, hw.name, plan.compile)
     if key in table.cache:
         return table.cache[key]
     split = _split(table, plan, b, hw)
     bounds = split["bounds"]
-    saved, peak, recompute = _stage_kept(table, plan.checkpoint, bounds, b, hw)
+    saved, peak, recompute = _stage_kept(table, plan.checkpoint, bounds, b, hw, plan.compile)
     output = table.output[0] * b + table.output[1]
     found = Stages(
         param_bytes=split["param_bytes"],
