@@ -36,7 +36,7 @@ from graphsplit import Plan  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
 from graphsplit.planner import load_hardware, plan_model  # noqa: E402
 from graphsplit.planner.estimate import estimate  # noqa: E402
-from graphsplit.planner.profile import profile_model  # noqa: E402
+from graphsplit.planner.profile import build_all_tables, profile_model  # noqa: E402
 from graphsplit.planner.stages import plan_stages  # noqa: E402
 
 WORLDS = {
@@ -101,7 +101,8 @@ def describe(plan: Plan) -> str:
 
 def label(plan: Plan) -> str:
     schedule = plan.schedule + (f" x{plan.stages_per_rank}" if plan.stages_per_rank > 1 else "")
-    return (f"mb{plan.num_microbatches} {schedule}, {plan.checkpoint}{', fsdp' if plan.fsdp else ''}, "
+    return (f"mb{plan.num_microbatches} {schedule}, {plan.checkpoint}{', fsdp' if plan.fsdp else ''}"
+            f"{', sp' if plan.sequence_parallel else ''}, "
             f"{plan.autocast or 'fp32'}{', compiled' if plan.compile else ''}")
 
 
@@ -118,14 +119,15 @@ def published() -> None:
     start = time.perf_counter()
     profile = profile_model(loaded, (8,), hw.fused_attention)
     profile.hardware = hw
+    profile.add(build_all_tables(profile.source, [(8, True)]))
     print(f"\nLlama 3 405B on {hw.name} (profile in {time.perf_counter() - start:.1f} s)")
     for gpus, shape, reported in PUBLISHED:
         best = None
         for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8)):
             for checkpoint in ("none", "selective", "blocks", "every:2", "every:4", "stage"):
-                for fsdp, compiled in itertools.product((False, True), (False, True)):
+                for fsdp, compiled, sp in itertools.product((False, True), (False, True), (False, True)):
                     plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
-                                         compile=compiled)
+                                         compile=compiled, sequence_parallel=sp)
                     est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
                                    profile.model_flops_per_sample)
                     fits = est.memory["total"] <= 0.95 * hw.memory_bytes

@@ -126,7 +126,7 @@ def test_folded_profile_equals_the_whole_graph(monkeypatch):
     monkeypatch.setattr(fold_module, "MIN_BLOCKS", 10**6)
     whole = profile_model(loaded, (2,))
     assert not whole.folded
-    for key in ((1, False), (2, False), (2, True)):
+    for key in ((1, False, False), (2, False, False), (2, True, False)):
         a, b = folded.variants[key], whole.variants[key]
         for field in ("flops", "bytes", "out", "live"):
             assert all(np.array_equal(x, y) for x, y in zip(getattr(a, field), getattr(b, field))), (key, field)
@@ -169,7 +169,7 @@ def test_a_tiled_profile_equals_measuring_every_copy(deep, monkeypatch):
     loaded, tiled = deep
     monkeypatch.setattr(tile_module, "SHORT", 10**6)
     whole = profile_model(loaded, (2,))
-    for key in ((1, False), (1, True), (2, False), (2, True)):
+    for key in ((1, False, False), (1, True, False), (2, False, False), (2, True, False)):
         assert tiled.variants[key].n == whole.variants[key].n > 0
         _same_tables(tiled.variants[key], whole.variants[key])
 
@@ -183,7 +183,7 @@ def test_blocks_alike_the_second_are_traced_as_one_call_and_give_the_same_tables
     assert blocks[0] == "layers.0" and len(blocks) == 10 and alike == frozenset(blocks[2:])
     monkeypatch.setattr(profile_module, "alike_blocks", lambda model: (replicas_module.alike_blocks(model)[0], frozenset()))
     whole = profile_model(loaded, (2,))
-    for key in ((1, False), (1, True), (2, False), (2, True)):
+    for key in ((1, False, False), (1, True, False), (2, False, False), (2, True, False)):
         _same_tables(alike_profile.variants[key], whole.variants[key])
 
 
@@ -240,7 +240,7 @@ def test_alike_blocks_called_differently_are_traced_through(tmp_path):
 def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier(deep):
     """The search prices a stage deep in the repeated blocks as the same stage moved back (stages.py
     `_shifts`): every policy, at two micro-batch sizes, gives what pricing it where it lies gives."""
-    table = deep[1].variants[1, False]
+    table = deep[1].variants[1, False, False]
     first, length, end = table.period
     hw = load_hardware("h100")
     rng = np.random.default_rng(0)

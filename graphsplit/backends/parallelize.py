@@ -72,7 +72,9 @@ def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | N
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(autocast or "")
-    policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32) if low is not None else None
+    # inputs are left as they come: the program's own casts decide each op's dtype (passes/autocast.py)
+    policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False) \
+        if low is not None else None
     for module in modules:
         if policy is not None:
             fully_shard(module, mesh=mesh["dp"], mp_policy=policy)

@@ -34,10 +34,12 @@ def plan_model(loaded: LoadedModel, gpus: int, gpu_memory: int, hardware: Hardwa
     per_node = gpus_per_node or hardware.gpus_per_node
     profile = start_profile(loaded, hardware.fused_attention)
     profile.hardware = hardware
-    degrees = [1, *sorted(set(divisors(min(gpus, per_node))) - {1}, reverse=True)]
+    # (tp, sequence parallel) degrees: tp 1 first, then the largest (they cost the most)
+    degrees = [(1, False), *((tp, sp) for tp in sorted(set(divisors(min(gpus, per_node))) - {1}, reverse=True)
+                             for sp in (False, True))]
     with Workers(profile.source, len(degrees)) as workers:
-        building = {tp: workers.submit(tables_or_reason, tp) for tp in degrees}
-        profile.add({1: building.pop(1).result()})  # plans with a tp that failed are left out
+        building = {d: workers.submit(tables_or_reason, d) for d in degrees}
+        profile.add({(1, False): building.pop((1, False)).result()})  # plans with a tp that failed are left out
         profile.read_reference()
         result = search(profile, gpus, gpu_memory, hardware, per_node, optimizer, workers=workers, building=building)
     result.search_seconds = time.perf_counter() - start

@@ -91,7 +91,7 @@ class Estimate:
 def plan_fields(plan: Plan) -> dict[str, Any]:
     return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "fsdp": plan.fsdp, "microbatches": plan.num_microbatches,
             "schedule": plan.schedule, "stages_per_rank": plan.stages_per_rank, "checkpoint": plan.checkpoint,
-            "autocast": plan.autocast, "compile": plan.compile}
+            "autocast": plan.autocast, "compile": plan.compile, "sequence_parallel": plan.sequence_parallel}
 
 
 def ring_seconds(nbytes: float, ranks: int, bandwidth: float, latency: float, steps_factor: float) -> float:

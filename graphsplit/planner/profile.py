@@ -68,15 +68,16 @@ class ModelProfile:
     model_flops_per_sample: float
     max_stages: int
     has_blocks: bool
-    variants: dict[tuple[int, bool], OpTable | str]  # (tp, low precision) -> its table, or why it cannot be
+    # (tp, low precision, sequence parallel) -> its table, or why it cannot be
+    variants: dict[tuple[int, bool, bool], OpTable | str]
     folded: bool
     source: _Source = field(repr=False, default=None)  # type: ignore[assignment]
     hardware: Any = None  # set by the search
 
     def table(self, plan: Plan) -> OpTable:
-        key = (plan.tp, plan.autocast is not None)
+        key = (plan.tp, plan.autocast is not None, plan.sequence_parallel)
         if key not in self.variants:
-            self.add(build_all_tables(self.source, (plan.tp,)))
+            self.add(build_all_tables(self.source, ((plan.tp, plan.sequence_parallel),)))
         found = self.variants[key]
         if isinstance(found, str):
             raise GraphsplitError(found)
@@ -90,19 +91,20 @@ class ModelProfile:
         self.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
         self.has_blocks = bool((reference.block >= 0).any())
 
-    def only(self, tp: int, low: bool) -> ModelProfile:
+    def only(self, tp: int, low: bool, sp: bool = False) -> ModelProfile:
         """This profile holding one variant and no trace: what pricing that variant's plans needs, small
         enough to send to another process."""
-        return dataclasses.replace(self, variants={(tp, low): self.variants[tp, low]}, source=None)
+        return dataclasses.replace(self, variants={(tp, low, sp): self.variants[tp, low, sp]}, source=None)
 
-    def add(self, built: dict[int, dict[bool, OpTable] | str]) -> None:
+    def add(self, built: dict[Degree, dict[bool, OpTable] | str]) -> None:
         """Tables `build_all_tables` built (or why a degree has none)."""
-        for tp, tables in built.items():
+        for (tp, sp), tables in built.items():
             if isinstance(tables, str):
-                self.variants[tp, False] = self.variants[tp, True] = f"tp={tp}: {tables}"
+                what = f"tp={tp}{' with sequence parallelism' if sp else ''}"
+                self.variants[tp, False, sp] = self.variants[tp, True, sp] = f"{what}: {tables}"
             else:
                 for low, table in tables.items():
-                    self.variants[tp, low] = table
+                    self.variants[tp, low, sp] = table
 
 
 def _inputs_of(flat: Sequence[Any], samples: int) -> tuple[torch.Tensor, ...]:
@@ -118,11 +120,11 @@ def flat_batch(flat: Sequence[Any]) -> int:
     raise GraphsplitError("no batched tensor among example_inputs()")
 
 
-def _compiled(src: _Source, tp: int) -> dict[bool, tuple[fx.GraphModule, dict[str, Any]]]:
+def _compiled(src: _Source, tp: int, sp: bool = False) -> dict[bool, tuple[fx.GraphModule, dict[str, Any]]]:
     """The graph after the cost passes at two samples per micro-batch, in fp32 and in low precision:
-    tensor parallelism runs once, autocast on a copy of its result."""
+    tensor parallelism (with sequence parallelism: `sp`) runs once, autocast on a copy of its result."""
     gm = fresh_copy(src.base)  # annotated at two samples once (profile_model)
-    plan = Plan(tp=tp)
+    plan = Plan(tp=tp, sequence_parallel=sp)
     inp = PassInput(plan, src.inputs[0], None, src.losses[0])
     run = run_passes(gm, inp, [p for p in PASSES if p[0] in ("grad_mode", "tensor_parallel", "vocab_parallel_loss")])
     found = run.results.get(TensorParallelResult)
@@ -143,22 +145,26 @@ def _pair(two: int, four: int) -> tuple[int, int]:
     return (four - two) // 2, two - (four - two)
 
 
-def build_tables(src: _Source, tp: int) -> dict[bool, OpTable]:
-    """The fp32 and the low-precision table of one tp degree."""
-    return {low: build_table(gm, shardings, src, tp, low) for low, (gm, shardings) in _compiled(src, tp).items()}
+Degree = tuple[int, bool]  # (tp, sequence parallel): what a table is compiled at
 
 
-def tables_or_reason(src: _Source, tp: int) -> dict[bool, OpTable] | str:
+def build_tables(src: _Source, degree: Degree) -> dict[bool, OpTable]:
+    """The fp32 and the low-precision table of one tp degree (with or without sequence parallelism)."""
+    tp, sp = degree
+    return {low: build_table(gm, shardings, src, tp, low) for low, (gm, shardings) in _compiled(src, tp, sp).items()}
+
+
+def tables_or_reason(src: _Source, degree: Degree) -> dict[bool, OpTable] | str:
     try:
-        return build_tables(src, tp)
+        return build_tables(src, degree)
     except GraphsplitError as exc:
         return str(exc)
 
 
-def build_all_tables(src: _Source, tp_degrees: Sequence[int]) -> dict[int, dict[bool, OpTable] | str]:
+def build_all_tables(src: _Source, degrees: Sequence[Degree]) -> dict[Degree, dict[bool, OpTable] | str]:
     """`build_tables` of every degree (or why it cannot be built), on the machine's cores: the degrees
     are independent, and each costs seconds on a deep model."""
-    return dict(zip(tp_degrees, fork_map(tables_or_reason, src, tp_degrees)))
+    return dict(zip(degrees, fork_map(tables_or_reason, src, degrees)))
 
 
 def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp: int, low: bool) -> OpTable:
@@ -316,6 +322,6 @@ def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,), fused_a
     """Trace `loaded` once; build the tables of `tp_degrees` in fp32 and low precision now (the rest
     when a plan needs them). `fused_attention`: price attention's memory as a GPU runs it."""
     profile = start_profile(loaded, fused_attention)
-    profile.add(build_all_tables(profile.source, sorted({1, *tp_degrees})))  # plans with a tp that failed are left out
+    profile.add(build_all_tables(profile.source, sorted({(1, False), *((tp, False) for tp in tp_degrees)})))
     profile.read_reference()
     return profile

@@ -89,11 +89,12 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                     left_out["an interleaved schedule needs micro-batches divisible by pp"] += 1
                     continue
                 checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
-                for checkpoint, autocast, fsdp, compiled in itertools.product(
-                        checkpoints, AUTOCAST_CHOICES, (False, True) if dp > 1 else (False,), COMPILE_CHOICES):
+                for checkpoint, autocast, fsdp, compiled, sp in itertools.product(
+                        checkpoints, AUTOCAST_CHOICES, (False, True) if dp > 1 else (False,), COMPILE_CHOICES,
+                        (False, True) if tp > 1 else (False,)):
                     yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, microbatches=m if pp > 1 else None,
                                schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
-                               compile=compiled)
+                               compile=compiled, sequence_parallel=sp)
 
 
 @dataclass
@@ -128,7 +129,7 @@ def _price(_state: Any, work: tuple[Any, Hardware, int, str, list[tuple[int, Pla
 
 def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node: int | None = None,
            optimizer: str = "adamw", top: int = 10, workers: Workers | None = None,
-           building: dict[int, Future[Any]] | None = None) -> SearchResult:
+           building: dict[tuple[int, bool], Future[Any]] | None = None) -> SearchResult:
     """Price every candidate for `gpus` devices of `gpu_memory` bytes; the ones that fit, fastest first.
 
     Candidates are priced in groups that share a table (one tp degree and precision), each group on a
@@ -139,11 +140,12 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
     per_node = gpus_per_node or hw.gpus_per_node
     building = dict(building or {})
     left_out: Counter[str] = Counter()
-    groups: dict[tuple[int, bool], list[tuple[int, Plan]]] = {}
+    groups: dict[tuple[int, bool, bool], list[tuple[int, Plan]]] = {}  # (tp, sequence parallel, low precision)
     plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out))
     for index, plan in enumerate(plans):
-        groups.setdefault((plan.tp, plan.autocast is not None), []).append((index, plan))
-    missing = sorted({tp for tp, low in groups if tp not in building and (tp, low) not in profile.variants})
+        groups.setdefault((plan.tp, plan.sequence_parallel, plan.autocast is not None), []).append((index, plan))
+    missing = sorted({(tp, sp) for tp, sp, low in groups
+                      if (tp, sp) not in building and (tp, low, sp) not in profile.variants})
     if missing:  # tables no plan has needed yet, built here first
         profile.add(build_all_tables(profile.source, missing))
     budget = int(gpu_memory * USABLE_FRACTION)
@@ -153,16 +155,16 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
         if workers is None:
             workers = stack.enter_context(Workers(None, len(groups)))
 
-        def price(tp: int) -> list[Future[_Priced]]:
-            return [workers.submit(_price, (profile.only(tp, low), hw, budget, optimizer, group))
-                    for (t, low), group in groups.items() if t == tp]
+        def price(degree: tuple[int, bool]) -> list[Future[_Priced]]:
+            return [workers.submit(_price, (profile.only(t, low, sp), hw, budget, optimizer, group))
+                    for (t, sp, low), group in groups.items() if (t, sp) == degree]
 
-        pricing = [f for tp in sorted({t for t, _ in groups} - set(building)) for f in price(tp)]
-        by_future = {f: tp for tp, f in building.items()}
+        pricing = [f for d in sorted({(t, sp) for t, sp, _ in groups} - set(building)) for f in price(d)]
+        by_future = {f: d for d, f in building.items()}
         for done in as_completed(by_future):
-            tp = by_future[done]
-            profile.add({tp: done.result()})
-            pricing += price(tp) if any(t == tp for t, _ in groups) else []
+            degree = by_future[done]
+            profile.add({degree: done.result()})
+            pricing += price(degree) if any((t, sp) == degree for t, sp, _ in groups) else []
         for future in pricing:
             priced = future.result()
             fitting += priced.fitting
@@ -189,7 +191,8 @@ def _devices_needed(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, per_
     budget = gpu_memory * USABLE_FRACTION
     while n <= 2**20:
         for plan in candidates(n, per_node, profile.batch, profile.max_stages, profile.has_blocks, Counter()):
-            if plan.autocast == "fp16" or (plan.dp > 1 and not plan.fsdp) or plan.checkpoint not in ("blocks", "none"):
+            if plan.autocast == "fp16" or (plan.dp > 1 and not plan.fsdp) or plan.checkpoint not in ("blocks", "none") \
+                    or plan.compile:
                 continue  # the leanest variants decide whether anything fits
             try:
                 stages = plan_stages(profile, plan)

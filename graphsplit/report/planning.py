@@ -23,7 +23,8 @@ MEMORY_PARTS = ("parameters", "gradients", "optimizer_state", "activations", "ou
 
 def _plan_cell(p: dict[str, Any]) -> str:
     sched = "" if p["pp"] == 1 else f" {p['schedule']}" + (f"x{p['stages_per_rank']}" if p["stages_per_rank"] > 1 else "")
-    return (f"tp{p['tp']} pp{p['pp']} dp{p['dp']}{' fsdp' if p['fsdp'] else ''} mb{p['microbatches']}{sched} "
+    return (f"tp{p['tp']}{' sp' if p.get('sequence_parallel') else ''} pp{p['pp']} dp{p['dp']}"
+            f"{' fsdp' if p['fsdp'] else ''} mb{p['microbatches']}{sched} "
             f"{p['checkpoint']} {p['autocast'] or 'fp32'}{' compiled' if p.get('compile') else ''}")
 
 
