@@ -50,7 +50,8 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--checkpoint", default=None,
                      help="Activation checkpointing (default none): blocks recomputes each repeated block "
                           "(h.3, layers.7) and the ops after it in its stage (final norm, LM head); "
-                          "every:K, K blocks per region; stage, each whole stage; selective, each block "
+                          "every:K, K blocks per region; first:N, only the first N blocks of each stage; "
+                          "stage, each whole stage; selective, each block "
                           "keeps its matmul/attention outputs and recomputes the cheap ops."),
         click.option("--checkpoint-module", "checkpoint_overrides", multiple=True, metavar="GLOB=POLICY",
                      help="Per-module override, repeatable: modules whose name matches GLOB (h.0, h.1*, "

@@ -70,7 +70,7 @@ class Plan:
     the batch is cut into (default: the number of stages). split_at: module
     names where a new stage starts (overrides the automatic cut).
     checkpoint: the activation-checkpoint policy for the whole model (none,
-    blocks, every:K, stage, selective; see passes/activation_checkpoint.py).
+    blocks, every:K, first:N, stage, selective; see passes/activation_checkpoint.py).
     checkpoint_overrides: (glob, policy) pairs, e.g. (("h.0", "none"),
     ("h.1*", "selective")): modules whose path matches the glob (fnmatch) get
     the policy (none, full or selective) instead; the last matching pair wins.
@@ -163,8 +163,12 @@ class Plan:
         if str(self.checkpoint).startswith("every:") and not re.fullmatch(r"every:[1-9]\d*", self.checkpoint):
             raise _fail("checkpoint", f"{self.checkpoint!r}: every:K takes K, the number of blocks per recomputed "
                                       "region, a whole number of at least 1 (e.g. every:2)")
-        if self.checkpoint not in CHECKPOINT_POLICIES and not re.fullmatch(r"every:[1-9]\d*", str(self.checkpoint)):
-            raise _fail("checkpoint", f"unknown policy {self.checkpoint!r}; choose one of {', '.join(CHECKPOINT_POLICIES)} or every:K")
+        if str(self.checkpoint).startswith("first:") and not re.fullmatch(r"first:[1-9]\d*", self.checkpoint):
+            raise _fail("checkpoint", f"{self.checkpoint!r}: first:N takes N, how many blocks of each stage are "
+                                      "recomputed, a whole number of at least 1 (e.g. first:1)")
+        if self.checkpoint not in CHECKPOINT_POLICIES and not re.fullmatch(r"(every|first):[1-9]\d*", str(self.checkpoint)):
+            raise _fail("checkpoint", f"unknown policy {self.checkpoint!r}; choose one of {', '.join(CHECKPOINT_POLICIES)}, "
+                                      "every:K or first:N")
         object.__setattr__(self, "checkpoint_overrides", _overrides(self.checkpoint_overrides))
         if not isinstance(self.compile, bool):
             raise _fail("compile", f"must be true or false, got {self.compile!r}")

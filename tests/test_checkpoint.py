@@ -34,7 +34,7 @@ def step(loaded, plan):
     return program, loss, grads
 
 
-@pytest.mark.parametrize("policy", ["blocks", "every:2", "stage", "selective"])
+@pytest.mark.parametrize("policy", ["blocks", "every:2", "first:1", "stage", "selective"])
 @pytest.mark.parametrize("example", ["gpt.py", "llama.py"])
 def test_checkpointing_is_bit_identical(example, policy):
     loaded = load_model(str(EXAMPLES / example))
@@ -60,6 +60,23 @@ def test_blocks_keep_one_region_per_block_and_save_little():
                          for a in n.all_input_nodes if info(a).tensor is not None}
         lower = sum(info(a).tensor.nbytes for a in region_inputs)
         assert lower <= with_blocks < 0.2 * without
+
+
+def test_first_n_recomputes_only_the_first_blocks_of_each_stage():
+    """first:1 (Megatron's recompute-num-layers): one region per stage, its first block; the other
+    blocks keep their activations, so a stage keeps more than under blocks and less than under none."""
+    loaded = load_model(str(EXAMPLES / "gpt.py"))
+    program = compile_loaded(loaded, Plan(pp=2, checkpoint="first:1")).program
+    blocks = compile_loaded(loaded, Plan(pp=2, checkpoint="blocks")).program
+    for st, st_blocks in zip(program.stages, blocks.stages):
+        calls = [n for n in st.gm.graph.nodes if n.op == "call_module" and str(n.target).startswith("ckpt_")]
+        assert len(calls) == 1
+        inputs = st.input_examples()
+        assert saved_bytes(st_blocks.gm, inputs) < saved_bytes(st.gm, inputs) < saved_bytes(st.gm, inputs,
+                                                                                              checkpointing=False)
+    assert ckpt_calls(program)[0][1] == "h.0" and ckpt_calls(program)[1][1] == "h.2"
+    with pytest.raises(GraphsplitError, match="first:N takes N"):
+        Plan(checkpoint="first:0")
 
 
 @pytest.mark.parametrize("example", ["gpt.py", "llama.py"])

@@ -98,7 +98,8 @@ def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, t
 PLANS = [Plan(pp=2), Plan(pp=4), Plan(tp=2, pp=2), Plan(pp=2, autocast="bf16"), Plan(pp=2, checkpoint="blocks"),
          Plan(pp=4, microbatches=8), Plan(tp=2, pp=2, checkpoint="blocks"), Plan(pp=2, checkpoint="every:2"),
          Plan(tp=2), Plan(pp=2, checkpoint="stage"), Plan(pp=2, tp=2, autocast="bf16"), Plan(pp=2, checkpoint="selective"),
-         Plan(tp=2, pp=2, checkpoint="selective")]
+         Plan(tp=2, pp=2, checkpoint="selective"), Plan(pp=2, checkpoint="first:1"),
+         Plan(tp=2, pp=2, sequence_parallel=True)]
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama"])
@@ -336,3 +337,19 @@ def test_plan_model_on_one_device_is_the_five_parts():
     params = sum(p.numel() * p.element_size() for p in loaded.build("meta").parameters())
     assert one.memory["parameters"] == params and one.memory["gradients"] == params
     assert one.memory["optimizer_state"] == 2 * params
+
+
+def test_compiled_stages_price_fused_elementwise_runs(llama):
+    """--compile: each run of ops between two matmuls is one kernel reading what it takes from outside
+    once and writing what leaves it; matmul-class ops cost what they cost eagerly."""
+    from graphsplit.planner.stages import fused_groups, op_seconds
+
+    _, profile = llama
+    table = profile.table(Plan())
+    eager, fused = op_seconds(table, 2, CPU), op_seconds(table, 2, CPU, fused=True)
+    assert (fused[table.compute] == eager[table.compute]).all()
+    groups = fused_groups(table)
+    assert (groups[table.compute] == -1).all() and groups.max() > 10
+    assert fused[~table.compute].sum() < 0.8 * eager[~table.compute].sum()
+    plain, compiled = predict(profile, Plan(pp=2)), predict(profile, Plan(pp=2, compile=True))
+    assert compiled.step_seconds < plain.step_seconds and compiled.memory == plain.memory

@@ -11,6 +11,9 @@ Policies (Plan.checkpoint, `--checkpoint`):
   inputs; the tail is then recomputed in backward too. Ops before the first
   block of a stage (embeddings, which keep only their indices) stay outside.
 - `every:K`: K consecutive blocks per region (with the same tail rule).
+- `first:N`: the first N blocks of each stage are regions, recomputed whole; the others keep
+  their activations (Megatron's `--recompute-method block --recompute-num-layers N`): as much
+  recompute as memory needs, not a whole forward.
 - `stage`: a whole stage is one region: it keeps only the stage's inputs.
 - `selective`: each block is a region that keeps the outputs of its
   matmul/attention ops and recomputes only the cheap ops around them.
@@ -127,10 +130,26 @@ def regions(gm: fx.GraphModule, plan: Plan | str) -> list[Region]:
         prev = k
     if policy.startswith("every:"):
         runs = _merge_every(runs, int(policy.split(":", 1)[1]), pos)
+    if policy.startswith("first:"):
+        runs = _first_of_each_stage(runs, int(policy.split(":", 1)[1]))
     if policy == "blocks" or policy.startswith("every:"):
         free = [n for n in seq if key(n) is None and info(n).module not in rules]
         _take_tails(runs, seq, pos, set(free))
     return [r for r in runs if any(info(n).flops for n in r.nodes) and _no_containers_leave(r.nodes)]
+
+
+def _first_of_each_stage(runs: list[Region], count: int) -> list[Region]:
+    """The policy's first `count` block regions of each stage (overrides' regions all stay)."""
+    seen: dict[int | None, int] = {}
+    kept: list[Region] = []
+    for run in runs:
+        if run.from_policy:
+            stage = info(run.nodes[0]).stage
+            seen[stage] = seen.get(stage, 0) + 1
+            if seen[stage] > count:
+                continue
+        kept.append(run)
+    return kept
 
 
 def _merge_every(runs: list[Region], size: int, pos: dict[fx.Node, int]) -> list[Region]:

@@ -32,7 +32,7 @@ from .stages import plan_stages
 SCHEDULE_CHOICES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
                                                  ("interleaved-1f1b", 4), ("interleaved-1f1b", 8),
                                                  ("looped-bfs", 2))
-CHECKPOINT_CHOICES = ("none", "selective", "blocks", "every:2", "every:4", "stage")
+CHECKPOINT_CHOICES = ("none", "selective", "first:1", "first:2", "blocks", "every:2", "every:4", "stage")
 AUTOCAST_CHOICES: tuple[str | None, ...] = (None, "bf16", "fp16")
 # torch.compile of each stage (Plan.compile): elementwise ops fused between the matmuls (stages.fused_seconds)
 COMPILE_CHOICES = (False, True)

@@ -217,6 +217,10 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray)
     per = int(policy.split(":")[1]) if policy.startswith("every:") else 1
     selective = policy == "selective"
     regions, outside = _regions(table, a, e, per)
+    if policy.startswith("first:"):  # the first N blocks recomputed, the others keep their activations
+        count = int(policy.split(":")[1])
+        outside = [*outside, *(i for lo, hi in regions[count:] for i in range(lo, hi))]
+        regions = regions[:count]
     kept, peak, recompute, shared = table.saved(outside, b), 0, 0.0, 0
     for lo, hi in regions:
         bi = int(table.block[lo])
