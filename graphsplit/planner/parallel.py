@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, TypeVar
 
+import torch
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -58,7 +60,11 @@ class Workers:
             # collector's sight: a collection in a child would otherwise walk them all, and touching
             # them copies every page the child shares with this process
             gc.freeze()
-            self.pool = ProcessPoolExecutor(min(tasks, usable_cores()), mp_context=multiprocessing.get_context("fork"))
+            # a child forked after this process ran a parallel CPU op (a torch module run on CPU zeros
+            # for its shapes) deadlocks in its first OpenMP region: the children run torch on one
+            # thread each (they are one per core anyway)
+            self.pool = ProcessPoolExecutor(min(tasks, usable_cores()), mp_context=multiprocessing.get_context("fork"),
+                                            initializer=torch.set_num_threads, initargs=(1,))
             self.pool.submit(int)  # a fork pool starts all its processes at the first submit: now
 
     def submit(self, fn: Callable[[Any, Item], Result], item: Item) -> Future[Result]:

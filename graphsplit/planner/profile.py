@@ -26,7 +26,7 @@ import torch.fx as fx
 from ..analysis.collectives import node_collectives
 from ..analysis.recompute import recomputable
 from ..analysis.shapes import annotate
-from ..compile import PASSES, check_call
+from ..compile import PASSES, check_call, find_batch
 from ..errors import GraphsplitError
 from ..ir.meta import block_of, canonical_names, fresh_copy, info
 from ..ir.optable import OpKind
@@ -107,10 +107,14 @@ class ModelProfile:
                     self.variants[tp, low, sp] = table
 
 
-def _inputs_of(flat: Sequence[Any], samples: int) -> tuple[torch.Tensor, ...]:
-    """The example inputs cut (or repeated) to `samples` along the batch dim."""
-    one = split_microbatches(tuple(flat), flat_batch(flat))[0]
-    return tuple(torch.cat([t] * samples) if isinstance(t, torch.Tensor) and t.dim() else t for t in one)
+def _inputs_of(flat: Sequence[Any], samples: int, dims: Sequence[int | None] | None = None,
+               batch: int | None = None) -> tuple[torch.Tensor, ...]:
+    """The example inputs cut (or repeated) to `samples` along each one's batch dim (`dims`, found in
+    the graph; None: the input has no batch and stays whole; default dim 0 of each)."""
+    dims = list(dims) if dims is not None else [0] * len(flat)
+    one = split_microbatches(tuple(flat), batch or flat_batch(flat), dims)[0] if (batch or 0) != 1 else tuple(flat)
+    return tuple(torch.cat([t] * samples, dim=d) if isinstance(t, torch.Tensor) and d is not None and t.dim() > d
+                 else t for t, d in zip(one, dims))
 
 
 def flat_batch(flat: Sequence[Any]) -> int:
@@ -155,10 +159,15 @@ def build_tables(src: _Source, degree: Degree) -> dict[bool, OpTable]:
 
 
 def tables_or_reason(src: _Source, degree: Degree) -> dict[bool, OpTable] | str:
+    """The tables, or one line on why they cannot be built (any failure: it may run in a forked
+    worker, whose exceptions must come back as values; an unpicklable one would never arrive)."""
     try:
         return build_tables(src, degree)
     except GraphsplitError as exc:
         return str(exc)
+    except Exception as exc:  # noqa: BLE001 - e.g. a torch module reading values on meta
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"profiling failed: {type(exc).__name__}: {first}"
 
 
 def build_all_tables(src: _Source, degrees: Sequence[Degree]) -> dict[Degree, dict[bool, OpTable] | str]:
@@ -280,11 +289,13 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
     return expand(table, fold_, whole) if fold_ is not whole else table
 
 
-def tokens_per_sample(flat: Sequence[Any]) -> int | None:
-    """The sequence length when the model reads token ids (an integer input of 2 or more dims)."""
-    for t in flat:
-        if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() >= 2:
-            return int(t.shape[1])
+def tokens_per_sample(flat: Sequence[Any], dims: Sequence[int | None] | None = None) -> int | None:
+    """The sequence length when the model reads token ids (an integer input of 2 or more dims): its
+    elements per example along its batch dim (`dims`; default dim 0)."""
+    dims = list(dims) if dims is not None else [0] * len(flat)
+    for t, d in zip(flat, dims):
+        if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() >= 2 and d is not None:
+            return int(t.numel() // t.shape[d])
     return None
 
 
@@ -303,17 +314,33 @@ def start_profile(loaded: LoadedModel, fused_attention: bool = False) -> ModelPr
         traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path)
         found = fold(traced.gm)
     flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
-    batch = flat_batch(flat)
+    # where each input holds the batch (analysis/batch_dims.py), as the program cuts it
+    batch_dims = find_batch(traced, flat, loaded.loss_fn, loaded.target, loaded.batch_dims)
+    dims = batch_dims.input_dims(traced.input_names)
+    if traced.tracer == "export" and any(d not in (0, None) for d in dims):  # the batch's dims left symbolic
+        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path,
+                             batch_dims={id(t): d for t, d in zip(flat, dims)})
+        found = fold(traced.gm)
+        flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
+    batch = batch_dims.size if batch_dims.size else 1
     losses: tuple[LossInput | None, LossInput | None] = (None, None)
     if loaded.loss_fn is not None and loaded.target is not None:
-        one = split_microbatches(loaded.target, batch)[0]
-        two, four = (torch.utils._pytree.tree_map_only(torch.Tensor, lambda t, k=k: torch.cat([t] * k), one)
-                     for k in (2, 4))
-        losses = (LossInput(loaded.loss_fn, two, traced.out_spec), LossInput(loaded.loss_fn, four, traced.out_spec))
+        target_dims = batch_dims.target_dims(loaded.target)
+        one = split_microbatches(loaded.target, batch, target_dims)[0] if batch > 1 else loaded.target
+        leaves, spec = torch.utils._pytree.tree_flatten(one)
+
+        def repeated(k: int) -> Any:
+            return torch.utils._pytree.tree_unflatten(
+                [torch.cat([t] * k, dim=d) if isinstance(t, torch.Tensor) and d is not None else t
+                 for t, d in zip(leaves, target_dims)], spec)
+
+        losses = (LossInput(loaded.loss_fn, repeated(2), traced.out_spec),
+                  LossInput(loaded.loss_fn, repeated(4), traced.out_spec))
     base, fold_ = found if found is not None else (traced.gm, None)
-    source = _Source(base, fold_, (_inputs_of(flat, 2), _inputs_of(flat, 4)), losses, fused_attention)
+    source = _Source(base, fold_, (_inputs_of(flat, 2, dims, batch), _inputs_of(flat, 4, dims, batch)), losses,
+                     fused_attention)
     annotate(base, source.inputs[0])
-    return ModelProfile(batch=batch, tokens_per_sample=tokens_per_sample(flat), model_flops_per_sample=0.0,
+    return ModelProfile(batch=batch, tokens_per_sample=tokens_per_sample(flat, dims), model_flops_per_sample=0.0,
                         max_stages=1, has_blocks=False, variants={}, folded=fold_ is not None, source=source)
 
 
