@@ -353,3 +353,24 @@ def test_compiled_stages_price_fused_elementwise_runs(llama):
     assert fused[~table.compute].sum() < 0.8 * eager[~table.compute].sum()
     plain, compiled = predict(profile, Plan(pp=2)), predict(profile, Plan(pp=2, compile=True))
     assert compiled.step_seconds < plain.step_seconds and compiled.memory == plain.memory
+
+
+def test_the_profile_cuts_a_seq_first_model_along_its_batch():
+    """The planner profiles at 2 and 4 samples along the batch the graph holds ([sequence, batch]: dim 1)."""
+    from graphsplit.planner.profile import start_profile
+
+    profile = start_profile(load_model(str(MODELS / "seq_first.py")))
+    assert profile.batch == 4
+    assert [tuple(t.shape) for t in profile.source.inputs[0]] == [(8, 2, 16)]
+    assert [tuple(t.shape) for t in profile.source.inputs[1]] == [(8, 4, 16)]
+
+
+@pytest.mark.timeout(120)
+def test_a_model_the_profile_cannot_run_is_refused_in_one_line_not_hung(tmp_path):
+    """word_language_model's nn.TransformerEncoder reads its mask's values: the forked profile worker
+    fails (after this process ran that module on CPU zeros: no OpenMP deadlock in the child) and the
+    reason comes back."""
+    r = subprocess.run([sys.executable, "-m", "graphsplit", "plan", str(MODELS / "outside" / "word_language_model_tiny.py"),
+                        "--gpus", "2", "--gpu-memory", "1GiB"], capture_output=True, text=True, timeout=110)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "error: tp=1: profiling failed: RuntimeError: Tensor.item() cannot be called on meta tensors" in r.stderr
