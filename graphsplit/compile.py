@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .analysis.batch_dims import find_batch_dims
+from .analysis.batch import find_batch_dims
 from .analysis.loss_reduction import TokenMeans
 from .analysis.shapes import annotate
 from .errors import GraphsplitError
@@ -130,7 +130,7 @@ def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas
 
 def find_batch(traced: Traced, flat: tuple[Any, ...], loss_fn: Any, target: Any,
                declared: dict[str, int | None] | None = None) -> BatchDims:
-    """Where each input, the target and each output hold the batch (analysis/batch_dims.py)."""
+    """Where each input, the target and each output hold the batch (analysis/batch/)."""
     loss = None
     if loss_fn is not None:
         def loss(raw: Any, meta_target: Any) -> Any:

@@ -57,7 +57,7 @@ class LoadedModel:
     eval_data: Callable[[], Any] | None = None
     seed: int = DEFAULT_SEED  # what load_model seeded with: a build without a seed draws from it
     # batch_dims(): input name -> the dim holding the batch, or None (that input goes whole to every
-    # micro-batch and replica); None: found in the graph (analysis/batch_dims.py)
+    # micro-batch and replica); None: found in the graph (analysis/batch/)
     batch_dims: dict[str, int | None] | None = None
 
     @property

@@ -1,4 +1,4 @@
-"""The batch is found in the graph, not assumed to be dim 0 (analysis/batch_dims.py): seq-first
+"""The batch is found in the graph, not assumed to be dim 0 (analysis/batch/): seq-first
 models are cut along dim 1, inputs without a batch go whole to every piece, a graph whose nodes
 are coupled has no batch, a model file may say it (`batch_dims()`), and the program computes what
 the untouched model computes on the whole batch."""

@@ -1,6 +1,6 @@
 """Where each input, target and output holds the batch: what micro-batching and the dp replicas cut.
 
-`BatchDims` is decided once per program (analysis/batch_dims.py finds it; a model file's
+`BatchDims` is decided once per program (analysis/batch/ finds it; a model file's
 `batch_dims()` may say it) and read wherever a batch is cut or joined: the micro-batches of the
 schedules, the replicas' shares, the analysis shapes, the reference of `--check`, the counts of
 samples. A dim of None: that value has no batch and goes whole to every piece.

@@ -108,7 +108,7 @@ class Program:
     # means over counted tokens normalized by the global count (passes/token_mean.py):
     # their count graphs, run on each step's batch (runtime/token_count.py)
     token_means: TokenMeans | None = None
-    # where inputs, target and outputs hold the batch (analysis/batch_dims.py); None: dim 0 of each
+    # where inputs, target and outputs hold the batch (analysis/batch/); None: dim 0 of each
     batch_dims: BatchDims | None = None
 
     @property

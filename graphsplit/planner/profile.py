@@ -314,7 +314,7 @@ def start_profile(loaded: LoadedModel, fused_attention: bool = False) -> ModelPr
         traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path)
         found = fold(traced.gm)
     flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
-    # where each input holds the batch (analysis/batch_dims.py), as the program cuts it
+    # where each input holds the batch (analysis/batch/), as the program cuts it
     batch_dims = find_batch(traced, flat, loaded.loss_fn, loaded.target, loaded.batch_dims)
     dims = batch_dims.input_dims(traced.input_names)
     if traced.tracer == "export" and any(d not in (0, None) for d in dims):  # the batch's dims left symbolic

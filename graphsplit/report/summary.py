@@ -95,7 +95,7 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
     data: dict[str, Any] = {
         "tracer": program.traced.tracer,
         "tracer_reason": program.traced.reason,
-        # where each input holds the batch (analysis/batch_dims.py), and what was assumed
+        # where each input holds the batch (analysis/batch/), and what was assumed
         "batch": program.batch.to_dict(program.traced.input_names),
         "batch_text": program.batch.describe(program.traced.input_names),
         "plan": plan.to_dict(),

@@ -35,13 +35,22 @@ def split_microbatches(value: Any, n: int, dims: Sequence[int | None] | None = N
     return [pytree.tree_unflatten([p[i] for p in pieces], spec) for i in range(n)]
 
 
+def _aligned(dims: Sequence[int | None] | None, count: int) -> Sequence[int | None]:
+    """Per-leaf batch dims for `count` leaves: dim 0 of each where none are known."""
+    if dims is None or (not dims and count):
+        return [0] * count
+    if len(dims) != count:
+        raise GraphsplitError(f"internal: {len(dims)} batch dims for {count} values")
+    return dims
+
+
 def merge_outputs(chunks: list[Any], dims: Sequence[int | None] | None = None) -> Any:
     """Concatenate per-micro-batch values along their batch dims (scalars: stacked; a value with no
     batch dim: the first piece's, as every piece holds it whole)."""
     flat = [pytree.tree_flatten(c) for c in chunks]
     spec = flat[0][1]
     columns = list(zip(*(f[0] for f in flat)))
-    dims = [0] * len(columns) if dims is None else dims
+    dims = _aligned(dims, len(columns))
     merged = []
     for leaves, dim in zip(columns, dims):
         if not isinstance(leaves[0], torch.Tensor):
@@ -59,7 +68,7 @@ def join_outputs(chunks: list[Any], dims: Sequence[int | None] | None = None) ->
     as the pieces' losses are, a value with no batch dim the first piece's."""
     flat = [pytree.tree_flatten(c) for c in chunks]
     columns = list(zip(*(f[0] for f in flat)))
-    dims = [0] * len(columns) if dims is None else dims
+    dims = _aligned(dims, len(columns))
     joined = []
     for leaves, dim in zip(columns, dims):
         if not isinstance(leaves[0], torch.Tensor):

@@ -1,0 +1,78 @@
+"""Dim labels: atoms in classes (union-find), with what couples or fixes each class."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Label = tuple[int, ...]  # one dim: the atoms it holds, outermost first; () for a size-1 dim
+
+
+class Atoms:
+    """Union-find over dim atoms with what is known of each class."""
+
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+        self.size: list[int] = []
+        self.fixed: list[bool] = []  # a weight's, a buffer's or a constant's dim
+        self.origin: list[int | None] = []  # the atom it was split from
+        self.children: dict[int, tuple[int, ...]] = {}
+        self.coupled: dict[int, str] = {}  # atom -> why (first reason), resolved through find()
+        # mixed only by indexing with computed indices (a mixture of experts routes each token's row out
+        # and back): per-row in every model seen, but not provable from shapes: the batch when no
+        # other dim is, said as assumed
+        self.routed: dict[int, str] = {}
+        self.inputs: set[int] = set()  # atoms of the inputs' and target's dims
+        # a dim made in forward (zeros(B * T, C), a repeat to B * heads) that lines up with merged
+        # dims stands for them: root -> those atoms
+        self.alias: dict[int, tuple[int, ...]] = {}
+        self.iota: set[int] = set()  # atoms of an arange(n) from 0 by 1: indexing with it picks every row
+
+    def new(self, size: int, fixed: bool = False, origin: int | None = None) -> int:
+        self.parent.append(len(self.parent))
+        self.size.append(size)
+        self.fixed.append(fixed)
+        self.origin.append(origin)
+        return len(self.parent) - 1
+
+    def find(self, a: int) -> int:
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+            self.fixed[ra] = self.fixed[ra] or self.fixed[rb]
+            for reasons in (self.coupled, self.routed):
+                if rb in reasons:
+                    reasons.setdefault(ra, reasons.pop(rb))
+
+    def couple(self, a: int, why: str, routed: bool = False) -> None:
+        (self.routed if routed else self.coupled).setdefault(self.find(a), why)
+
+    def routed_by(self, a: int) -> str | None:
+        return self.routed.get(self.find(a))
+
+    def why_not(self, a: int) -> str | None:
+        """Why atom `a`'s class cannot be cut (None: it can)."""
+        seen = a
+        while True:
+            root = self.find(seen)
+            if root in self.coupled:
+                return self.coupled[root]
+            if self.fixed[root]:
+                return "lines up with a weight's or buffer's dim"
+            origin = self.origin[seen]
+            if origin is None:
+                return None
+            seen = origin
+
+
+@dataclass
+class Value:
+    labels: tuple[Label, ...]
+    reduced: frozenset[int] = frozenset()  # atoms a full reduction summed over on the way here
+
+

@@ -1,0 +1,266 @@
+"""Running the graph and the loss under the mode, and deciding where the batch is."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from ...errors import GraphsplitError
+from ...ir.batch import BatchDims
+from ...ir.meta import SourceLine, info
+from .mode import Discovery
+from .rules import RULES, pointwise
+
+
+@dataclass
+class Decision:
+    """What discovery found: per input name, per target leaf and per output leaf the batch dim
+    (None: no batch there), the batch size, and why other dims were not the batch."""
+
+    inputs: dict[str, int | None]
+    target: tuple[int | None, ...]
+    outputs: tuple[int | None, ...]
+    size: int  # the example's batch size (0: no batch)
+    coupling: list[str] = field(default_factory=list)  # "BatchNorm ...": couples the batch, named
+    unproven: list[str] = field(default_factory=list)  # ops assumed to keep samples apart
+    why_none: str = ""  # with no batch: why dim 0 of the first input is not one
+
+
+class ModelDidNotRun(Exception):
+    """The graph failed on meta under discovery (a shape the model rejects): not graphsplit's error."""
+
+
+class _Runner(fx.Interpreter):
+    """Runs the graph on meta, telling the discovery which node (and model line) it is in."""
+
+    def __init__(self, gm: fx.GraphModule, discovery: Discovery) -> None:
+        super().__init__(gm)
+        self.extra_traceback = False
+        self.discovery = discovery
+        self.node: fx.Node | None = None
+        discovery.where = self.where
+
+    def where(self) -> str:
+        node = self.node
+        if node is None:
+            return _frame_source() or "the loss"
+        source = info(node).source
+        return str(source) if source is not None else f"node {node.name}"
+
+    def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return super().call_module(target, args, kwargs)
+        except RuntimeError as exc:
+            if "on meta tensors" not in str(exc):
+                raise
+        # a torch module that reads values (nn.TransformerEncoder's causal-mask test): on CPU zeros,
+        # as analysis/shapes.py runs it, each zero tensor labelled as the meta tensor it stands for
+        d = self.discovery
+        module = self.fetch_attr(str(target))
+
+        def zeros(t: torch.Tensor) -> torch.Tensor:
+            z = torch.zeros(t.shape, dtype=t.dtype)
+            d.set(z, d.value(t).labels, d.value(t).reduced)
+            return z
+
+        state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
+        cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
+        out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
+
+        def to_meta(t: torch.Tensor) -> torch.Tensor:
+            m = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            d.set(m, d.value(t).labels, d.value(t).reduced)
+            return m
+
+        return pytree.tree_map_only(torch.Tensor, to_meta, out)
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.node = n
+        try:
+            return super().run_node(n)
+        finally:
+            self.node = None
+
+
+def _frame_source() -> str | None:
+    from ...ir.trace import _internal
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        if not _internal(frame.f_code.co_filename):
+            return str(SourceLine(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return None
+
+
+def discover(
+    gm: fx.GraphModule,
+    input_names: Sequence[str],
+    inputs: Sequence[Any],
+    output_leaves: Callable[[Any], list[Any]],
+    loss: Callable[[Any, Any], Any] | None = None,
+    target: Any = None,
+    declared: dict[str, int | None] | None = None,
+) -> Decision:
+    """Label every input dim, run `gm` (on meta copies) and the loss under the dispatch mode, and
+    decide. `output_leaves(raw)`: the graph output's tensor leaves in the user's output order;
+    `loss(raw_output, target)`: the loss on them (None: outputs only)."""
+    from ..shapes import _all_meta, meta_copy
+
+    on_meta = gm if _all_meta(gm) else meta_copy(gm, {}, 1)
+    d = Discovery(RULES, pointwise)
+    meta_inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs]
+    meta_target = pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, target)
+    input_atoms: dict[str, tuple[int, ...]] = {}
+    unread: dict[str, torch.Tensor] = {}
+    target_atoms: list[tuple[int, ...] | None] = []
+    runner = _Runner(on_meta, d)
+    with torch.enable_grad(), d:
+        for name, t in zip(input_names, meta_inputs):
+            if isinstance(t, torch.Tensor):
+                input_atoms[name] = d.label_input(t)
+        for t in pytree.tree_leaves(meta_target):
+            target_atoms.append(d.label_input(t) if isinstance(t, torch.Tensor) else None)
+        try:
+            raw = runner.run(*meta_inputs)
+        except GraphsplitError:
+            raise
+        except Exception as exc:  # the model's own failure on meta: the analysis names it next
+            raise ModelDidNotRun(str(exc)) from exc
+        loss_failed = None
+        unread = {n: t for n, t in zip(input_names, meta_inputs) if isinstance(t, torch.Tensor) and id(t) not in d.read}
+        outputs = [t for t in output_leaves(raw)]
+        if loss is not None:
+            try:
+                loss(raw, meta_target)
+            except Exception as exc:  # noqa: BLE001 - a loss that reads values (.item()) or mixes devices
+                loss_failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                target_atoms = [None] * len(target_atoms)
+    decision = _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared)
+    if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
+        leaves = pytree.tree_leaves(meta_target)
+        decision.target = tuple(next((k for k, s in enumerate(t.shape) if s == decision.size), None)
+                                if isinstance(t, torch.Tensor) else None for t in leaves)
+        decision.unproven.append(f"the loss did not run on meta ({loss_failed}): the target cut along its dim of "
+                                 "the batch's size")
+    return decision
+
+
+def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
+            target_atoms: list[tuple[int, ...] | None], outputs: list[Any], unread: dict[str, torch.Tensor],
+            declared: dict[str, int | None] | None = None) -> Decision:
+    atoms = d.atoms
+    # candidate classes: an input's dim no op couples and no weight fixes
+    votes: dict[int, list[tuple[int, int]]] = {}  # root -> (input index, dim)
+    routed: set[int] = set()
+    first_reason = ""
+    for i, name in enumerate(names):
+        for k, a in enumerate(input_atoms.get(name, ())):
+            if a < 0:
+                continue
+            why = atoms.why_not(a)
+            if why is None:
+                votes.setdefault(atoms.find(a), []).append((i, k))
+                if atoms.routed_by(a) is not None:
+                    routed.add(atoms.find(a))
+            elif not first_reason and k == 0:
+                first_reason = f"dim 0 of {name!r}: {why}"
+    def score(root: int) -> tuple[bool, int, int, int]:
+        hits = votes[root]
+        return (root not in routed, len({i for i, _ in hits}), -min(k for _, k in hits), -min(i for i, _ in hits))
+
+    unproven = list(d.unproven)
+    if not votes and declared is None:
+        return Decision({n: None for n in names}, tuple(None for _ in target_atoms),
+                        tuple(None for _ in outputs), 0, [], unproven,
+                        first_reason or "no input has a dim of size 2 or more")
+    batch = max(votes, key=score) if votes else -1
+    if declared is not None:
+        batch = _declared_class(d, names, input_atoms, declared)
+        if batch < 0:
+            return Decision({n: None for n in names}, tuple(None for _ in target_atoms),
+                            tuple(None for _ in outputs), 0, [], unproven, "batch_dims() gives no batch dim")
+    elif batch in routed:
+        unproven.append(f"the batch dim is {atoms.routed_by(batch)}: taken to route each example and bring it "
+                        "back, as a mixture of experts routes tokens")
+
+    def dim_of(found: Sequence[int] | None) -> int | None:
+        if not found:
+            return None
+        dims = [k for k, a in enumerate(found) if a >= 0 and atoms.find(a) == batch]
+        return dims[0] if len(dims) == 1 else None
+
+    inputs = {n: dim_of(input_atoms.get(n)) for n in names}
+    if declared is not None:
+        inputs.update(declared)
+        unread = {}
+    for n, t in unread.items():  # only its sizes are read (zeros(x.shape[0], ...)): the batch's size marks it
+        k = next((k for k, s in enumerate(t.shape) if s == atoms.size[batch]), None)
+        inputs[n] = k
+        if k is not None:
+            unproven.append(f"{n!r}: only its sizes are read; cut along dim {k}, the batch's size")
+    out_dims: list[int | None] = []
+    for t in outputs:
+        if not isinstance(t, torch.Tensor):
+            out_dims.append(None)
+            continue
+        labels = d.value(t).labels
+        dims = [k for k, lab in enumerate(labels) if lab and atoms.find(lab[0]) == batch]
+        out_dims.append(dims[0] if dims else None)
+    coupling = [f"BatchNorm at {', '.join(dict.fromkeys(d.batch_norms))} takes statistics over the batch"] \
+        if d.batch_norms else []
+    return Decision(inputs, tuple(dim_of(t) for t in target_atoms),
+                    tuple(out_dims), atoms.size[batch], coupling, unproven)
+
+
+def _declared_class(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
+                    declared: dict[str, int | None]) -> int:
+    """The class of the dims a model file's batch_dims() names, or one line on why it cannot be cut."""
+    unknown = sorted(set(declared) - set(names))
+    if unknown:
+        raise GraphsplitError(f"batch_dims() names {', '.join(map(repr, unknown))}, which the model takes no tensor "
+                              f"as; its tensor inputs are {', '.join(map(repr, names))}")
+    batch = -1
+    for name, k in declared.items():
+        if k is None:
+            continue
+        found = input_atoms.get(name, ())
+        if not -len(found) <= k < len(found) or found[k] < 0:
+            raise GraphsplitError(f"batch_dims() cuts {name!r} along dim {k}, which it does not have or has of size 1; "
+                                  "give the dim that holds the examples")
+        why = d.atoms.why_not(found[k])
+        if why is not None:
+            raise GraphsplitError(f"batch_dims() cuts {name!r} along dim {k}, but the model does not keep the examples "
+                                  f"of that dim apart: {why}; give the dim that holds the examples")
+        batch = d.atoms.find(found[k]) if batch < 0 else batch
+    return batch
+
+
+def find_batch_dims(
+    gm: fx.GraphModule,
+    input_names: Sequence[str],
+    flat: Sequence[Any],
+    output_leaves: Callable[[Any], list[Any]],
+    loss: Callable[[Any, Any], Any] | None = None,
+    target: Any = None,
+    declared: dict[str, int | None] | None = None,
+) -> BatchDims:
+    """`discover`, as the program's BatchDims. Where the graph does not run on meta (the analysis
+    then names what fails) or an input is empty, dim 0 of each, as before discovery."""
+    if any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in flat):
+        return BatchDims.leading(input_names, flat)
+    try:
+        found = discover(gm, input_names, flat, output_leaves, loss, target, declared)
+    except ModelDidNotRun:  # the analysis runs the graph next and says what fails, and where
+        return BatchDims.leading(input_names, flat)
+    notes = [f"assumed: {u}" for u in found.unproven]
+    if not found.size:
+        notes.append(f"no batch: {found.why_none}")
+    return BatchDims(dict(found.inputs), found.target, found.outputs, found.size,
+                     "batch_dims()" if declared is not None else "found", tuple(notes))
