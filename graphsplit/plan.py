@@ -42,6 +42,18 @@ V_SCHEDULES = frozenset({"zbv", "dualpipev"})
 SPLIT_BACKWARD_SCHEDULES = frozenset({"zero-bubble", "zbv", "dualpipev"})
 # graphsplit asks micro-batches divisible by pp of these (torch's rounds of pp micro-batches)
 ROUND_SCHEDULES = frozenset({"interleaved-1f1b", "looped-bfs", "zero-bubble"})
+# ...except where torch interleaves flexibly (the Llama 3 paper's change): max(1, m // pp) rounds of
+# m / rounds micro-batches each, so any count the rounds divide (3 at pp 4, 6 at pp 4, not 5 at pp 2)
+FLEX_SCHEDULES = frozenset({"interleaved-1f1b", "zero-bubble"})
+
+
+def rounds_fit(schedule: str, pp: int, microbatches: int) -> bool:
+    """Whether torch's `schedule` can run `microbatches` micro-batches over `pp` ranks."""
+    if schedule in FLEX_SCHEDULES:
+        return microbatches % max(1, microbatches // pp) == 0
+    if schedule in ROUND_SCHEDULES:
+        return microbatches % pp == 0
+    return True
 CHECKPOINT_POLICIES = ("none", "blocks", "stage", "selective")
 # What a per-module override (Plan.checkpoint_overrides) does to the modules its glob matches:
 # none: never checkpointed; full: one region, recomputed whole; selective: one region that
@@ -129,7 +141,15 @@ class Plan:
                 f"schedule {self.schedule!r} places exactly 2 stages on each rank (a V: rank r holds stages r "
                 f"and {2 * self.pp - 1} - r); set stages_per_rank=2, not {self.stages_per_rank}",
             )
-        if self.schedule in ROUND_SCHEDULES and self.microbatches is not None and self.microbatches % self.pp:
+        if self.microbatches is not None and not rounds_fit(self.schedule, self.pp, self.microbatches):
+            if self.schedule in FLEX_SCHEDULES:
+                rounds = max(1, self.microbatches // self.pp)
+                raise _fail(
+                    "microbatches",
+                    f"schedule {self.schedule!r} runs {rounds} rounds of micro-batches (microbatches // pp) and needs "
+                    f"microbatches divisible by them, got {self.microbatches} at pp={self.pp}; give a multiple of "
+                    f"{self.pp} or fewer than {2 * self.pp}",
+                )
             raise _fail(
                 "microbatches",
                 f"schedule {self.schedule!r} needs microbatches divisible by pp={self.pp}, got {self.microbatches}",
@@ -190,13 +210,12 @@ class Plan:
     def for_batch(self, share: int) -> Plan:
         """This plan with its micro-batches decided for a replica's batch of `share` samples, when it names
         none and the default (one per stage) does not divide that batch: the fewest counts that fill the
-        pipeline among those dividing the batch (multiples of pp for an interleaved schedule); a batch
+        pipeline among those dividing the batch (those its rounds divide for an interleaved schedule, `rounds_fit`); a batch
         too small for that gets as many as it has samples, under GPipe when the schedule was 1F1B
         (torch's 1F1B needs one micro-batch per stage; with fewer the two run the same order)."""
         if self.microbatches is not None or share < 1 or share % self.num_stages == 0:
             return self
-        step = self.pp if self.schedule in ROUND_SCHEDULES else 1
-        counts = [d for d in divisors(share) if d % step == 0]
+        counts = [d for d in divisors(share) if rounds_fit(self.schedule, self.pp, d)]
         if not counts:
             return self  # the refusal names the problem
         filling = [d for d in counts if d >= self.num_stages]

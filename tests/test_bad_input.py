@@ -209,7 +209,9 @@ ROWS = [
     ("microbatches-0", ["transform", E + "/mlp.py", "--microbatches", "0", OUT], r"Plan\.microbatches: must be a positive integer"),
     ("microbatches-not-dividing", ["transform", E + "/mlp.py", "--pp", "2", "--microbatches", "3", OUT],
      r"the batch of 16 .* cannot be cut into equal micro-batches \(--microbatches 3\); give --microbatches dividing 16 \(1, 2, 4, 8, 16\)"),
-    ("interleaved-microbatches", ["transform", E + "/mlp.py", "--pp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "3", OUT],
+    ("interleaved-microbatches", ["transform", E + "/mlp.py", "--pp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "5", OUT],
+     r"runs 2 rounds of micro-batches \(microbatches // pp\) and needs microbatches divisible by them, got 5 at pp=2"),
+    ("looped-bfs-microbatches", ["transform", E + "/mlp.py", "--pp", "2", "--schedule", "looped-bfs", "--microbatches", "3", OUT],
      r"needs microbatches divisible by pp=2"),
     # split points
     ("split-unknown-module", ["transform", E + "/mlp.py", "--pp", "2", "--split-at", "blocks.3", OUT], "names no module"),

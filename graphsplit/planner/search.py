@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GraphsplitError
-from ..plan import Plan, divisors
+from ..plan import Plan, divisors, rounds_fit
 from .estimate import Estimate, estimate
 from .hardware import Hardware
 from .parallel import Workers
@@ -85,8 +85,8 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                     continue
                 if pp == 1 and m > 1:
                     continue  # no pipeline: micro-batches only cost time
-                if v > 1 and m % pp:
-                    left_out["an interleaved schedule needs micro-batches divisible by pp"] += 1
+                if v > 1 and not rounds_fit(schedule, pp, m):
+                    left_out["an interleaved schedule needs micro-batches its rounds divide"] += 1
                     continue
                 checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
                 for checkpoint, autocast, fsdp, compiled, sp in itertools.product(
