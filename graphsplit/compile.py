@@ -142,6 +142,15 @@ def find_batch(traced: Traced, flat: tuple[Any, ...], loss_fn: Any, target: Any,
     return find_batch_dims(traced.gm, traced.input_names, flat, leaves, loss, target, declared)
 
 
+def export_batch_dims(traced: Traced, flat: tuple[Any, ...], batch: BatchDims) -> dict[int, int | None] | None:
+    """The batch dims (by input tensor id) to trace again with, when torch.export left dim 0 symbolic
+    and fixed the batch's real dim (a seq-first model's 1); None: this trace runs on micro-batches."""
+    dims = batch.input_dims(traced.input_names)
+    if traced.tracer != "export" or all(d in (0, None) for d in dims):
+        return None
+    return {id(t): d for t, d in zip(flat, dims)}
+
+
 def _require_cut_places(traced: Traced, flat: tuple[Any, ...], plan: Plan) -> None:
     """Analyze at the whole batch, only to count where the model can be cut (an error path)."""
     annotate(traced.gm, tuple(torch.as_tensor(t) for t in flat))
@@ -196,11 +205,9 @@ def compile_program(
     replicas = plan.dp if global_batch else 1
     start = time.perf_counter()
     batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
-    dims = batch_dims.input_dims(traced.input_names)
-    if traced.tracer == "export" and any(d not in (0, None) for d in dims):
-        # export left dim 0 symbolic and fixed the others: again, with the batch's dims symbolic
-        by_id = {id(t): d for t, d in zip(flat, dims)}
-        traced = trace_model(model, args, kwargs, source, batch_dims=by_id)
+    symbolic = export_batch_dims(traced, flat, batch_dims)
+    if symbolic is not None:
+        traced = trace_model(model, args, kwargs, source, batch_dims=symbolic)
         flat = traced.flatten_inputs(args, kwargs)
     timings["batch"] = time.perf_counter() - start
     batch = batch_dims.size if batch_dims.batched else 1

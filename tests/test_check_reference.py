@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from graphsplit import Plan
 from graphsplit.ir.optable import Randomness, randomness
 from graphsplit.launch.launcher import RunOptions, run_training
-from graphsplit.launch.parity import check_locally, reference_step
+from graphsplit.launch.parity import check_locally
 from graphsplit.launch.random_ops import find_random_ops, no_dropout
+from graphsplit.launch.reference import reference_step
 from graphsplit.launch.reference_batch import reference_batch
 from graphsplit.loader import load_model
 

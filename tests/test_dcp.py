@@ -18,7 +18,7 @@ from graphsplit import GraphsplitError, Plan
 from graphsplit.cli import main
 from graphsplit.ir.sharding import R, S, Shard, shard_tensor
 from graphsplit.launch.launcher import RunOptions, run_training
-from graphsplit.launch.parity import reference_step, reference_train
+from graphsplit.launch.reference import reference_step, reference_train
 from graphsplit.loader import load_model
 from graphsplit.runtime.dcp import blocks, record, safe_read, series
 from graphsplit.runtime.dcp import state as dcp_state

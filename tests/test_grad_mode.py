@@ -14,13 +14,8 @@ from graphsplit import GraphsplitError, Plan
 from graphsplit.backends.local import LocalPipeline
 from graphsplit.compile import compile_program
 from graphsplit.ir.meta import info
-from graphsplit.launch.parity import (
-    StepResult,
-    check_locally,
-    compare,
-    missing_grads,
-    reference_step,
-)
+from graphsplit.launch.parity import check_locally, compare, missing_grads
+from graphsplit.launch.reference import StepResult, reference_step
 from graphsplit.loader import load_model
 from graphsplit.runtime.materialize import materialize_stage, model_tensors
 from graphsplit.runtime.training import default_loss, make_loss

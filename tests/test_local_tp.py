@@ -19,7 +19,8 @@ from graphsplit.backends import threads
 from graphsplit.backends.local import LocalProgram
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import Shard, shard_tensor, unpad
-from graphsplit.launch.parity import check_locally, reference_step
+from graphsplit.launch.parity import check_locally
+from graphsplit.launch.reference import reference_step
 from graphsplit.loader import load_model
 from graphsplit.ops import tp as tpops
 from graphsplit.ops.tp_comm import TPComm

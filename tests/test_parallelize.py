@@ -11,7 +11,8 @@ import torch
 from graphsplit import Plan
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
-from graphsplit.launch.parity import compare, missing_grads, reference_step, reference_train
+from graphsplit.launch.parity import compare, missing_grads
+from graphsplit.launch.reference import reference_step, reference_train
 from graphsplit.loader import load_model
 from graphsplit.runtime.dcp.state import export_weights
 

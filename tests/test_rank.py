@@ -11,7 +11,8 @@ from graphsplit import Plan
 from graphsplit.backends import parallelize
 from graphsplit.backends.rank import assemble_rank
 from graphsplit.compile import compile_loaded
-from graphsplit.launch.parity import RankStep, check_ranks, reference_step
+from graphsplit.launch.parity import RankStep, check_ranks
+from graphsplit.launch.reference import reference_step
 from graphsplit.loader import load_model
 from graphsplit.runtime.dcp.record import model_names
 from graphsplit.runtime.dcp.safe_read import stored_keys

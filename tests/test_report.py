@@ -130,7 +130,7 @@ def test_source_lines_point_into_the_model(llama_tp):
 
 
 def test_source_from_an_export_stack_trace():
-    from graphsplit.ir.trace import _source_from_stack_trace
+    from graphsplit.ir.user_source import source_from_stack_trace as _source_from_stack_trace
 
     functional = Path(torch.__file__).parent / "nn" / "functional.py"
     text = (f'File "/work/model.py", line 12, in forward\n    return self.block(x)\n'

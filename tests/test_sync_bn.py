@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from graphsplit import Plan
 from graphsplit.cli import main
 from graphsplit.launch.launcher import RunOptions, run_training
-from graphsplit.launch.parity import reference_step, reference_train
+from graphsplit.launch.reference import reference_step, reference_train
 from graphsplit.loader import load_model
 from graphsplit.ops.sync_bn import DataParallelBatchNorm
 from graphsplit.runtime.dcp.state import export_weights

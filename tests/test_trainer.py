@@ -30,13 +30,8 @@ from graphsplit.cli import main
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
 from graphsplit.launch.launcher import RunOptions, run_training
-from graphsplit.launch.parity import (
-    ATOL,
-    check_weights_after,
-    reference_run,
-    reference_step,
-    weight_tolerance,
-)
+from graphsplit.launch.parity import ATOL, check_weights_after, weight_tolerance
+from graphsplit.launch.reference import reference_run, reference_step
 from graphsplit.loader import load_model
 from graphsplit.runtime.clip import global_norm_and_clip, owned_grads, squared_norm_share
 from graphsplit.runtime.data import DataSource

@@ -9,7 +9,8 @@ from graphsplit import GraphsplitError, Plan
 from graphsplit.backends.local import LocalProgram
 from graphsplit.compile import compile_loaded
 from graphsplit.launch.launcher import RunOptions, run_training
-from graphsplit.launch.parity import RankStep, check_ranks, reference_step
+from graphsplit.launch.parity import RankStep, check_ranks
+from graphsplit.launch.reference import reference_step
 from graphsplit.loader import load_model
 from graphsplit.runtime.weights import open_weights
 

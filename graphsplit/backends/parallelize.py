@@ -74,12 +74,9 @@ def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | N
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(autocast or "")
     # inputs are left as they come: the program's own casts decide each op's dtype (passes/autocast.py)
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False) \
-        if low is not None else None
+        if low is not None else MixedPrecisionPolicy()  # the default: no casts
     for module in modules:
-        if policy is not None:
-            fully_shard(module, mesh=mesh["dp"], mp_policy=policy)
-        else:
-            fully_shard(module, mesh=mesh["dp"])
+        fully_shard(module, mesh=mesh["dp"], mp_policy=policy)
 
 
 def tied_groups(program: Program, mesh: DeviceMesh) -> dict[str, dist.ProcessGroup]:
@@ -151,7 +148,9 @@ def output_merge_spec(outputs: Any, microbatches: int, dims: list[int | None] | 
     from torch.distributed.pipelining.microbatch import TensorChunkSpec, _CustomReducer
 
     leaves, spec_tree = pytree.tree_flatten(outputs)
-    dims = dims if dims is not None and len(dims) == len(leaves) else [0] * len(leaves)
+    dims = [0] * len(leaves) if dims is None else dims
+    if len(dims) != len(leaves):
+        raise GraphsplitError(f"internal: {len(dims)} batch dims for the last stage's {len(leaves)} outputs")
 
     def spec(t: Any, dim: int | None) -> Any:
         if isinstance(t, torch.Tensor) and t.dim() == 0:

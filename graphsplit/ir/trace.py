@@ -24,11 +24,7 @@ import inspect
 import io
 import logging
 import operator
-import os
-import re
 import sys
-import sysconfig
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +45,7 @@ from .grad_regions import (
     mark_inference_mode,
     training_grad_mode,
 )
-from .meta import SourceLine, fresh_copy, info
+from .meta import fresh_copy, info
 from .module_state import left_as_found
 from .size_conditions import (
     DECIDED,
@@ -63,6 +59,15 @@ from .size_conditions import (
     where,
 )
 from .trace_device import as_if_on_cpu, back_to_meta, fake_inputs, on_meta
+from .user_source import (
+    READS_VALUES,
+    first_line,
+    model_frame,
+    raised_by_model,
+    source_from_stack_trace,
+    user_frame,
+    user_source,
+)
 
 _SPECIALIZED = ("has been specialized",)
 # NodeInfo.extra key of a get_attr node reading a tensor the model's forward made (`mark_constants`)
@@ -122,22 +127,22 @@ def trace_model(
     try:
         with _quiet_torch_logs(), training_grad_mode(), left_as_found(model):
             traced = _trace_export(model, args, kwargs, batch_dims)
-        fx_at = _user_frame(fx_error, source) or _model_frame(fx_error)
-        traced.reason = f"torch.export: torch.fx failed{f' at {fx_at}' if fx_at else ''}: {_first_line(fx_error)}"
+        fx_at = user_frame(fx_error, source) or model_frame(fx_error)
+        traced.reason = f"torch.export: torch.fx failed{f' at {fx_at}' if fx_at else ''}: {first_line(fx_error)}"
         return traced
     except GraphsplitError:
         raise
     except Exception as export_exc:
-        own = _raised_by_model(export_exc)
+        own = raised_by_model(export_exc)
         if own is not None:  # the model's own raise or assert, on these inputs: not a tracing limit
             raise GraphsplitError(
                 f"{type(model).__name__}.forward raised {type(export_exc).__name__} at {own} on the example inputs: "
-                f"'{_first_line(export_exc)}'; make example_inputs() give what the model expects (or fix the model there)"
+                f"'{first_line(export_exc)}'; make example_inputs() give what the model expects (or fix the model there)"
             ) from export_exc
-        where = _user_frame(export_exc, source) or _user_frame(fx_error, source) or _model_frame(fx_error)
+        where = user_frame(export_exc, source) or user_frame(fx_error, source) or model_frame(fx_error)
         at = f" at {where}" if where else ""
-        said = f"torch.fx said '{_first_line(fx_error)}' and torch.export said '{_first_line(export_exc)}'"
-        if any(word in _first_line(export_exc) for word in _READS_VALUES):  # shapes would follow the data
+        said = f"torch.fx said '{first_line(fx_error)}' and torch.export said '{first_line(export_exc)}'"
+        if any(word in first_line(export_exc) for word in READS_VALUES):  # shapes would follow the data
             raise GraphsplitError(
                 f"cannot trace {type(model).__name__}{at}: it reads tensor values into Python ({said}), so "
                 "what follows depends on the data and no one graph holds it; graphsplit needs shapes and "
@@ -166,52 +171,6 @@ def _quiet_torch_logs() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, saved):
             lg.setLevel(level)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
-
-
-def _user_frame(exc: BaseException, source: Path | None) -> str | None:
-    """`file:line in function: `code`` of the innermost frame in the user's file, else of the
-    innermost frame of the model's code (outside torch, graphsplit and the standard library)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    want = source.resolve() if source is not None else None
-    mine = [f for f in frames if want is not None and Path(f.filename).resolve() == want]
-    model_code = [f for f in frames if not _internal(f.filename)]
-    for frame in (mine or model_code)[-1:]:
-        code = f": `{frame.line.strip()}`" if frame.line else ""
-        return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}{code}"
-    # torch.export reports the user's frame inside its message
-    for line in str(exc).splitlines():
-        if source is not None and source.name in line and "line" in line:
-            return line.strip()[:200]
-    return None
-
-
-_READS_VALUES = ("numpy()", ".item()", ".tolist()", "data-dependent", "data dependent")
-
-
-def _model_frame(exc: BaseException) -> str | None:
-    """`file:line` of the innermost frame of the model's code (outside torch and graphsplit), else of the
-    torch module it called (nn.TransformerEncoder's own checks), never of the tracers."""
-    frames = list(reversed(traceback.extract_tb(exc.__traceback__)))
-    tracers = (os.path.dirname(os.path.realpath(fx.__file__)) + os.sep, _GRAPHSPLIT,
-               os.path.dirname(os.path.realpath(torch.export.__file__)) + os.sep)
-    for frame in (*[f for f in frames if not _internal(f.filename)],
-                  *[f for f in frames if not os.path.realpath(f.filename).startswith(tracers)]):
-        return f"{Path(frame.filename).name}:{frame.lineno}"
-    return None
-
-
-def _raised_by_model(exc: BaseException) -> str | None:
-    """`file:line` when the exception was raised by the model's own code (its innermost frame is
-    outside torch, graphsplit and the installed packages), as export runs it on fake tensors."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames or _internal(frames[-1].filename):
-        return None
-    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
 
 
 def _flat_output(graph: fx.Graph) -> pytree.TreeSpec:
@@ -367,7 +326,7 @@ class _Tracer(fx.Tracer):
         frame = sys._getframe(2)
         if frame.f_code is _Tracer.iter.__code__:
             frame = frame.f_back.f_back
-        return where(condition_frame(frame), _user_source(frame))
+        return where(condition_frame(frame), user_source(frame))
 
     def _check(self, holds: fx.Proxy, place: str, message: str) -> None:
         check = self.create_proxy("call_function", torch._assert, (holds, message), {})
@@ -416,7 +375,7 @@ class _Tracer(fx.Tracer):
         ni = info(node)
         # fx's own record_stack_traces formats the whole stack per node, and its text lands
         # in the stage code; the report needs only the user's line, found by a frame walk.
-        ni.source = _user_source(sys._getframe(1))
+        ni.source = user_source(sys._getframe(1))
         # tracing runs the model's Python, so its no_grad / inference_mode regions are in force
         # here; the graph has no other record of them (passes/grad_mode.py keeps them)
         ni.grad_enabled = torch.is_grad_enabled()
@@ -431,46 +390,6 @@ class _Tracer(fx.Tracer):
         if not torch.is_grad_enabled() and any(p.requires_grad for p in m.parameters()):
             return False
         return super().is_leaf_module(m, module_qualified_name)
-
-
-_TRACE_CODE = fx.Tracer.trace.__code__
-_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
-_SITE = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib"))
-_GRAPHSPLIT = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # the package
-_OWN = (os.path.dirname(os.path.realpath(torch.__file__)) + os.sep, _GRAPHSPLIT)
-
-
-@functools.cache
-def _internal(filename: str) -> bool:
-    """True for torch's, graphsplit's and the standard library's files: never the model's line.
-    Other installed packages (transformers) count as the model's code."""
-    path = os.path.realpath(filename)
-    if path.startswith(_OWN) or filename.startswith("<"):
-        return True
-    return path.startswith(_STDLIB) and not path.startswith(_SITE)
-
-
-def _user_source(frame: Any) -> SourceLine | None:
-    """The innermost frame of the model's code between `Tracer.trace` and `frame`."""
-    while frame is not None and frame.f_code is not _TRACE_CODE:
-        code = frame.f_code
-        if not _internal(code.co_filename):
-            return SourceLine(code.co_filename, frame.f_lineno, code.co_name)
-        frame = frame.f_back
-    return None
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-
-
-def _source_from_stack_trace(text: str | None) -> SourceLine | None:
-    """The innermost model frame of a node's `stack_trace` (what torch.export records)."""
-    for file, line, function in reversed(_FRAME.findall(text or "")):
-        if os.path.realpath(file).startswith(_GRAPHSPLIT):
-            return None  # frames further out are whoever called graphsplit
-        if not _internal(file):
-            return SourceLine(file, int(line), function)
-    return None
 
 
 def _bake(placeholder: fx.Node, value: Any) -> None:
@@ -572,7 +491,7 @@ def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     check_export_ranges(gm, ranges)
     mark_constants(gm, model)
     for node in graph.nodes:
-        info(node).source = _source_from_stack_trace(node.meta.get("stack_trace"))
+        info(node).source = source_from_stack_trace(node.meta.get("stack_trace"))
     mark_inference_mode(gm, type(model).__name__)
     spec = out_spec
     for name in ("_guards_fn",):

@@ -40,8 +40,9 @@ from ..runtime.schedule import check_schedule
 from ..runtime.training import OptimConfig, objective
 from ..runtime.weights import check_weights, open_weights
 from .loss_combination import combination_notes
-from .parity import Comparison, check_run, reference_run, reference_with_weights, weight_tolerance
+from .parity import Comparison, check_run, weight_tolerance
 from .random_ops import find_random_ops, no_dropout, seeded
+from .reference import reference_run, reference_with_weights
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, supervise
 from .worker import RunSpec
 

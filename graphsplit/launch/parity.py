@@ -1,10 +1,7 @@
 """Parity: the untouched model against the transformed program, in one module.
 
-The reference is the untouched model in one process on the whole global batch, one forward and
-one backward (`reference_batch.py` says when the model's own semantics need the program's pieces
-instead: BatchNorm without --sync-bn); `reference_step` runs it on either (on pieces accumulating
-gradients as the schedules do: summed, then divided by their number); `reference_run` does so for
-every step, with the optimizer. Random ops are found and named (`random_ops.py`): dropout is
+The reference is the untouched model in one process on the whole global batch (`reference.py`
+trains it as `run` trains the program). Random ops are found and named (`random_ops.py`): dropout is
 compared switched off on both sides. `compare` checks outputs, loss and gradients
 with fp32 tolerances scaled by magnitude: |a - b| <= atol * max(1, max|b|).
 `check_ranks` compares what each rank of a program reports of its first step
@@ -16,9 +13,8 @@ threads (`check_locally`).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,14 +30,12 @@ from ..loader import LoadedModel
 from ..plan import Plan
 from ..runtime.microbatch import (
     batch_size,
-    call_dims,
     join_outputs,
-    merge_outputs,
-    split_microbatches,
     stage_output_dims,
 )
 from ..runtime.training import OptimConfig, default_loss, default_target
 from .random_ops import RandomOps, find_random_ops, no_dropout, seeded, streams_match
+from .reference import ReferenceRun, StepResult, reference_step
 from .reference_batch import ReferenceBatch, reference_batch
 
 ATOL = 1e-5
@@ -49,15 +43,6 @@ LOSS_CURVE_RTOL = 1e-4
 # bf16 matmuls keep 8 bits of mantissa: loss and outputs agree with fp32 to about 1e-2, and
 # gradients are not compared element by element (they are reported)
 LOW_PRECISION_ATOL = 5e-2
-
-
-@dataclass
-class StepResult:
-    loss: torch.Tensor
-    output: Any
-    grads: dict[str, torch.Tensor]
-    # names that are one tensor in the model (tied weights), each group sorted
-    aliases: list[list[str]] = field(default_factory=list)
 
 
 @dataclass
@@ -77,56 +62,6 @@ class Comparison:
             return ("nothing", 0.0)
         key = max(self.max_diff, key=self.max_diff.__getitem__)
         return key, self.max_diff[key]
-
-
-def reference_step(
-    model: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    target: Any,
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    microbatches: int = 1,
-    replicas: int = 1,
-    program: Program | None = None,
-) -> StepResult:
-    """One forward/backward of the untouched model: on the whole batch (`microbatches` 1, the
-    reference), or over the pipeline's micro-batches (where the model's own semantics depend on
-    the cut, `reference_batch.py`).
-
-    `microbatches` counts all pieces (dp replicas x micro-batches, replica-major). With
-    `replicas` > 1 (sync-bn: BatchNorm statistics span the replicas), the replicas'
-    m-th micro-batches run as one batch, as the synchronized program sees them; the
-    output is put back in replica-major order. `program`: whose batch dims cut the pieces (else dim 0).
-    """
-    model.zero_grad(set_to_none=True)
-    in_dims = call_dims(program, args, kwargs) if program is not None else None
-    t_dims = program.batch.target_dims(target) if program is not None else None
-    out_dims = program.batch.outputs if program is not None and program.batch_dims is not None else None
-    chunks = split_microbatches((args, kwargs), microbatches, in_dims)
-    targets = split_microbatches(target, microbatches, t_dims)
-    per = microbatches // replicas
-    if replicas > 1:
-        chunks = [merge_outputs([chunks[d * per + m] for d in range(replicas)], in_dims) for m in range(per)]
-        targets = [merge_outputs([targets[d * per + m] for d in range(replicas)], t_dims) for m in range(per)]
-    losses, outputs = [], []
-    for (a, k), t in zip(chunks, targets):
-        out = model(*a, **k)
-        loss = loss_fn(out, t)
-        loss.backward()
-        losses.append(loss.detach())
-        outputs.append(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out))
-    if replicas > 1:
-        parts = [split_microbatches(out, replicas, out_dims) for out in outputs]
-        outputs = [parts[m][d] for d in range(replicas) for m in range(per)]
-    grads, groups = {}, {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), []).append(name)
-        if p.grad is not None:
-            if len(groups[id(p)]) == 1:  # a tied tensor is scaled once
-                p.grad.div_(per)
-            grads[name] = p.grad.detach().clone()
-    aliases = [sorted(names) for names in groups.values()]
-    return StepResult(torch.stack(losses).mean(), join_outputs(outputs, out_dims), grads, aliases)
 
 
 def _scaled_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -192,120 +127,6 @@ def missing_grads(ref: StepResult, got: set[str]) -> list[str]:
         for names in ref.aliases
         if any(n in ref.grads for n in names) and not any(n in got for n in names)
     ]
-
-
-@dataclass
-class ReferenceRun:
-    """What the untouched model did over a run: step 1's result, and per step the loss, the gradient
-    norm (before clipping, as `clip_grad_norm_` returns it) and, on eval steps, the eval loss."""
-
-    first: StepResult
-    losses: list[float]
-    norms: list[float]
-    eval_losses: dict[int, float] = field(default_factory=dict)
-    batch: ReferenceBatch = field(default_factory=ReferenceBatch)  # what it ran on
-
-
-def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, config: OptimConfig,
-                  resume: str | None = None, first_step: int = 1, skipped: Collection[int] = (),
-                  train_data: bool = False, data_start: int = 0, eval_every: int = 0,
-                  program: Program | None = None) -> ReferenceRun:
-    """Train the untouched model in this process as `run` trains the program: the same optimizer,
-    lr schedule and clipping (`clip_grad_norm_` over its parameters), from the checkpoint `resume` if
-    given, on the same global batches (train_data() from batch `data_start`, or example_inputs())
-    each as one batch (or, `reference_batch`, the program's pieces where BatchNorm needs them).
-    `skipped`: steps whose optimizer step the program skipped (fp16 overflows); the schedule still
-    advances on them, as it does in the program."""
-    from ..runtime.data import Batch, DataSource
-    from ..runtime.schedule import advance, make_scheduler
-
-    loss_fn = loaded.loss_fn or default_loss
-    opt = config.make_optimizer(list(model.parameters()))
-    if resume:
-        from ..runtime.dcp.state import load_whole_model
-
-        load_whole_model(resume, model, opt)
-    done = first_step - 1
-    scheduler = make_scheduler(opt, config.lr_schedule, config.warmup_steps, done + steps, done)
-    if train_data:
-        assert loaded.train_data is not None
-        source = DataSource("train_data", loaded.train_data, (loaded.args, loaded.kwargs), plan.seed, program=program)
-        batches: Iterator[Batch] = source.global_batches(plan.dp, data_start)
-    else:
-        batches = itertools.repeat(Batch(loaded.args, loaded.kwargs, loaded.target))
-    cut = reference_batch(model, plan)
-    first, losses, norms, evals = None, [], [], {}
-    for step in range(first_step, first_step + steps):
-        batch = next(batches)
-        target = batch.target if batch.target is not None else _stand_in(program, batch)
-        result = reference_step(model, batch.args, batch.kwargs, target, loss_fn, cut.pieces, cut.replicas, program)
-        first = first or result
-        losses.append(float(result.loss))
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, 2.0)
-        if config.grad_clip is not None:
-            torch.nn.utils.clip_grads_with_norm_(model.parameters(), config.grad_clip, norm)
-        norms.append(float(norm))
-        if step not in skipped:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-        advance(scheduler)
-        if eval_every and step % eval_every == 0:
-            evals[step] = reference_eval(model, loaded, plan, program)
-    assert first is not None, "at least one step"
-    return ReferenceRun(first, losses, norms, evals, cut)
-
-
-def _stand_in(program: Program | None, batch: Any) -> torch.Tensor:
-    """The stand-in target of a batch: one zero per example."""
-    if program is None:
-        return default_target((*batch.args, *batch.kwargs.values()))
-    return default_target(program.traced.flatten_inputs(batch.args, batch.kwargs),
-                          batch_size(program, program.traced.flatten_inputs(batch.args, batch.kwargs)))
-
-
-def reference_eval(model: nn.Module, loaded: LoadedModel, plan: Plan, program: Program | None = None) -> float:
-    """The untouched model's mean loss over one pass of eval_data(), forward only, each batch whole
-    (or on the program's pieces where BatchNorm needs them, `reference_batch`)."""
-    from ..runtime.data import DataSource
-
-    assert loaded.eval_data is not None
-    loss_fn = loaded.loss_fn or default_loss
-    source = DataSource("eval_data", loaded.eval_data, (loaded.args, loaded.kwargs), plan.seed, shuffle=False,
-                        program=program)
-    means = []
-    with torch.no_grad():
-        for batch in source.global_batches(plan.dp, cycle=False):
-            target = batch.target if batch.target is not None else _stand_in(program, batch)
-            pieces = reference_batch(model, plan).pieces
-            in_dims = call_dims(program, batch.args, batch.kwargs) if program is not None else None
-            t_dims = program.batch.target_dims(target) if program is not None else None
-            chunks = split_microbatches((batch.args, batch.kwargs), pieces, in_dims)
-            losses = [loss_fn(model(*a, **k), t)
-                      for (a, k), t in zip(chunks, split_microbatches(target, pieces, t_dims))]
-            means.append(float(torch.stack(losses).mean()))
-    return sum(means) / len(means)
-
-
-def reference_train(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, optimizer: str = "sgd",
-                    lr: float = 0.01, resume: str | None = None, first_step: int = 1,
-                    skipped: Collection[int] = ()) -> tuple[StepResult, list[float]]:
-    """The first step's result and the loss of every step for the untouched model on example_inputs(),
-    with a plain optimizer, from the checkpoint `resume` if given (`skipped`: steps whose optimizer step
-    the program skipped, fp16 overflows)."""
-    ref = reference_run(model, loaded, plan, steps, OptimConfig(optimizer, lr), resume, first_step, skipped)
-    return ref.first, ref.losses
-
-
-def reference_with_weights(loaded: LoadedModel, weights: str, plan: Plan) -> nn.Module:
-    """The untouched model (one process) holding a weights file's values."""
-    from ..runtime.weights import check_weights, open_weights
-
-    model = loaded.build("cpu", seed=plan.seed)
-    state = open_weights(weights)
-    check_weights(state, model, weights)  # every parameter under one of its names: tied ones load through it
-    model.load_state_dict({k: state[k] for k in state}, strict=False)
-    return model
 
 
 @dataclass

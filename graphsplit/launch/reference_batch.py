@@ -23,7 +23,7 @@ from ..plan import Plan
 @dataclass(frozen=True)
 class ReferenceBatch:
     """How the reference cuts the global batch: `pieces` (dp replicas x micro-batches, replica-major),
-    with `replicas` > 1 the replicas' m-th micro-batches joined (parity.reference_step's arguments);
+    with `replicas` > 1 the replicas' m-th micro-batches joined (reference.reference_step's arguments);
     `why`: the reason it is not the whole batch."""
 
     pieces: int = 1

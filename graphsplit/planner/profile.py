@@ -26,7 +26,7 @@ import torch.fx as fx
 from ..analysis.collectives import node_collectives
 from ..analysis.recompute import recomputable
 from ..analysis.shapes import annotate
-from ..compile import PASSES, check_call, find_batch
+from ..compile import PASSES, check_call, export_batch_dims, find_batch
 from ..errors import GraphsplitError
 from ..ir.meta import block_of, canonical_names, fresh_copy, info
 from ..ir.optable import OpKind
@@ -112,7 +112,8 @@ def _inputs_of(flat: Sequence[Any], samples: int, dims: Sequence[int | None] | N
     """The example inputs cut (or repeated) to `samples` along each one's batch dim (`dims`, found in
     the graph; None: the input has no batch and stays whole; default dim 0 of each)."""
     dims = list(dims) if dims is not None else [0] * len(flat)
-    one = split_microbatches(tuple(flat), batch or flat_batch(flat), dims)[0] if (batch or 0) != 1 else tuple(flat)
+    n = batch or flat_batch(flat)
+    one = split_microbatches(tuple(flat), n, dims)[0] if n > 1 else tuple(flat)
     return tuple(torch.cat([t] * samples, dim=d) if isinstance(t, torch.Tensor) and d is not None and t.dim() > d
                  else t for t, d in zip(one, dims))
 
@@ -316,12 +317,12 @@ def start_profile(loaded: LoadedModel, fused_attention: bool = False) -> ModelPr
     flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
     # where each input holds the batch (analysis/batch/), as the program cuts it
     batch_dims = find_batch(traced, flat, loaded.loss_fn, loaded.target, loaded.batch_dims)
-    dims = batch_dims.input_dims(traced.input_names)
-    if traced.tracer == "export" and any(d not in (0, None) for d in dims):  # the batch's dims left symbolic
-        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path,
-                             batch_dims={id(t): d for t, d in zip(flat, dims)})
+    symbolic = export_batch_dims(traced, flat, batch_dims)
+    if symbolic is not None:
+        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, batch_dims=symbolic)
         found = fold(traced.gm)
         flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
+    dims = batch_dims.input_dims(traced.input_names)
     batch = batch_dims.size if batch_dims.size else 1
     losses: tuple[LossInput | None, LossInput | None] = (None, None)
     if loaded.loss_fn is not None and loaded.target is not None:

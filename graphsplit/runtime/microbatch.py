@@ -17,10 +17,7 @@ def split_microbatches(value: Any, n: int, dims: Sequence[int | None] | None = N
     do. `dims`: per leaf of `value` (pytree order), the batch dim or None (the leaf goes whole to
     every piece); by default dim 0 of every tensor."""
     leaves, spec = pytree.tree_flatten(value)
-    if dims is None:
-        dims = [0] * len(leaves)
-    if len(dims) != len(leaves):
-        raise GraphsplitError(f"internal: {len(dims)} batch dims for {len(leaves)} values")
+    dims = _aligned(dims, len(leaves))
     pieces = []
     for leaf, dim in zip(leaves, dims):
         if isinstance(leaf, torch.Tensor) and dim is not None and n > 1:
@@ -80,14 +77,10 @@ def join_outputs(chunks: list[Any], dims: Sequence[int | None] | None = None) ->
     return pytree.tree_unflatten(joined, flat[0][1])
 
 
-def input_target_dims(program: Program, inputs: Sequence[Any], target: Any) -> list[int | None]:
-    """Batch dims per leaf of `(inputs, target)`: the flat inputs in the traced order, then the target."""
-    return [*program.batch.input_dims(program.traced.input_names), *program.batch.target_dims(target)]
-
-
 def cut_batch(program: Program, inputs: Sequence[Any], target: Any, n: int) -> list[tuple[Any, Any]]:
     """`n` equal pieces of (flat inputs, target) along the program's batch dims."""
-    pieces = split_microbatches((tuple(inputs), target), n, input_target_dims(program, inputs, target))
+    dims = [*program.batch.input_dims(program.traced.input_names), *program.batch.target_dims(target)]
+    pieces = split_microbatches((tuple(inputs), target), n, dims)
     return [(tuple(i), t) for i, t in pieces]
 
 

@@ -18,8 +18,9 @@ Why ATen and not the fx graph: one spelling per op (nn.Linear, F.linear and x @ 
 mm or addmm), leaf modules (nn.TransformerEncoder) are seen inside, and the user's loss_fn runs
 under the same mode without being traced.
 
-atoms.py: the labels and their classes; mode.py: the dispatch mode; rules.py: one rule per op
-family, in one table; decide.py: running the graph and the loss, and the decision.
+atoms.py: the labels and their classes; mode.py: the dispatch mode; rules.py: the table of op name
+-> rule, the rules in layout.py (ops that move or pick values) and compute.py (ops that mix them),
+their helpers in lineup.py; decide.py: running the graph and the loss, and the decision.
 """
 
 from .decide import Decision, discover, find_batch_dims

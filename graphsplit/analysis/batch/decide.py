@@ -27,7 +27,6 @@ class Decision:
     target: tuple[int | None, ...]
     outputs: tuple[int | None, ...]
     size: int  # the example's batch size (0: no batch)
-    coupling: list[str] = field(default_factory=list)  # "BatchNorm ...": couples the batch, named
     unproven: list[str] = field(default_factory=list)  # ops assumed to keep samples apart
     why_none: str = ""  # with no batch: why dim 0 of the first input is not one
 
@@ -89,11 +88,11 @@ class _Runner(fx.Interpreter):
 
 
 def _frame_source() -> str | None:
-    from ...ir.trace import _internal
+    from ...ir.user_source import internal
 
     frame = sys._getframe(2)
     while frame is not None:
-        if not _internal(frame.f_code.co_filename):
+        if not internal(frame.f_code.co_filename):
             return str(SourceLine(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return None
@@ -176,16 +175,18 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
         return (root not in routed, len({i for i, _ in hits}), -min(k for _, k in hits), -min(i for i, _ in hits))
 
     unproven = list(d.unproven)
+
+    def no_batch(why: str) -> Decision:
+        return Decision({n: None for n in names}, tuple(None for _ in target_atoms), tuple(None for _ in outputs), 0,
+                        unproven, why)
+
     if not votes and declared is None:
-        return Decision({n: None for n in names}, tuple(None for _ in target_atoms),
-                        tuple(None for _ in outputs), 0, [], unproven,
-                        first_reason or "no input has a dim of size 2 or more")
+        return no_batch(first_reason or "no input has a dim of size 2 or more")
     batch = max(votes, key=score) if votes else -1
     if declared is not None:
         batch = _declared_class(d, names, input_atoms, declared)
         if batch < 0:
-            return Decision({n: None for n in names}, tuple(None for _ in target_atoms),
-                            tuple(None for _ in outputs), 0, [], unproven, "batch_dims() gives no batch dim")
+            return no_batch("batch_dims() gives no batch dim")
     elif batch in routed:
         unproven.append(f"the batch dim is {atoms.routed_by(batch)}: taken to route each example and bring it "
                         "back, as a mixture of experts routes tokens")
@@ -213,10 +214,8 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
         labels = d.value(t).labels
         dims = [k for k, lab in enumerate(labels) if lab and atoms.find(lab[0]) == batch]
         out_dims.append(dims[0] if dims else None)
-    coupling = [f"BatchNorm at {', '.join(dict.fromkeys(d.batch_norms))} takes statistics over the batch"] \
-        if d.batch_norms else []
     return Decision(inputs, tuple(dim_of(t) for t in target_atoms),
-                    tuple(out_dims), atoms.size[batch], coupling, unproven)
+                    tuple(out_dims), atoms.size[batch], unproven)
 
 
 def _declared_class(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],

@@ -24,7 +24,6 @@ class Discovery(TorchDispatchMode):
         self.atoms = Atoms()
         self.values: dict[int, tuple[torch.Tensor, Value]] = {}  # id -> (tensor kept alive, value)
         self.where: Callable[[], str] = lambda: ""
-        self.batch_norms: list[str] = []
         self.unproven: dict[str, None] = {}
         self.read: set[int] = set()  # ids of the tensors some op took
 
