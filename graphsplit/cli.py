@@ -38,6 +38,9 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Megatron's sequence parallelism with --tp: norms, dropout and residual adds run on "
                           "1/tp of the sequence (reduce-scatter + all-gather instead of all-reduce)."),
         click.option("--dp", type=int, default=None, help="Data-parallel replicas (gradients averaged over them)."),
+        click.option("--ep", type=int, default=None,
+                     help="Expert-parallel ranks, drawn from --dp (default --dp = --ep): each mixture-of-experts "
+                          "layer's experts placed whole on them, tokens exchanged by all-to-alls."),
         click.option("--fsdp", is_flag=True, default=None,
                      help="Shard parameters, gradients and optimizer state over the dp replicas (FSDP2, ZeRO-3)."),
         click.option("--sync-bn", "sync_bn", is_flag=True, default=None,
@@ -69,7 +72,7 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank",
+_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "ep", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank",
               "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "compile")
 
 
@@ -86,6 +89,8 @@ def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
         given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])
     if "split_at" in given:
         given["split_at"] = _split_points(given["split_at"])
+    if given.get("ep", 1) > 1 and "dp" not in given:  # expert-parallel ranks are data-parallel ones
+        given["dp"] = given["ep"]
     if given.get("schedule") in MULTI_STAGE_SCHEDULES and "stages_per_rank" not in given:
         given["stages_per_rank"] = 2
     return Plan(**given), bool(given)

@@ -7,6 +7,7 @@ The passes, in the order they run (each in graphsplit/passes/):
 - token_mean.py: means over counted tokens (cross-entropy with ignore_index, masked means)
   become sums times a per-step factor: normalized by the whole global batch's count;
 - sync_batch_norm.py: with --sync-bn, BatchNorm statistics over the dp replicas;
+- expert_parallel.py: with --ep, whole experts per rank, tokens exchanged by all-to-alls;
 - tensor_parallel/: shard linears and embeddings, insert the tp collectives;
 - vocab_parallel_loss.py: keep vocab-sharded logits sharded into a cross-entropy;
 - autocast.py: matmuls in bf16 / fp16, norms, softmax and the loss in fp32;
@@ -34,6 +35,7 @@ from .ir.program import Program, build_program
 from .ir.trace import Traced, trace_model
 from .passes.activation_checkpoint import checkpoint_pass
 from .passes.autocast import autocast_pass
+from .passes.expert_parallel import ExpertParallelResult, expert_parallel_pass
 from .passes.grad_mode import grad_mode_pass
 from .passes.manager import LossInput, Pass, PassInput, run_passes
 from .passes.pipeline_split import cut_places, pipeline_split_pass, too_few_cuts
@@ -48,6 +50,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("grad_mode", grad_mode_pass),
     ("token_mean", token_mean_pass),
     ("sync_batch_norm", sync_batch_norm_pass),
+    ("expert_parallel", expert_parallel_pass),
     ("tensor_parallel", tensor_parallel_pass),
     ("vocab_parallel_loss", vocab_parallel_loss_pass),
     ("autocast", autocast_pass),
@@ -227,6 +230,7 @@ def compile_program(
     tp = run.results.get(TensorParallelResult)
     vocab_loss = run.results.get(VocabParallelLoss)
     token_means = run.results.get(TokenMeans)
+    experts = run.results.get(ExpertParallelResult)
     start = time.perf_counter()
     program = build_program(
         traced, plan,
@@ -236,6 +240,8 @@ def compile_program(
         sharded_outputs=dict(vocab_loss.sharded_outputs) if vocab_loss else None,
         token_means=token_means,
         batch_dims=batch_dims,
+        expert_params=dict(experts.expert_params) if experts else None,
+        expert_layers=experts.layers if experts else (),
     )
     timings["build"] = time.perf_counter() - start
     return CompileResult(program, timings)

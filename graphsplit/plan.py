@@ -76,7 +76,7 @@ def divisors(n: int) -> list[int]:
 class Plan:
     """How to parallelize a model.
 
-    pp: pipeline ranks. sequence_parallel: Megatron's sequence parallelism on top of
+    pp: pipeline ranks. ep: expert-parallel ranks (whole experts per rank, drawn from dp). sequence_parallel: Megatron's sequence parallelism on top of
     tp (norms, dropout and residual adds on 1/tp of the sequence). stages_per_rank: virtual stages each pp rank holds
     (2 or more needs an interleaved schedule). microbatches: how many pieces
     the batch is cut into (default: the number of stages). split_at: module
@@ -93,6 +93,9 @@ class Plan:
     tp: int = 1
     dp: int = 1
     fsdp: bool = False
+    # expert parallelism: each mixture-of-experts layer's experts placed whole on ep ranks drawn
+    # from the dp ranks (ep divides dp; each group of ep consecutive dp ranks exchanges tokens)
+    ep: int = 1
     sync_bn: bool = False  # BatchNorm statistics over all dp replicas (one all-reduce per layer)
     # Megatron's sequence parallelism: between a row-parallel output and the next column-parallel
     # input (norms, dropout, residual adds) activations are split over tp on the sequence dim
@@ -108,10 +111,16 @@ class Plan:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("pp", "tp", "dp", "stages_per_rank"):
+        for name in ("pp", "tp", "dp", "ep", "stages_per_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise _fail(name, f"must be a positive integer, got {value!r}")
+        if self.ep > 1 and self.dp % self.ep:
+            raise _fail("ep", f"expert-parallel ranks are drawn from the data-parallel ones, so ep must divide dp; "
+                              f"got ep={self.ep} with dp={self.dp}; give --dp {self.ep} (or a multiple of it)")
+        if self.ep > 1 and self.fsdp:
+            raise _fail("ep", "expert parallelism with fsdp is not supported yet (the experts would be sharded over "
+                              "the dp ranks outside their expert-parallel group); use plain dp with ep")
         if not isinstance(self.sequence_parallel, bool):
             raise _fail("sequence_parallel", f"must be true or false, got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp < 2:

@@ -182,6 +182,9 @@ class LocalProgram:
         if plan.dp > 1 and plan.sync_bn:
             raise GraphsplitError("the local backend runs dp replicas one after the other, and synchronized "
                                   "BatchNorm needs them together; check --sync-bn with run --check")
+        if plan.ep > 1:
+            raise GraphsplitError("the local backend runs dp replicas one after the other, and expert parallelism "
+                                  "exchanges their tokens at once; check --ep with graphsplit run --check (real processes)")
         self.program = program
         self.hub = ThreadHub(plan.tp) if plan.tp > 1 else None
         self.ranks: list[LocalPipeline] = []

@@ -2,6 +2,8 @@
 `parallelize_*` functions read:
 
     apply_tp        the graphs' tp communicators bound to the mesh's tp group
+    apply_ep        expert parallelism: the graphs' token exchanges bound to the ep group, and the
+                    averager of the expert weights' gradients (DDP leaves them alone)
     apply_sync_bn   synchronized BatchNorm layers bound to the dp group
     apply_compile   --compile: each stage under torch.compile (compile_stages.py)
     apply_fsdp      FSDP2 `fully_shard` over the dp axis (ZeRO-3)
@@ -30,10 +32,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ..errors import GraphsplitError
 from ..ir.program import Program
+from ..ops.ep import EPComm
 from ..ops.sync_bn import bind_dp_group
 from ..ops.tp_comm import TPComm, bind_tp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Plan
-from ..runtime.grad_average import DPGradAverager
+from ..runtime.grad_average import DPGradAverager, ExpertGradAverager
 from ..runtime.microbatch import stage_output_dims, target_batch_dim
 from ..runtime.training import LossFn
 from .compile_stages import apply_compile
@@ -49,6 +52,49 @@ def apply_tp(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> TPCo
     for module in (*modules, shown):
         bind_tp_group(module, group)
     return shown
+
+
+def apply_ep(program: Program, modules: Mapping[int, nn.Module], mesh: DeviceMesh) -> ExpertGradAverager | None:
+    """Expert parallelism: the graphs' expert communicators bound to this rank's expert-parallel group
+    (ep consecutive dp ranks at one (pp, tp) place), and the averager of the expert weights' gradients
+    over the ranks holding the same experts in the other groups. Every rank calls `new_group` for every
+    group, in one order."""
+    plan = program.plan
+    if plan.ep == 1:
+        return None
+    grid = mesh.mesh  # global ranks, shape (dp, pp, tp)
+    me = dist.get_rank()
+    mine: dist.ProcessGroup | None = None
+    replicas: dist.ProcessGroup | None = None
+    for p in range(grid.shape[1]):
+        for t in range(grid.shape[2]):
+            for first in range(0, plan.dp, plan.ep):
+                ranks = [int(grid[d, p, t]) for d in range(first, first + plan.ep)]
+                group = dist.new_group(ranks)
+                if me in ranks:
+                    mine = group
+            if plan.dp > plan.ep:
+                for j in range(plan.ep):
+                    ranks = [int(grid[d, p, t]) for d in range(j, plan.dp, plan.ep)]
+                    group = dist.new_group(ranks)
+                    if me in ranks:
+                        replicas = group
+    for module in modules.values():
+        for sub in module.modules():
+            if isinstance(sub, EPComm):
+                sub.bind(mine)
+    return ExpertGradAverager(expert_parameters(program, modules), replicas, plan.dp)
+
+
+def expert_parameters(program: Program, modules: Mapping[int, nn.Module]) -> list[nn.Parameter]:
+    """This rank's expert weights (its experts' slices), each once."""
+    found: dict[int, nn.Parameter] = {}
+    for index, module in modules.items():
+        for local, canonical in program.stages[index].param_sources.items():
+            if canonical in program.expert_params:
+                p = module.get_parameter(local)
+                found.setdefault(id(p), p)
+    return list(found.values())
 
 
 def apply_sync_bn(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> None:
@@ -98,14 +144,20 @@ def tied_groups(program: Program, mesh: DeviceMesh) -> dict[str, dist.ProcessGro
     return groups
 
 
-def apply_ddp(modules: Mapping[int, nn.Module], mesh: DeviceMesh, device: torch.device) -> dict[int, nn.Module]:
+def apply_ddp(modules: Mapping[int, nn.Module], mesh: DeviceMesh, device: torch.device,
+              skip: frozenset[int] = frozenset()) -> dict[int, nn.Module]:
     """Plain dp: each stage in DDP over the dp axis (bucketed all-reduces overlapped with the last
     micro-batch's backward). Buffers are not broadcast from replica 0 at each forward: each replica
-    keeps its own BatchNorm statistics, or all share global ones with --sync-bn. Returns what the
+    keeps its own BatchNorm statistics, or all share global ones with --sync-bn. `skip`: ids of
+    parameters DDP leaves alone (expert weights: each replica holds other experts). Returns what the
     schedule runs, by stage."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" else None
+    for m in modules.values():
+        ignored = [name for name, p in m.named_parameters(remove_duplicate=False) if id(p) in skip]
+        if ignored:
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(m, ignored)
     return {
         s: DistributedDataParallel(m, device_ids=device_ids, process_group=mesh.get_group("dp"), broadcast_buffers=False)
         if any(p.requires_grad for p in m.parameters()) else m  # nothing to average
@@ -223,12 +275,14 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     if plan.fsdp:
         apply_fsdp(modules.values(), mesh, plan.autocast)
     tied = tied_groups(program, mesh)
+    experts = apply_ep(program, modules, mesh)
+    skip = frozenset(id(p) for p in experts.params) if experts is not None else frozenset()
     runners, averager = dict(modules), None
     if plan.dp > 1 and not plan.fsdp:
         if plan.schedule in SPLIT_BACKWARD_SCHEDULES:  # weight gradients by autograd.grad: no DDP hook fires
-            averager = DPGradAverager(modules.values(), mesh.get_group("dp"))
+            averager = DPGradAverager(modules.values(), mesh.get_group("dp"), skip=skip)
         else:
-            runners = apply_ddp(modules, mesh, device)
+            runners = apply_ddp(modules, mesh, device, skip)
     scaler = grad_scaler(device) if plan.autocast == "fp16" else None
     objective = loss_fn
     if scaler is not None:
@@ -236,4 +290,4 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
             return scaler.scale(loss_fn(output, target))
 
     schedule = build_schedule(program, runners, objective, mesh, device)
-    return DistributedPipeline(program, dict(modules), mesh, schedule, tied, scaler, output_comm, averager)
+    return DistributedPipeline(program, dict(modules), mesh, schedule, tied, scaler, output_comm, averager, experts)

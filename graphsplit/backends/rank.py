@@ -73,6 +73,12 @@ class RankProgram:
         """What this rank contributes to a checkpoint (and reads back on resume), by original name."""
         from ..runtime.dcp.state import rank_state, scaler_state
 
+        if self.program.plan.ep > 1:
+            from ..errors import GraphsplitError
+
+            raise GraphsplitError("checkpoints (--save, --resume) under expert parallelism are not supported yet; "
+                                  "run without --save/--resume, or without --ep")
+
         state = rank_state(self.program, self.modules, optimizer, self.tp_rank, self.persistent)
         state.update(scaler_state(self.pipeline.scaler))
         return state
@@ -131,7 +137,8 @@ def assemble_rank(
     mesh = make_mesh(program.plan, device, collective_timeout_s)
     stages = program.plan.stages_of_rank(mesh.get_local_rank("pp"))
     source = tensors(stages)
-    modules = materialize_stages(program, stages, device, source, mesh.get_local_rank("tp"))
+    ep_rank = mesh.get_local_rank("dp") % program.plan.ep  # each ep consecutive dp ranks form a group
+    modules = materialize_stages(program, stages, device, source, mesh.get_local_rank("tp"), ep_rank)
     del source  # a mapped weights file or the lean build: only this rank's tensors stay
     if observer is not None:
         observer.setup_done(timeout_s)

@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ..ir.program import Program
 from ..ops.tp_comm import TPComm
 from ..plan import Plan
-from ..runtime.grad_average import DPGradAverager
+from ..runtime.grad_average import DPGradAverager, ExpertGradAverager
 from ..runtime.microbatch import batch_first
 from ..runtime.token_count import counts_tokens, set_factors, token_factors
 from ..runtime.training import named_grads, sync_tied_grads
@@ -116,6 +116,7 @@ class DistributedPipeline:
         scaler: Any,
         output_comm: TPComm,
         dp_averager: DPGradAverager | None = None,
+        expert_averager: ExpertGradAverager | None = None,
     ) -> None:
         self.program = program
         self.plan = program.plan
@@ -126,6 +127,7 @@ class DistributedPipeline:
         self.scaler = scaler  # fp16: the world's loss scaler
         self.tp_comm = output_comm  # for gathering a sharded output to show it
         self.dp_averager = dp_averager  # plain dp under a split-backward schedule (no DDP)
+        self.expert_averager = expert_averager  # expert parallelism: the expert weights' gradients
         self.is_first = 0 in modules
         self.is_last = self.plan.num_stages - 1 in modules
         self.loss_group = mesh.get_group("dp") if self.plan.dp > 1 else None
@@ -201,6 +203,8 @@ class DistributedPipeline:
             loss, output = self.schedule.step(inputs, target)
         else:
             loss, output = self._pipeline_step(inputs, target)
+        if self.expert_averager is not None:
+            self.expert_averager.average()
         if loss is not None and self.scaler is not None:
             loss = loss / self._scale_used
         if self.loss_group is not None and loss is not None:  # every rank of this dp group holds the last stage

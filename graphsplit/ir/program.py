@@ -110,6 +110,10 @@ class Program:
     token_means: TokenMeans | None = None
     # where inputs, target and outputs hold the batch (analysis/batch/); None: dim 0 of each
     batch_dims: BatchDims | None = None
+    # expert parallelism (passes/expert_parallel.py): each expert weight's canonical name -> its expert
+    # dim, held in plan.ep slices over the expert-parallel ranks; and the layers placed
+    expert_params: dict[str, int] = field(default_factory=dict)
+    expert_layers: tuple[Any, ...] = ()
 
     @property
     def batch(self) -> BatchDims:
@@ -119,6 +123,14 @@ class Program:
 
     def param_sharding(self, canonical: str) -> Layout:
         return self.param_shardings.get(canonical, Replicate())
+
+    def expert_slice(self, canonical: str, value: torch.Tensor, ep_rank: int) -> torch.Tensor:
+        """What expert-parallel rank `ep_rank` holds of `value` (an expert weight: its experts' slice
+        of the expert dim; anything else whole)."""
+        dim = self.expert_params.get(canonical)
+        if dim is None or self.plan.ep == 1:
+            return value
+        return value.chunk(self.plan.ep, dim=dim)[ep_rank]
 
     def stage_param_bytes(self, index: int) -> int:
         """Bytes of parameters one rank of this stage holds (tied copies counted once)."""
@@ -184,6 +196,8 @@ def build_program(
     sharded_outputs: dict[int, Shard] | None = None,
     token_means: TokenMeans | None = None,
     batch_dims: BatchDims | None = None,
+    expert_params: dict[str, int] | None = None,
+    expert_layers: tuple[Any, ...] = (),
 ) -> Program:
     """Cut the passes' graph into stages. The rest is what the passes found: tensor
     parallelism's parameter shardings and what it left whole, the vocab-parallel loss, the means
@@ -326,7 +340,7 @@ def build_program(
             param_stages.setdefault(canonical, []).append(st.index)
     return Program(plan, traced, stages, boundaries, output_leaves, param_stages,
                    dict(param_shardings or {}), list(replicated or []), loss_gm, dict(sharded_outputs or {}),
-                   token_means, batch_dims)
+                   token_means, batch_dims, dict(expert_params or {}), tuple(expert_layers))
 
 
 def _send_cost(boundary: Boundary) -> float:

@@ -161,8 +161,9 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
                                                        stage_output_dims(program)))
     cmp = compare(loss, output, {}, first, atol=LOW_PRECISION_ATOL if low else ATOL)
     for r in ranks if grads else ():
-        def shard(name: str, full: torch.Tensor, tp_rank: int = r.tp_rank) -> torch.Tensor:
-            return shard_tensor(full, program.param_sharding(name), tp_rank, plan.tp, pad=False)
+        def shard(name: str, full: torch.Tensor, tp_rank: int = r.tp_rank, ep_rank: int = r.dp_rank % plan.ep) -> torch.Tensor:
+            return program.expert_slice(name, shard_tensor(full, program.param_sharding(name), tp_rank, plan.tp, pad=False),
+                                        ep_rank)
 
         # a padded vocabulary's padding rows are no part of the model: only the real rows are compared
         grads = {k: unpad(g, program.param_sharding(k), r.tp_rank, plan.tp) for k, g in r.grads.items()}
@@ -238,8 +239,10 @@ def check_weights_after(program: Program, folder: Path, model: nn.Module, atol: 
             continue  # not a rank's dump (the launcher's whole-model weights.pt for the ranks to slice)
         r = int(path.stem.removeprefix("weights"))
         tp_rank = r % plan.tp  # the mesh is (dp, pp, tp), tp fastest
+        ep_rank = (r // (plan.pp * plan.tp)) % plan.ep
         for name, got in torch.load(path, weights_only=True).items():
             want = shard_tensor(reference[name].detach(), program.param_sharding(name), tp_rank, plan.tp)
+            want = program.expert_slice(name, want, ep_rank)
             d = _scaled_diff(got, want)
             cmp.max_diff[f"weight {name} (rank {r})"] = d
             if not d <= atol:

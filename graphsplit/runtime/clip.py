@@ -10,7 +10,8 @@ and one all-reduce sums the shares:
 - a tied parameter on several stages (embedding and LM head): after the tied sync every
   copy holds the sum, the rank holding its first stage owns it;
 - dp replicas (DDP): the averaged gradient sits on every replica, dp rank 0 owns it;
-  FSDP shards it over the replicas, every replica owns its shard.
+  FSDP shards it over the replicas, every replica owns its shard;
+- an expert weight under expert parallelism: the first ep replicas each own their experts' slice.
 
 Every rank then scales all its gradients by the same factor, the one
 `clip_grad_norm_` uses: min(1, max_norm / (norm + 1e-6)).
@@ -39,12 +40,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def owned_grads(program: Program, stages: Mapping[int, nn.Module], tp_rank: int, dp_rank: int,
                 dp_sharded: bool) -> list[torch.Tensor]:
     """The gradients (local tensors) this rank adds to the global norm, each parameter's once in the world."""
-    if dp_rank != 0 and not dp_sharded:
+    # an expert weight under ep: each of the first ep replicas holds its own experts (their slice)
+    experts_here = bool(program.expert_params) and dp_rank < program.plan.ep
+    if dp_rank != 0 and not dp_sharded and not experts_here:
         return []  # DDP: replica 0 speaks for every replica
     owned: dict[str, torch.Tensor] = {}
     for index, module in sorted(stages.items()):
         for local, canonical in program.stages[index].param_sources.items():
             if canonical in owned or min(program.param_stages[canonical]) != index:
+                continue
+            if dp_rank != 0 and not dp_sharded and canonical not in program.expert_params:
                 continue
             if tp_rank != 0 and not isinstance(program.param_sharding(canonical), Shard):
                 continue

@@ -32,7 +32,8 @@ class DPGradAverager:
     """Average the gradients of `modules`' parameters over `group` (the dp axis), in buckets."""
 
     def __init__(self, modules: Iterable[nn.Module], group: dist.ProcessGroup,
-                 bucket_bytes: int = BUCKET_BYTES) -> None:
+                 bucket_bytes: int = BUCKET_BYTES, skip: frozenset[int] = frozenset()) -> None:
+        """`skip`: ids of parameters averaged elsewhere (expert weights, `ExpertGradAverager`)."""
         self.group = group
         self.size = dist.get_world_size(group)
         self.bucket_bytes = bucket_bytes
@@ -40,9 +41,11 @@ class DPGradAverager:
         tensors: dict[int, torch.Tensor] = {}
         for module in modules:
             for p in module.parameters():
-                seen.setdefault(id(p), p)
+                if id(p) not in skip:
+                    seen.setdefault(id(p), p)
             for t in (*module.parameters(), *module.buffers()):
-                tensors.setdefault(id(t), t)
+                if id(t) not in skip:
+                    tensors.setdefault(id(t), t)
         # every replica holds the same stages, so the same parameters in the same order
         self.params = [p for p in seen.values() if p.requires_grad]
         src = dist.get_global_rank(group, 0)
@@ -74,3 +77,28 @@ class DPGradAverager:
             flat.div_(self.size)
             for g, averaged in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
                 g.copy_(averaged)
+
+
+class ExpertGradAverager:
+    """Expert parallelism: each expert weight's gradient made what DDP would leave on a replicated one.
+
+    An expert-parallel rank's expert slice already holds the sum of its ep group's contributions
+    (the all-to-all's backward brings every rank's rows' gradients to the experts' rank). DDP leaves
+    the mean over all dp replicas on other parameters; so the slice is summed over `replicas` (the
+    ranks holding the same experts in the other ep groups; None when dp == ep) and divided by dp.
+    A slice no row reached on any rank (its gradient None) stays None everywhere alike only when all
+    agree, so a missing gradient is taken as zeros.
+    """
+
+    def __init__(self, params: list[nn.Parameter], replicas: dist.ProcessGroup | None, dp: int) -> None:
+        self.params = params
+        self.replicas = replicas
+        self.dp = dp
+
+    def average(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if self.replicas is not None:
+                dist.all_reduce(p.grad, group=self.replicas)
+            p.grad.div_(self.dp)

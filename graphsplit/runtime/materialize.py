@@ -47,25 +47,36 @@ def materialize_stage(
     shardings: Mapping[str, Layout] | None = None,
     tp_rank: int = 0,
     tp: int = 1,
+    experts: Mapping[str, int] | None = None,
+    ep_rank: int = 0,
+    ep: int = 1,
 ) -> nn.Module:
     """This stage's module with real tensors on `device`; sharded parameters hold
     only this tp rank's block (sliced from `source`, never copied whole, or drawn
-    block by block on `device` when `source` is a `FastInit`)."""
+    block by block on `device` when `source` is a `FastInit`), expert weights (`experts`:
+    name -> expert dim) only this expert-parallel rank's experts."""
     shardings = shardings or {}
+    experts = experts if ep > 1 and experts else {}
     module = copy.deepcopy(stage.gm)
     _retarget_devices(module, torch.device(device))
     for local, canonical in stage.param_sources.items():
         sharding = shardings.get(canonical)
-        if sharding is not None:
+        if sharding is not None or canonical in experts:
             full = module.get_parameter(local)
-            shape = local_shape(tuple(full.shape), sharding, tp)
+            shape = local_shape(tuple(full.shape), sharding, tp) if sharding is not None else tuple(full.shape)
+            if canonical in experts:
+                dim = experts[canonical]
+                shape = (*shape[:dim], shape[dim] // ep, *shape[dim + 1:])
             _set(module, local, nn.Parameter(torch.empty(shape, dtype=full.dtype, device="meta"), full.requires_grad))
     module.to_empty(device=device)
     if isinstance(source, FastInit):
+        if experts:
+            raise GraphsplitError("--fast-init does not draw expert-parallel slices yet; run without --fast-init")
         source.fill_stage(module, stage, shardings, tp_rank, tp)
     elif source is None:
-        if shardings:
-            raise GraphsplitError("a tensor-parallel model built on meta needs weights: pass the model built on CPU")
+        if shardings or experts:
+            raise GraphsplitError("a tensor- or expert-parallel model built on meta needs weights: pass the model "
+                                  "built on CPU")
         _init_from_modules(module, stage, seed)
     else:
         with torch.no_grad():
@@ -77,6 +88,8 @@ def materialize_stage(
                 value = source[key]
                 if canonical in shardings and local in stage.param_sources:
                     value = shard_tensor(value, shardings[canonical], tp_rank, tp)
+                if canonical in experts and local in stage.param_sources:
+                    value = value.chunk(ep, dim=experts[canonical])[ep_rank]
                 if tuple(value.shape) != tuple(target.shape):
                     raise GraphsplitError(
                         f"weight {canonical!r} has shape {tuple(value.shape)}, the model expects {tuple(target.shape)}"
@@ -98,10 +111,13 @@ def materialize_stages(
     device: torch.device | str,
     source: Mapping[str, torch.Tensor] | FastInit | None,
     tp_rank: int = 0,
+    ep_rank: int = 0,
 ) -> dict[int, nn.Module]:
-    """The stage modules `indices` of `program` for tp rank `tp_rank`, by stage index."""
+    """The stage modules `indices` of `program` for tp rank `tp_rank` (and expert-parallel rank
+    `ep_rank`), by stage index."""
     plan = program.plan
-    return {s: materialize_stage(program.stages[s], device, source, plan.seed, program.param_shardings, tp_rank, plan.tp)
+    return {s: materialize_stage(program.stages[s], device, source, plan.seed, program.param_shardings, tp_rank, plan.tp,
+                                 program.expert_params, ep_rank, plan.ep)
             for s in indices}
 
 

@@ -1,0 +1,146 @@
+"""Expert parallelism's token exchange, as autograd functions the stage graphs call by name.
+
+A mixture-of-experts layer whose experts are one grouped weight `[E, ..]` runs them on its
+tokens sorted by expert (`offsets`: the running count of rows per expert; HF's grouped experts,
+torch's grouped_mm). Under `--ep N` each rank of an expert-parallel group holds E / N whole
+experts (rank r: experts r*E/N .. (r+1)*E/N - 1) and these two calls surround the experts:
+
+- `ep_dispatch(x, offsets, comm)` -> (rows for this rank's experts, their offsets, counts):
+  the tokens' counts per expert are exchanged first (one all-to-all of E numbers), then each
+  rank's sorted rows go to the ranks holding their experts (one `all_to_all_single` with the
+  variable split sizes the counts give) and the rows received are regrouped by local expert.
+- `ep_combine(y, routed, offsets, comm)`: the experts' outputs back to the ranks and the rows
+  they came from (the inverse regrouping, the inverse all-to-all), in the order `x` had.
+
+Backward of each all-to-all is the all-to-all of the gradients the other way. No token is
+dropped: every row goes where the model's own routing sent it (the model's capacity policy,
+if any, stays in its graph). The communicator (`EPComm`, `self.ep_comm`) holds the group;
+unbound (the meta analysis) every expert is local and nothing moves, the shapes a balanced
+routing gives. It counts the rows each local expert received: the load balance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .tp import _eager
+
+EP_COMM_ATTR = "ep_comm"
+
+
+class EPComm(nn.Module):
+    """The expert-parallel ranks one graph's token exchanges run over (see the module doc)."""
+
+    def __init__(self, ep: int) -> None:
+        super().__init__()
+        self.ep = ep
+        self.group: dist.ProcessGroup | None = None
+        self.rank = 0
+        self.tokens: torch.Tensor | None = None  # rows each local expert received, summed over calls
+        self.calls = 0
+
+    def bind(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group) if group is not None else 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> EPComm:
+        return EPComm(self.ep)  # a copy starts unbound, as TPComm's
+
+    def extra_repr(self) -> str:
+        return f"ep={self.ep}, bound={self.group is not None}"
+
+    @property
+    def bound(self) -> bool:
+        return self.group is not None
+
+    def exchange(self, x: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=self.group)
+        return out
+
+    def count(self, received: torch.Tensor) -> None:
+        per_expert = received.sum(0).detach().cpu()
+        self.tokens = per_expert if self.tokens is None else self.tokens + per_expert
+        self.calls += 1
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, comm):  # type: ignore[override]
+        ctx.splits, ctx.comm = (out_splits, in_splits), comm
+        return comm.exchange(x, out_splits, in_splits)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        out_splits, in_splits = ctx.splits
+        return ctx.comm.exchange(grad.contiguous(), in_splits, out_splits), None, None, None
+
+
+def _counts(offsets: torch.Tensor) -> torch.Tensor:
+    """Rows per expert from the running counts."""
+    running = offsets.long()
+    return torch.diff(running, prepend=running.new_zeros(1))
+
+
+def _by_expert(received: torch.Tensor) -> torch.Tensor:
+    """The order that regroups rows laid out source by source (each source's rows by local expert,
+    `received[source, expert]` of them) expert by expert (each expert's rows source by source)."""
+    flat = received.flatten()
+    starts = (torch.cumsum(flat, 0) - flat).view_as(received)
+    counts_t, starts_t = received.t().flatten(), starts.t().flatten()
+    total = int(flat.sum())
+    first = torch.repeat_interleave(starts_t, counts_t, output_size=total)
+    within = torch.arange(total, device=received.device) - torch.repeat_interleave(
+        torch.cumsum(counts_t, 0) - counts_t, counts_t, output_size=total)
+    return first + within
+
+
+def _route(offsets: torch.Tensor, rows: int, comm: EPComm) -> tuple[torch.Tensor, list[int], list[int]]:
+    """(rows each source sends each local expert [ep, E/ep], rows sent per rank, rows received per rank)."""
+    counts = _counts(offsets)
+    experts = counts.numel()
+    if experts % comm.ep:
+        raise RuntimeError(f"expert parallelism over {comm.ep} ranks needs the experts ({experts}) divisible by it")
+    if int(counts.sum()) != rows:
+        raise RuntimeError(f"the experts' offsets count {int(counts.sum())} rows but {rows} were routed; expert "
+                           "parallelism exchanges exactly the rows the offsets cover")
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts, group=comm.group)  # equal splits: E/ep counts per rank
+    local = experts // comm.ep
+    sent = counts.view(comm.ep, local).sum(1).tolist()
+    received = received.view(comm.ep, local)
+    return received, sent, received.sum(1).tolist()
+
+
+@torch.fx.wrap
+@_eager
+def ep_dispatch(x: torch.Tensor, offsets: torch.Tensor, comm: EPComm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows for this rank's experts grouped by expert, their offsets, rows per (source, local expert))."""
+    if not comm.bound:
+        return x, offsets, _counts(offsets).view(1, -1)
+    received, sent, got = _route(offsets, x.shape[0], comm)
+    comm.count(received)
+    rows = _AllToAll.apply(x, got, sent, comm)
+    local_offsets = torch.cumsum(received.sum(0), 0).to(offsets.dtype)
+    return rows[_by_expert(received)], local_offsets, received
+
+
+@torch.fx.wrap
+@_eager
+def ep_combine(y: torch.Tensor, routed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], offsets: torch.Tensor,
+               comm: EPComm) -> torch.Tensor:
+    """The experts' output rows `y` (as `ep_dispatch` grouped them) back in the order of its `x`."""
+    if not comm.bound:
+        return y
+    received = routed[2]
+    order = _by_expert(received)
+    by_source = torch.empty_like(order)
+    by_source[order] = torch.arange(order.numel(), device=order.device)
+    back = y[by_source]
+    counts = _counts(offsets)
+    sent = counts.view(comm.ep, -1).sum(1).tolist()
+    return _AllToAll.apply(back, sent, received.sum(1).tolist(), comm)

@@ -1,0 +1,188 @@
+"""expert_parallel: with `--ep N`, each mixture-of-experts layer's experts placed whole on N ranks.
+
+Found from the graph, not from module names: a layer is the grouped linears (`grouped_mm` over
+one `[E, ..]` parameter each, ir/optable.py's GROUPED_LINEAR) that share one `offsets` value
+(HF's grouped experts: gate+up, the activation, down, all on rows sorted by expert). Between the
+first one's input and the last one's output every op must work row by row (the activation, the
+gate's product, casts): then the rows can be moved to the ranks holding their experts before
+the first and back after the last, and nothing between notices. The pass inserts
+
+    routed = ep_dispatch(x, offsets, self.ep_comm)          # ops/ep.py: the all-to-alls
+    grouped_mm(routed[0], w_local, routed[1]) ... -> y      # the experts this rank holds
+    out = ep_combine(y, routed, offsets, self.ep_comm)
+
+and records each expert weight as held in E / N slices over the expert-parallel ranks
+(`Program.expert_params`; rank r of the group holds experts r*E/N .. (r+1)*E/N - 1). The router,
+the sort, the weighting and the sum back to tokens stay the model's own, on each rank's tokens.
+`routed` is a tuple: the pipeline split never cuts between the two calls (a tuple cannot be
+sent), so a stage holds a layer's exchange whole.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import torch.fx as fx
+
+from ..analysis.shapes import annotate
+from ..errors import GraphsplitError
+from ..ir.meta import info, insert_node
+from ..ir.optable import OpKind, classify, family
+from ..ops.ep import EP_COMM_ATTR, EPComm, ep_combine, ep_dispatch
+from .manager import PassInput, PassResults
+from .tensor_parallel.spellings import grouped_linear_form
+
+# what may run between a layer's grouped linears: row by row, each row alone
+_ROWWISE = frozenset({OpKind.POINTWISE, OpKind.IDENTITY, OpKind.SPLIT, OpKind.GETITEM, OpKind.GROUPED_LINEAR})
+
+
+@dataclass(frozen=True)
+class ExpertLayer:
+    """One mixture-of-experts layer placed over the expert-parallel ranks."""
+
+    module: str
+    experts: int
+    weights: tuple[str, ...]  # the canonical names of its grouped weights
+
+    def ranks_hold(self, ep: int) -> list[tuple[int, int]]:
+        """(first, last) expert of each expert-parallel rank."""
+        per = self.experts // ep
+        return [(r * per, (r + 1) * per - 1) for r in range(ep)]
+
+
+@dataclass(frozen=True)
+class ExpertParallelResult:
+    ep: int
+    layers: tuple[ExpertLayer, ...]
+    expert_params: Mapping[str, int]  # canonical weight name -> its expert dim (0)
+
+
+def _param_name(gm: fx.GraphModule, node: fx.Node) -> str:
+    names = {id(p): n for n, p in gm.named_parameters()}
+    return names.get(id(gm.get_parameter(str(node.target))), str(node.target))
+
+
+def _layers(gm: fx.GraphModule) -> dict[fx.Node, list[fx.Node]]:
+    """The grouped linears by the offsets value they share, in graph order."""
+    found: dict[fx.Node, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and classify(node, gm) == OpKind.GROUPED_LINEAR:
+            offsets = node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")
+            if not isinstance(offsets, fx.Node):
+                where = info(node).module or node.name
+                raise GraphsplitError(f"--ep: the grouped linear in {where} takes no offsets graphsplit can follow; "
+                                      "expert parallelism needs the experts' rows sorted by expert (HF's grouped "
+                                      "experts); drop --ep")
+            found.setdefault(offsets, []).append(node)
+    return found
+
+
+def _between(first: fx.Node, last: fx.Node) -> list[fx.Node]:
+    """The nodes on a path from `first` to `last`'s input (first and last included)."""
+    ahead: set[fx.Node] = {first}
+    order: list[fx.Node] = []
+    for node in first.graph.nodes:
+        if node is first or any(a in ahead for a in node.all_input_nodes):
+            ahead.add(node)
+        if node is last:
+            break
+    behind: set[fx.Node] = {last}
+    for node in reversed(list(first.graph.nodes)):
+        if any(u in behind for u in node.users) and node in ahead:
+            behind.add(node)
+    for node in first.graph.nodes:
+        if node in ahead and node in behind:
+            order.append(node)
+    return order
+
+
+def _check_layer(gm: fx.GraphModule, linears: list[fx.Node], ep: int) -> tuple[fx.Node, fx.Node, int, list[str]]:
+    """(the first linear, the last, experts, weight names), or one line why this layer cannot be placed."""
+    first, last = linears[0], linears[-1]
+    where = info(first).module.rsplit(".", 1)[0] if info(first).module else first.name
+    weights: list[str] = []
+    experts = None
+    for node in linears:
+        form = grouped_linear_form(node)
+        if form is None:
+            raise GraphsplitError(f"--ep: {where} computes an expert weight instead of reading a parameter; "
+                                  "expert parallelism places parameters whole on ranks; drop --ep")
+        w = form[1]
+        n = tuple(gm.get_parameter(str(w.target)).shape)[0]
+        if experts is not None and n != experts:
+            raise GraphsplitError(f"--ep: {where}'s expert weights hold {experts} and {n} experts; drop --ep")
+        experts = n
+        weights.append(_param_name(gm, w))
+    assert experts is not None
+    if experts % ep:
+        raise GraphsplitError(f"--ep {ep}: {where} has {experts} experts, which {ep} ranks cannot hold equally; "
+                              f"use an --ep that divides {experts}")
+    region = _between(first, last)
+    inside = set(region)
+    for node in region:
+        kind, fam = classify(node, gm), family(node, gm)
+        if fam not in _ROWWISE and kind not in _ROWWISE:
+            raise GraphsplitError(f"--ep: between {where}'s grouped linears {node.name} ({kind.value}) does not work "
+                                  "row by row, so the rows cannot be moved to their experts' ranks around it; drop --ep")
+        if fam == OpKind.SPLIT and (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) in (0, -2):
+            raise GraphsplitError(f"--ep: between {where}'s grouped linears {node.name} splits the rows; drop --ep")
+        outside = [u for u in node.users if u not in inside and classify(u, gm) != OpKind.ASSERT]
+        if node is not last and outside:
+            user = outside[0]
+            raise GraphsplitError(f"--ep: {where}'s experts' intermediate {node.name} is also read by {user.name}, "
+                                  "outside the experts; drop --ep")
+        for arg in node.all_input_nodes:
+            if arg in inside or arg is first.args[0] or classify(arg, gm) == OpKind.PARAM:
+                continue
+            if kind == OpKind.GROUPED_LINEAR and arg in (node.args[1], node.args[2]):  # its weight, its offsets
+                continue
+            if info(arg).value == "tensor" and info(arg).tensor is not None and info(arg).tensor.shape:
+                raise GraphsplitError(f"--ep: {where}'s experts read {arg.name} beside their rows (a per-row bias or "
+                                      "weight would need moving with them), which graphsplit does not move yet; drop --ep")
+    return first, last, experts, weights
+
+
+def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
+                         done: PassResults) -> tuple[fx.GraphModule, ExpertParallelResult | None]:
+    ep = inp.plan.ep
+    if ep == 1:
+        return gm, None
+    layers = _layers(gm)
+    if not layers:
+        raise GraphsplitError(f"--ep {ep}: the model has no mixture-of-experts layer graphsplit finds (grouped "
+                              "linears over an [experts, ..] weight, as HF's grouped experts run); drop --ep")
+    gm.add_submodule(EP_COMM_ATTR, EPComm(ep))
+    graph = gm.graph
+    with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
+        comm = graph.get_attr(EP_COMM_ATTR)
+    info(comm).value = "scalar"
+    placed: list[ExpertLayer] = []
+    expert_params: dict[str, int] = {}
+    for offsets, linears in layers.items():
+        first, last, experts, weights = _check_layer(gm, linears, ep)
+        x = first.args[0]
+        routed = insert_node(graph, ep_dispatch, (x, offsets, comm), owner=first, kind=OpKind.OTHER,
+                             before=first, value="container")
+        with graph.inserting_after(routed):
+            rows = graph.call_function(operator.getitem, (routed, 0))
+        with graph.inserting_after(rows):
+            local_offsets = graph.call_function(operator.getitem, (routed, 1))
+        for n in (rows, local_offsets):
+            n.meta.update({k: v for k, v in first.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        first.replace_input_with(x, rows)
+        for node in linears:
+            node.replace_input_with(offsets, local_offsets)
+        combined = insert_node(graph, ep_combine, (last, routed, offsets, comm), owner=last, kind=OpKind.OTHER,
+                               after=last, tensor=info(last).tensor)
+        last.replace_all_uses_with(combined, delete_user_cb=lambda user, new=combined: user is not new)
+        module = info(first).module.rsplit(".", 1)[0] if "." in info(first).module else info(first).module
+        placed.append(ExpertLayer(module or first.name, experts, tuple(weights)))
+        expert_params.update({w: 0 for w in weights})
+    graph.lint()
+    gm.recompile()
+    annotate(gm, inp.example_inputs)
+    return gm, ExpertParallelResult(ep, tuple(placed), MappingProxyType(expert_params))
+
