@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..ir.program import Program
+from ..ops.ep import EPComm
 from ..ops.tp_comm import TPComm
 from ..plan import Plan
 from ..runtime.grad_average import DPGradAverager, ExpertGradAverager
@@ -257,6 +258,27 @@ class DistributedPipeline:
         if not self.is_last:
             return None, None
         return torch.stack([loss.detach() for loss in losses]).mean(), output
+
+    def expert_tokens(self) -> dict[str, list[int]]:
+        """Expert parallelism's load balance: the tokens (routed rows) each expert of each layer received
+        since the last call, over the whole global batch, by the layer's module. Every rank calls it
+        (one all-reduce over the world); {} without ep."""
+        layers = self.program.expert_layers
+        if self.plan.ep == 1 or not layers:
+            return {}
+        width = max(layer.experts for layer in layers)
+        table = torch.zeros(len(layers), width, dtype=torch.int64)
+        ep_rank = self.mesh.get_local_rank("dp") % self.plan.ep
+        comms = {id(c): c for m in self.modules.values() for c in m.modules() if isinstance(c, EPComm)}
+        for comm in comms.values():
+            for index, counts in comm.take_tokens().items():
+                if self.mesh.get_local_rank("tp") == 0:  # tp ranks route the same rows
+                    per = layers[index].experts // self.plan.ep
+                    table[index, ep_rank * per:(ep_rank + 1) * per] += counts
+        device = next(iter(self.parameters()), torch.empty(0)).device
+        summed = table.to(device)
+        dist.all_reduce(summed)
+        return {layer.module: summed[i, :layer.experts].tolist() for i, layer in enumerate(layers)}
 
     def grads(self) -> dict[str, torch.Tensor]:
         """This rank's gradients under the original model's parameter names."""

@@ -238,7 +238,7 @@ def run_training(
             return None
         here = f" ({opts.nodes.per_node} on this node, node {opts.nodes.rank} of {opts.nodes.count})" \
             if opts.nodes is not None and opts.nodes.count > 1 else ""
-        echo(f"launching {plan.world_size} processes{here}: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
+        echo(f"launching {plan.world_size} processes{here}: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''}{f' (ep={plan.ep})' if plan.ep > 1 else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
              f"{plan.num_microbatches} micro-batch{'es' if plan.num_microbatches > 1 else ''})")
         if note := underfilled_note(plan):
             echo(f"note: {note}")

@@ -10,7 +10,9 @@ Token-id inputs (an integer tensor of at least two dims: batch x sequence) give
 `tokens_per_second` instead of `samples_per_second`. `max_memory_bytes` is the
 peak of `torch.cuda.max_memory_allocated` on a GPU, of the process's resident
 memory on CPU (`memory` names which). With `--eval-every K`, every K-th step's line
-also holds `eval_loss`, the mean loss over eval_data() after that step. With
+also holds `eval_loss`, the mean loss over eval_data() after that step. Under expert parallelism
+`tokens_per_expert` holds, by MoE layer, the tokens each expert received that step over the whole
+global batch (the load balance; the progress line shows the worst layer's max / mean). With
 `--tensorboard DIR` the same numbers go to TensorBoard too (launch/tensorboard.py).
 """
 
@@ -75,7 +77,8 @@ class StepLog:
             self.scalars = ScalarWriter(tensorboard)
 
     def step(self, step: int, loss: float, lr: float, grad_norm: float, seconds: float,
-             clipped: bool = False, skipped: bool = False, eval_loss: float | None = None) -> dict[str, Any]:
+             clipped: bool = False, skipped: bool = False, eval_loss: float | None = None,
+             expert_tokens: dict[str, list[int]] | None = None) -> dict[str, Any]:
         rate = self.per_step / seconds if seconds > 0 else 0.0
         memory_kind, memory = peak_memory(self.device)
         row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "clipped": clipped,
@@ -85,6 +88,11 @@ class StepLog:
             row["skipped"] = True
         if eval_loss is not None:
             row["eval_loss"] = eval_loss
+        load = ""
+        if expert_tokens:
+            row["tokens_per_expert"] = expert_tokens
+            worst = max((max(c) * len(c) / sum(c) for c in expert_tokens.values() if sum(c)), default=1.0)
+            load = f"  expert load max/mean {worst:.2f}"
         self._write(row)
         if self.scalars is not None:
             self.scalars.add(row)
@@ -92,7 +100,7 @@ class StepLog:
         norm = f"grad norm {grad_norm:.4g}{' (clipped)' if clipped else ''}"
         evaluated = f"  eval loss {eval_loss:.6f}" if eval_loss is not None else ""
         # what training computed first, then after " | " the timings, which differ from run to run
-        self.echo(f"step {step:>3}  loss {loss:.6f}  lr {lr:.3e}  {norm}{evaluated}{note}  |  "
+        self.echo(f"step {step:>3}  loss {loss:.6f}  lr {lr:.3e}  {norm}{evaluated}{note}{load}  |  "
                   f"{rate:,.0f} {self.unit}/s  {seconds:.3f} s")
         return row
 

@@ -171,6 +171,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         inputs, target = next(batches)
         started = time.perf_counter()
         loss, output = pipe.step(inputs, target)
+        expert_tokens = pipe.expert_tokens()  # every rank: one all-reduce under ep (before eval adds its own)
         if step == done + 1 and spec.dump_dir:
             whole = gather_outputs(program, output, pipe.tp_comm)
             dump = RankStep(dist.get_rank(), tuple(sorted(rank.modules)), pipe.grads(), loss,
@@ -197,7 +198,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
             assert loss is not None
             losses.append(float(loss))
             clipped = settings.grad_clip is not None and norm > settings.grad_clip
-            log.step(step, float(loss), lr, norm, seconds, clipped, not stepped, evaluated)
+            log.step(step, float(loss), lr, norm, seconds, clipped, not stepped, evaluated, expert_tokens)
         if spec.save_dir and spec.save_every and step % spec.save_every == 0 and step != last:
             save(step)  # so a crash loses at most save_every steps
     log.close()

@@ -5,7 +5,7 @@ tokens sorted by expert (`offsets`: the running count of rows per expert; HF's g
 torch's grouped_mm). Under `--ep N` each rank of an expert-parallel group holds E / N whole
 experts (rank r: experts r*E/N .. (r+1)*E/N - 1) and these two calls surround the experts:
 
-- `ep_dispatch(x, offsets, comm)` -> (rows for this rank's experts, their offsets, counts):
+- `ep_dispatch(x, offsets, comm, layer)` -> (rows for this rank's experts, their offsets, counts):
   the tokens' counts per expert are exchanged first (one all-to-all of E numbers), then each
   rank's sorted rows go to the ranks holding their experts (one `all_to_all_single` with the
   variable split sizes the counts give) and the rows received are regrouped by local expert.
@@ -40,8 +40,8 @@ class EPComm(nn.Module):
         self.ep = ep
         self.group: dist.ProcessGroup | None = None
         self.rank = 0
-        self.tokens: torch.Tensor | None = None  # rows each local expert received, summed over calls
-        self.calls = 0
+        # the layer's index -> rows each local expert received, summed over calls (`take_tokens`)
+        self.tokens: dict[int, torch.Tensor] = {}
 
     def bind(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
@@ -62,10 +62,14 @@ class EPComm(nn.Module):
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=self.group)
         return out
 
-    def count(self, received: torch.Tensor) -> None:
+    def count(self, received: torch.Tensor, layer: int) -> None:
         per_expert = received.sum(0).detach().cpu()
-        self.tokens = per_expert if self.tokens is None else self.tokens + per_expert
-        self.calls += 1
+        self.tokens[layer] = per_expert + self.tokens[layer] if layer in self.tokens else per_expert
+
+    def take_tokens(self) -> dict[int, torch.Tensor]:
+        """The rows each local expert received since the last call, by layer (then zeroed)."""
+        found, self.tokens = self.tokens, {}
+        return found
 
 
 class _AllToAll(torch.autograd.Function):
@@ -118,12 +122,14 @@ def _route(offsets: torch.Tensor, rows: int, comm: EPComm) -> tuple[torch.Tensor
 
 @torch.fx.wrap
 @_eager
-def ep_dispatch(x: torch.Tensor, offsets: torch.Tensor, comm: EPComm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rows for this rank's experts grouped by expert, their offsets, rows per (source, local expert))."""
+def ep_dispatch(x: torch.Tensor, offsets: torch.Tensor, comm: EPComm,
+                layer: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows for this rank's experts grouped by expert, their offsets, rows per (source, local expert));
+    `layer`: the layer's index among the program's expert layers, for counting its load."""
     if not comm.bound:
         return x, offsets, _counts(offsets).view(1, -1)
     received, sent, got = _route(offsets, x.shape[0], comm)
-    comm.count(received)
+    comm.count(received, layer)
     rows = _AllToAll.apply(x, got, sent, comm)
     local_offsets = torch.cumsum(received.sum(0), 0).to(offsets.dtype)
     return rows[_by_expert(received)], local_offsets, received

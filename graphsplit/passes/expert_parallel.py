@@ -7,7 +7,7 @@ first one's input and the last one's output every op must work row by row (the a
 gate's product, casts): then the rows can be moved to the ranks holding their experts before
 the first and back after the last, and nothing between notices. The pass inserts
 
-    routed = ep_dispatch(x, offsets, self.ep_comm)          # ops/ep.py: the all-to-alls
+    routed = ep_dispatch(x, offsets, self.ep_comm, i)       # ops/ep.py: the all-to-alls (layer i)
     grouped_mm(routed[0], w_local, routed[1]) ... -> y      # the experts this rank holds
     out = ep_combine(y, routed, offsets, self.ep_comm)
 
@@ -102,7 +102,7 @@ def _between(first: fx.Node, last: fx.Node) -> list[fx.Node]:
 def _check_layer(gm: fx.GraphModule, linears: list[fx.Node], ep: int) -> tuple[fx.Node, fx.Node, int, list[str]]:
     """(the first linear, the last, experts, weight names), or one line why this layer cannot be placed."""
     first, last = linears[0], linears[-1]
-    where = info(first).module.rsplit(".", 1)[0] if info(first).module else first.name
+    where = info(first).module or first.name
     weights: list[str] = []
     experts = None
     for node in linears:
@@ -164,7 +164,7 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
     for offsets, linears in layers.items():
         first, last, experts, weights = _check_layer(gm, linears, ep)
         x = first.args[0]
-        routed = insert_node(graph, ep_dispatch, (x, offsets, comm), owner=first, kind=OpKind.OTHER,
+        routed = insert_node(graph, ep_dispatch, (x, offsets, comm, len(placed)), owner=first, kind=OpKind.OTHER,
                              before=first, value="container")
         with graph.inserting_after(routed):
             rows = graph.call_function(operator.getitem, (routed, 0))
@@ -178,8 +178,7 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
         combined = insert_node(graph, ep_combine, (last, routed, offsets, comm), owner=last, kind=OpKind.OTHER,
                                after=last, tensor=info(last).tensor)
         last.replace_all_uses_with(combined, delete_user_cb=lambda user, new=combined: user is not new)
-        module = info(first).module.rsplit(".", 1)[0] if "." in info(first).module else info(first).module
-        placed.append(ExpertLayer(module or first.name, experts, tuple(weights)))
+        placed.append(ExpertLayer(info(first).module or first.name, experts, tuple(weights)))
         expert_params.update({w: 0 for w in weights})
     graph.lint()
     gm.recompile()

@@ -135,11 +135,47 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
             data["sequence_sharded"] = sequence_sharded(graphs)
         data["parameter_shardings"] = {k: str(v) for k, v in program.param_shardings.items()}
         data["left_replicated"] = program.replicated
+    if plan.ep > 1 and program.expert_layers:
+        data["experts"] = expert_placement(program)
     if transform_seconds is not None:
         data["transform_seconds"] = transform_seconds
     if timings:
         data["timings"] = timings
     return data
+
+
+def expert_placement(program: Program) -> list[dict[str, Any]]:
+    """Per MoE layer under expert parallelism: which expert-parallel rank holds which experts, and the
+    bytes one rank sends in each of its all-to-alls per micro-batch (a balanced routing: (ep-1)/ep of its
+    routed rows leave it; dispatch and combine forward, the same two backward)."""
+    import torch.fx as fx
+
+    from ..ir.meta import info
+    from ..ops.ep import ep_combine, ep_dispatch
+
+    ep = program.plan.ep
+    sent: dict[int, dict[str, int]] = {}
+    for st in program.stages:
+        for m in st.gm.modules():
+            if not isinstance(m, fx.GraphModule):
+                continue
+            for node in m.graph.nodes:
+                if node.op != "call_function" or node.target not in (ep_dispatch, ep_combine):
+                    continue
+                rows = node.args[0]
+                spec = info(rows).tensor if isinstance(rows, fx.Node) else None
+                nbytes = spec.nbytes * (ep - 1) // ep if spec is not None else 0
+                if node.target is ep_dispatch:
+                    sent.setdefault(int(node.args[3]), {})["dispatch"] = nbytes
+                else:
+                    sent.setdefault(int(node.args[1].args[3]), {})["combine"] = nbytes
+    out = []
+    for index, layer in enumerate(program.expert_layers):
+        volume = sent.get(index, {})
+        out.append({"module": layer.module, "experts": layer.experts,
+                    "ranks": [{"ep_rank": r, "first": a, "last": b} for r, (a, b) in enumerate(layer.ranks_hold(ep))],
+                    "all_to_all_bytes": {"dispatch": volume.get("dispatch", 0), "combine": volume.get("combine", 0)}})
+    return out
 
 
 def _activation_bytes(program: Program) -> list[dict[str, Any]]:
@@ -207,6 +243,8 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
         console.print(f"saved for backward per micro-batch, checkpoint={policy}: " + "; ".join(parts))
     if "collectives" in summary:
         _render_collectives(summary, console)
+    if summary.get("experts"):
+        _render_experts(summary, console)
     if "transform_seconds" in summary:
         console.print(f"transform took {summary['transform_seconds']:.2f} s")
 
@@ -247,6 +285,23 @@ def _render_collectives(summary: dict[str, Any], console: Console) -> None:
         groups[key] = groups.get(key, 0) + 1
     for (module, reason), n in groups.items():
         console.print(f"  left whole: {module}{f' (x{n})' if n > 1 else ''}: {reason}")
+
+
+def _render_experts(summary: dict[str, Any], console: Console) -> None:
+    ep = summary["plan"]["ep"]
+    console.print(f"expert parallel over {ep} ranks (each {ep} consecutive dp ranks), tokens exchanged by all-to-alls: "
+                  "2 forward (dispatch, combine), 2 backward, per MoE layer and micro-batch")
+    groups: dict[str, list[str]] = {}
+    for layer in summary["experts"]:
+        holds = ", ".join(f"rank {r['ep_rank']}: {r['first']}-{r['last']}" if r["first"] != r["last"]
+                          else f"rank {r['ep_rank']}: {r['first']}" for r in layer["ranks"])
+        volume = layer["all_to_all_bytes"]
+        text = (f"{layer['experts']} experts ({holds}); sent per rank (balanced routing): "
+                f"dispatch {_mib(volume['dispatch'])}, combine {_mib(volume['combine'])}")
+        groups.setdefault(text, []).append(layer["module"])
+    for text, modules in groups.items():
+        shown = ", ".join(modules[:4]) + (f" (+{len(modules) - 4} more)" if len(modules) > 4 else "")
+        console.print(f"  {shown}: {text}")
 
 
 def _mib(n: int) -> str:

@@ -1,0 +1,198 @@
+"""Expert parallelism (--ep): HF's mixtures of experts, unmodified, with whole experts per rank.
+
+The token exchange itself (ops/ep.py) is checked on two gloo processes against the same experts
+run whole in one process, with routings that leave a rank nothing to send and an expert nothing to
+do. The pass is checked on the traced HF models (what it inserts, what it refuses). Parity on real
+processes (the only place the exchange runs; the local backend refuses ep) covers each family once
+at each composition the issue names: Mixtral at ep 2, Qwen3-MoE at ep 2 x pp 2, DeepSeek-V3 (a dense
+first layer, a shared expert, MLA) at ep 2 x tp 2; each against the untouched model on the whole batch.
+"""
+
+import os
+import socket
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from graphsplit import Plan
+from graphsplit.errors import GraphsplitError
+from graphsplit.ops.ep import EPComm, ep_combine, ep_dispatch
+
+from .conftest import EXAMPLES, MODELS, traced_once
+
+EXPERTS, HIDDEN, OUT = 4, 3, 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _routing(rank: int) -> torch.Tensor:
+    """Each rank's expert per row, sorted: rank 0 sends nothing to rank 1's experts (2, 3); expert 1
+    gets no row from anyone; rank 1 sends rows to experts 0, 2 and 3."""
+    return torch.tensor([0, 0, 0] if rank == 0 else [0, 2, 2, 3, 3, 3])
+
+
+def _experts_whole(x: torch.Tensor, experts: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.stack([x[i] @ w[e] for i, e in enumerate(experts.tolist())])
+
+
+def _exchange_worker(rank: int, port: int, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        w = torch.randn(EXPERTS, HIDDEN, OUT, generator=torch.Generator().manual_seed(0))
+        experts = _routing(rank)
+        x = torch.randn(len(experts), HIDDEN, generator=torch.Generator().manual_seed(1 + rank), requires_grad=True)
+        offsets = torch.cumsum(torch.bincount(experts, minlength=EXPERTS), 0).to(torch.int32)
+        comm = EPComm(2)
+        comm.bind(dist.group.WORLD)
+        mine = w.chunk(2)[rank].clone().requires_grad_(True)  # experts 2r, 2r + 1
+        routed = ep_dispatch(x, offsets, comm, 0)
+        rows, local_offsets = routed[0], routed[1]
+        local_experts = torch.repeat_interleave(torch.arange(2), torch.diff(local_offsets.long(), prepend=torch.zeros(1, dtype=torch.long)))
+        y = ep_combine(torch.stack([rows[i] @ mine[e] for i, e in enumerate(local_experts.tolist())]), routed, offsets, comm)
+        (y * torch.arange(1.0, OUT + 1)).sum().backward()
+        whole = w.clone().requires_grad_(True)
+        x_ref = x.detach().clone().requires_grad_(True)
+        want = _experts_whole(x_ref, experts, whole)
+        (want * torch.arange(1.0, OUT + 1)).sum().backward()
+        out[rank] = dict(y=y.detach(), want=want.detach(), grad_x=x.grad, want_x=x_ref.grad, grad_w=mine.grad,
+                         part_w=whole.grad, received=comm.take_tokens()[0])
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_token_exchange_matches_whole_experts_on_two_processes():
+    """Outputs come back to the rows they left (rank 0's rows all to its own experts, rank 1's split
+    over both ranks), input gradients come back through the reverse all-to-all, and each rank's expert
+    slice gets the sum of both ranks' contributions; a rank that receives no rows for an expert still
+    takes part."""
+    out = mp.Manager().dict()
+    mp.spawn(_exchange_worker, args=(_free_port(), out), nprocs=2, join=True)
+    for rank in (0, 1):
+        r = out[rank]
+        torch.testing.assert_close(r["y"], r["want"])
+        torch.testing.assert_close(r["grad_x"], r["want_x"])
+    # expert weight gradients: rank r's slice = the sum over both ranks' rows of experts 2r, 2r + 1
+    full = out[0]["part_w"] + out[1]["part_w"]
+    torch.testing.assert_close(out[0]["grad_w"], full[:2])
+    torch.testing.assert_close(out[1]["grad_w"], full[2:])
+    # load balance: rows each local expert received (rank 0: expert 0 from 3 + 1 rows, expert 1 none)
+    assert out[0]["received"].tolist() == [4, 0]
+    assert out[1]["received"].tolist() == [2, 3]
+
+
+def test_unbound_exchange_keeps_every_expert_local():
+    """The meta analysis runs the graph unbound: nothing moves, every expert is local (a balanced
+    routing's shapes)."""
+    x = torch.randn(6, HIDDEN)
+    offsets = torch.tensor([3, 3, 5, 6], dtype=torch.int32)
+    rows, local, received = ep_dispatch(x, offsets, EPComm(2))
+    assert rows is x and local is offsets and received.tolist() == [[3, 0, 2, 1]]
+    assert ep_combine(rows, (rows, local, received), offsets, EPComm(2)) is rows
+
+
+def _compile(name, plan):
+    from graphsplit.compile import compile_loaded
+
+    loaded, traced = traced_once(MODELS / name)
+    return compile_loaded(loaded, plan, traced=traced).program
+
+
+def test_pass_places_every_moe_layer_and_never_cuts_inside_one():
+    program = _compile("hf_mixtral.py", Plan(dp=2, ep=2, pp=2))
+    layers = [(layer.module, layer.experts, layer.ranks_hold(2)) for layer in program.expert_layers]
+    assert layers == [(f"model.layers.{i}.mlp.experts", 4, [(0, 1), (2, 3)]) for i in (0, 1)]
+    assert sorted(program.expert_params) == sorted(f"model.layers.{i}.mlp.experts.{w}" for i in (0, 1)
+                                                   for w in ("gate_up_proj", "down_proj"))
+    assert "gate.weight" not in " ".join(program.expert_params), "the router stays whole on every rank"
+    for stage in program.stages:
+        code = stage.gm.code
+        # each layer's exchange whole in one stage: as many dispatches as combines
+        assert code.count("ep_dispatch(") == code.count("ep_combine(")
+    assert sum(s.gm.code.count("ep_dispatch(") for s in program.stages) == 2
+
+
+def test_ep_with_tp_shards_each_rank_s_experts_over_tp():
+    """ep 2 x tp 2: each ep rank's experts are column/row-parallel over tp (expert tensor parallelism)."""
+    program = _compile("hf_deepseek_v3.py", Plan(dp=2, ep=2, tp=2))
+    name = "model.layers.1.mlp.experts.down_proj"
+    assert name in program.expert_params
+    assert str(program.param_sharding(name)) == "S(2)"
+
+
+def test_refusals_are_one_line_each(tmp_path):
+    from graphsplit.compile import compile_loaded
+    from graphsplit.launch.parity import check_locally
+    from graphsplit.loader import load_model
+
+    with pytest.raises(GraphsplitError, match="ep must divide dp"):
+        Plan(dp=3, ep=2)
+    with pytest.raises(GraphsplitError, match="with fsdp is not supported yet"):
+        Plan(dp=2, ep=2, fsdp=True)
+    with pytest.raises(GraphsplitError, match="no mixture-of-experts layer"):
+        compile_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, ep=2))
+    loaded, traced = traced_once(MODELS / "hf_qwen3_moe.py")
+    with pytest.raises(GraphsplitError, match="run --check"):
+        check_locally(loaded, Plan(dp=2, ep=2), traced=traced)
+    six = tmp_path / "six_experts.py"
+    six.write_text((MODELS / "hf_mixtral.py").read_text().replace("num_local_experts=4", "num_local_experts=6")
+                   .replace("Path(__file__).resolve().parent", f"Path({str(MODELS)!r})"))
+    with pytest.raises(GraphsplitError, match=r"has 6 experts, which 4 ranks cannot hold equally; use an --ep that divides 6"):
+        compile_loaded(load_model(str(six)), Plan(dp=4, ep=4))
+
+
+REAL = [
+    ("hf_mixtral.py", Plan(dp=2, ep=2)),
+    ("hf_qwen3_moe.py", Plan(dp=2, ep=2, pp=2)),
+    ("hf_deepseek_v3.py", Plan(dp=2, ep=2, tp=2)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, plan", REAL, ids=[f"{n.removesuffix('.py')}-ep{p.ep}-pp{p.pp}-tp{p.tp}" for n, p in REAL])
+def test_ep_on_real_processes_matches_untouched_model(name, plan, tmp_path, capfd):
+    import json
+
+    from graphsplit.launch.launcher import RunOptions, run_training
+
+    lines: list[str] = []
+    metrics = tmp_path / "metrics.jsonl"
+    cmp = run_training(str(MODELS / name), plan, RunOptions(steps=2, check=True, timeout_s=240, metrics=str(metrics)),
+                       echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    experts = [k for k in cmp.max_diff if ".experts.down_proj" in k and k.startswith("grad")]
+    dp_ranks = {int(k.rsplit("(rank ", 1)[1].rstrip(")")) // (plan.pp * plan.tp) for k in experts}
+    assert dp_ranks == {0, 1}, "both ep ranks' expert slices compared"
+    assert lines[-1].startswith("check passed")
+    # load balance: every routed row counted once, at its expert (4 x 8 tokens, top-2)
+    for row in map(json.loads, metrics.read_text().splitlines()):
+        counts = row["tokens_per_expert"]
+        assert counts and all(len(c) == 4 and sum(c) == 4 * 8 * 2 for c in counts.values()), counts
+    assert "expert load max/mean" in capfd.readouterr().out  # the progress line (the ranks' stdout)
+
+
+def test_summary_shows_which_ranks_hold_which_experts():
+    import io
+
+    from rich.console import Console
+
+    from graphsplit.report.summary import render, summarize
+
+    summary = summarize(_compile("hf_qwen3_moe.py", Plan(dp=2, ep=2, pp=2)))
+    layer = summary["experts"][0]
+    assert layer["ranks"] == [{"ep_rank": 0, "first": 0, "last": 1}, {"ep_rank": 1, "first": 2, "last": 3}]
+    # a micro-batch is 1 of the replica's 2 sequences: 8 tokens, top-2, hidden 32 in fp32; half of the
+    # 16 rows leave the rank
+    assert layer["all_to_all_bytes"] == {"dispatch": 8 * 32 * 4, "combine": 8 * 32 * 4}
+    out = io.StringIO()
+    render(summary, Console(file=out, width=200))
+    assert "4 experts (rank 0: 0-1, rank 1: 2-3)" in out.getvalue()
