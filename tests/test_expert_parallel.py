@@ -196,3 +196,47 @@ def test_summary_shows_which_ranks_hold_which_experts():
     out = io.StringIO()
     render(summary, Console(file=out, width=200))
     assert "4 experts (rank 0: 0-1, rank 1: 2-3)" in out.getvalue()
+
+
+def test_grouped_linears_count_their_flops():
+    """torch's FLOP counter has no formula for HF's grouped matmul: each routed row's product with its
+    expert's weight is counted (the cost the pipeline split balances and the planner prices)."""
+    from graphsplit.ir.meta import info
+    from graphsplit.ir.optable import OpKind
+
+    gm = _compile("hf_mixtral.py", Plan()).stages[0].gm
+    grouped = [info(n) for n in gm.graph.nodes if info(n).kind == OpKind.GROUPED_LINEAR]
+    rows = 4 * 8 * 2  # one micro-batch: 4 sequences of 8 tokens, top-2
+    assert [g.flops for g in grouped] == [2 * rows * 32 * 128, 2 * rows * 64 * 32] * 2
+
+
+def test_planner_prices_expert_parallelism():
+    """The planner proposes ep (drawn from dp, dividing the experts) for a mixture of experts: one ep
+    rank holds 1/ep of the expert weights (and their gradients and AdamW state), and pays the
+    all-to-alls of its routed rows."""
+    from collections import Counter
+
+    from graphsplit.loader import load_model
+    from graphsplit.planner import load_hardware
+    from graphsplit.planner.estimate import estimate
+    from graphsplit.planner.profile import profile_model
+    from graphsplit.planner.search import candidates
+    from graphsplit.planner.stages import plan_stages
+
+    loaded = load_model(str(MODELS / "hf_mixtral.py"))
+    profile = profile_model(loaded)
+    hw = profile.hardware = load_hardware("h100")
+    assert profile.experts == 4
+
+    def predict(plan):
+        return estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
+                        profile.model_flops_per_sample)
+
+    whole, placed = predict(Plan(dp=2)), predict(Plan(dp=2, ep=2))
+    experts = sum(p.numel() * 4 for n, p in loaded.build("meta").named_parameters() if ".experts." in n)
+    assert whole.memory["parameters"] - placed.memory["parameters"] == experts // 2
+    assert whole.memory["optimizer_state"] - placed.memory["optimizer_state"] == experts  # AdamW's two moments
+    assert whole.time["all_to_all"] == 0 < placed.time["all_to_all"]
+    found = list(candidates(4, 8, 4, 8, True, Counter(), experts=4))
+    assert {p.ep for p in found if p.dp == 4} == {1, 2, 4} and not any(p.fsdp and p.ep > 1 for p in found)
+    assert {p.ep for p in candidates(4, 8, 4, 8, True, Counter())} == {1}, "no MoE layer: no ep"

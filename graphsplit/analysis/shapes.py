@@ -73,6 +73,12 @@ class _MetaAnnotator(fx.Interpreter):
         ni.value = _value_kind(value)
         # entering FlopCounterMode resets its counts: the total is this node's
         ni.flops = int(self.counter.get_total_flops()) if counting else 0
+        if kind == OpKind.GROUPED_LINEAR and not ni.flops and isinstance(value, torch.Tensor):
+            # torch's counter has no formula for a grouped matmul (HF's is a custom op): each row
+            # goes through its one expert, x [S, in] -> [S, out]
+            rows = self.env.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
+            if isinstance(rows, torch.Tensor) and rows.dim() == 2:
+                ni.flops = 2 * rows.shape[0] * rows.shape[1] * value.shape[-1]
         if isinstance(value, torch.Tensor):
             ni.tensor = TensorSpec(tuple(value.shape), value.dtype, bool(value.requires_grad))
         if n.op == "get_attr":

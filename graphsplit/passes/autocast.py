@@ -65,6 +65,12 @@ def autocast_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tupl
     functionalize_modules(gm, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
     caster = _Caster(gm)
     for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default \
+                and not node.users:
+            # export's check that a value has the dtype the trace saw (before a `.to`): this pass
+            # changes dtypes by design (HF's router casts its bf16 logits to fp32 itself)
+            gm.graph.erase_node(node)
+            continue
         if node.op == "output":
             leaves = [caster.cast(leaf, torch.float32, node) if isinstance(leaf, fx.Node) else leaf
                       for leaf in node.args[0]]

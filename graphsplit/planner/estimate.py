@@ -11,6 +11,7 @@ Memory per rank, in the sources' five parts plus communication buffers:
   (schedules.py); with checkpointing, the largest region's recompute on top.
 - outputs and loss: the last stage's outputs of the micro-batches in flight, and the
   loss's own buffers (a cross-entropy keeps its log-softmax).
+- expert weights under expert parallelism (ep): one ep rank's experts (E / ep of them).
 - communication buffers: DDP's gradient buckets, the pipeline's send/receive buffers;
   FSDP (as graphsplit applies it: one `fully_shard` unit per stage, driven by
   torch.distributed.pipelining, which keeps the unit unsharded from its first backward
@@ -21,7 +22,8 @@ Step time: each stage's forward, backward (twice the forward: two matmuls per
 matmul) and recompute, every op priced by a roofline against the hardware
 (FLOPs at the matmul or the vector rate, bytes at the memory bandwidth); the tp
 collectives of a micro-batch on the tp group's link; the pipeline's sends; the
-schedule's bubble; the dp gradient all-reduce (DDP) or all-gather + reduce-scatter
+schedule's bubble; expert parallelism's all-to-alls (each micro-batch's routed rows out and back,
+forward and backward, not overlapped); the dp gradient all-reduce (DDP) or all-gather + reduce-scatter
 (FSDP) on the dp group's link, overlapped with the last micro-batch's backward; and
 the optimizer's pass over its state.
 """
@@ -56,6 +58,10 @@ class Stages:
     recompute_seconds: np.ndarray  # what backward recomputes
     tp_seconds: np.ndarray  # its tp collectives, forward and backward
     output_bytes: int  # the last stage's outputs and the loss's buffers
+    # expert parallelism: the expert weights among param_bytes (one ep rank's experts), and the
+    # all-to-alls of one micro-batch's routed rows, forward and backward
+    expert_param_bytes: np.ndarray | None = None
+    a2a_seconds: np.ndarray | None = None
 
 
 @dataclass
@@ -89,7 +95,7 @@ class Estimate:
 
 
 def plan_fields(plan: Plan) -> dict[str, Any]:
-    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "fsdp": plan.fsdp, "microbatches": plan.num_microbatches,
+    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "ep": plan.ep, "fsdp": plan.fsdp, "microbatches": plan.num_microbatches,
             "schedule": plan.schedule, "stages_per_rank": plan.stages_per_rank, "checkpoint": plan.checkpoint,
             "autocast": plan.autocast, "compile": plan.compile, "sequence_parallel": plan.sequence_parallel}
 
@@ -154,7 +160,8 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
 
     sends = np.where(np.arange(plan.num_stages) < plan.num_stages - 1, (st.send_bytes / pp_bw + pp_lat) * 2, 0.0) \
         if pp > 1 else np.zeros(plan.num_stages)
-    stage_time = (3 * st.forward_seconds + st.recompute_seconds) * share + st.tp_seconds + sends
+    a2a = st.a2a_seconds if st.a2a_seconds is not None else 0.0
+    stage_time = (3 * st.forward_seconds + st.recompute_seconds) * share + st.tp_seconds + sends + a2a
     per_mb = by_rank(stage_time, "sum")
     bottleneck = float(per_mb.max())
     bubble = bubble_fraction(plan.schedule, pp, m, v)
@@ -162,6 +169,12 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     grads = float(params.max())
     if dp > 1 and plan.fsdp:  # gather once (in the gathered dtype), reduce-scatter once in fp32
         dp_comm = ring_seconds(float(gathered.max()), dp, dp_bw, dp_lat, 1) + ring_seconds(grads, dp, dp_bw, dp_lat, 1)
+    elif dp > 1 and plan.ep > 1 and st.expert_param_bytes is not None:
+        # DDP's all-reduce over dp for the rest; each expert slice summed over the dp / ep ranks holding it
+        experts = float(by_rank(st.expert_param_bytes, "sum").max())
+        rest_bw, rest_lat = group_link(hw, tp * pp * dp)
+        dp_comm = ring_seconds(grads - experts, dp, dp_bw, dp_lat, 2) + \
+            ring_seconds(experts, dp // plan.ep, rest_bw, rest_lat, 2)
     elif dp > 1:
         dp_comm = ring_seconds(grads, dp, dp_bw, dp_lat, 2)
     else:
@@ -175,6 +188,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     peak = hw.peak_flops.get(dtype, hw.peak_flops["float32"])
     mfu = model_flops / (step * plan.world_size * peak) if step > 0 else 0.0
     comm_tp = float(by_rank(st.tp_seconds, "sum")[0]) * m
+    comm_a2a = float(by_rank(st.a2a_seconds, "sum").max()) * m if st.a2a_seconds is not None else 0.0
     return Estimate(
         plan=plan,
         memory=memory,
@@ -184,6 +198,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         mfu=mfu,
         bubble=bubble,
         time={"compute_and_tp": pipeline * (1 - bubble), "bubble": pipeline * bubble, "tp_collectives": comm_tp,
+              "all_to_all": comm_a2a,
               "dp_exposed": exposed_dp, "dp_collectives": dp_comm, "optimizer": optimizer_seconds},
         busiest_rank=busiest,
         per_rank=per_rank,

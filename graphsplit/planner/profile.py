@@ -15,6 +15,7 @@ again, and the pipeline cut is the compiler's own (`balanced_cuts`) on the same 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,7 @@ class ModelProfile:
     # (tp, low precision, sequence parallel) -> its table, or why it cannot be
     variants: dict[tuple[int, bool, bool], OpTable | str]
     folded: bool
+    experts: int = 0  # what every MoE layer's expert count divides (0: no MoE layer): the ep degrees possible
     source: _Source = field(repr=False, default=None)  # type: ignore[assignment]
     hardware: Any = None  # set by the search
 
@@ -90,6 +92,8 @@ class ModelProfile:
         self.model_flops_per_sample = float(reference.flops[0].sum())
         self.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
         self.has_blocks = bool((reference.block >= 0).any())
+        counts = set(reference.expert_params().values())
+        self.experts = math.gcd(*counts) if counts else 0
 
     def only(self, tp: int, low: bool, sp: bool = False) -> ModelProfile:
         """This profile holding one variant and no trace: what pricing that variant's plans needs, small
@@ -205,6 +209,8 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
     recomp, memo = recomputable(a.gm.graph), {}
     lows = np.zeros(n, dtype=bool)
     compute = np.zeros(n, dtype=bool)
+    grouped = np.zeros(n, dtype=bool)
+    expert_layers: dict[tuple[Any, int], list[tuple[int, fx.Node, fx.Node]]] = {}  # (offsets, copy) -> its linears
     for i, ((node, k), (node2, _)) in enumerate(zip(a.unf.sequence, b.unf.sequence)):
         ni = info(node)
         module = fold_.block_name(ni.module, k) if fold_ is not None and k else ni.module
@@ -223,9 +229,18 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
         params.append(tuple(here))
         lows[i] = ni.tensor is not None and ni.tensor.dtype in (torch.bfloat16, torch.float16)
         compute[i] = ni.kind in SELECTIVE_KINDS
+        if ni.kind == OpKind.GROUPED_LINEAR and len(node.args) > 2:
+            grouped[i] = True
+            expert_layers.setdefault((node.args[2], k), []).append((i, node, node2))
         for direction, kind in node_collectives(node):
             src, src2 = (node, node2) if kind == "all_gather" else (node.args[0], node2.args[0])
             collectives.append((i, direction, kind, *_pair(info(src).out_bytes, info(src2).out_bytes)))
+    for linears in expert_layers.values():  # the rows expert parallelism would move: in before, out after
+        (i, first, first2), (j, last, last2) = linears[0], linears[-1]
+        rows_in = _pair(info(first.args[0]).out_bytes, info(first2.args[0]).out_bytes)
+        rows_out = _pair(info(last).out_bytes, info(last2).out_bytes)
+        for direction in ("forward", "backward"):
+            collectives += [(i, direction, "all_to_all", *rows_in), (j, direction, "all_to_all", *rows_out)]
     same = dict(zip(a.gm.graph.nodes, b.gm.graph.nodes))  # the node of the compile at four samples
     size_a, size_b = out_bytes(a.gm), out_bytes(b.gm)
     # every tensor each op reads (parameters aside), with where it was made
@@ -285,7 +300,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
         out=_linear(a.out, b.out), selective=_linear(a.selective, b.selective), live=_linear(a.live, b.live), blocked=a.blocked | b.blocked,
         low_rate=lows, compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs, reads=reads,
         params=params, param_bytes=param_bytes, param_shapes=param_shapes, collectives=collectives, output=output,
-        period=period,
+        period=period, grouped=grouped,
     )
     return expand(table, fold_, whole) if fold_ is not whole else table
 

@@ -1,7 +1,8 @@
 """The search: every plan worth considering, priced from one profile of the model.
 
 Candidates: tp within a node (dividing the devices and the model's heads),
-pp up to the model's places to cut, dp the rest; DDP or FSDP; micro-batch counts
+pp up to the model's places to cut, dp the rest; DDP or FSDP, or for a mixture of experts DDP with
+expert parallelism over ep of the dp ranks (ep dividing the experts); micro-batch counts
 that divide each replica's batch; the schedules torch.distributed.pipelining
 runs (interleaved ones with 2 or 4 stages per rank); checkpoint none, selective,
 blocks, every:2, every:4 or stage; autocast none, bf16 or fp16; each stage under torch.compile
@@ -66,8 +67,10 @@ class SearchResult:
 
 
 def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_blocks: bool,
-               left_out: Counter[str]) -> Iterator[Plan]:
-    """Every plan shape for `gpus` devices; the ones that cannot work are counted in `left_out`."""
+               left_out: Counter[str], experts: int = 0) -> Iterator[Plan]:
+    """Every plan shape for `gpus` devices; the ones that cannot work are counted in `left_out`.
+    `experts`: what every MoE layer's expert count divides (0: none), for the expert-parallel degrees
+    (drawn from dp, plain dp only)."""
     for tp in divisors(min(gpus, gpus_per_node)):
         for pp in divisors(gpus // tp):
             dp = gpus // (tp * pp)
@@ -89,10 +92,11 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                     left_out["an interleaved schedule needs micro-batches its rounds divide"] += 1
                     continue
                 checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
-                for checkpoint, autocast, fsdp, compiled, sp in itertools.product(
-                        checkpoints, AUTOCAST_CHOICES, (False, True) if dp > 1 else (False,), COMPILE_CHOICES,
-                        (False, True) if tp > 1 else (False,)):
-                    yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, microbatches=m if pp > 1 else None,
+                eps = [e for e in divisors(dp) if e > 1 and experts % e == 0] if experts else []
+                sharding = [(False, 1), *([(True, 1)] if dp > 1 else []), *((False, e) for e in eps)]
+                for checkpoint, autocast, (fsdp, ep), compiled, sp in itertools.product(
+                        checkpoints, AUTOCAST_CHOICES, sharding, COMPILE_CHOICES, (False, True) if tp > 1 else (False,)):
+                    yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, ep=ep, microbatches=m if pp > 1 else None,
                                schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
                                compile=compiled, sequence_parallel=sp)
 
@@ -141,7 +145,8 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
     building = dict(building or {})
     left_out: Counter[str] = Counter()
     groups: dict[tuple[int, bool, bool], list[tuple[int, Plan]]] = {}  # (tp, sequence parallel, low precision)
-    plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out))
+    plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out,
+                            profile.experts))
     for index, plan in enumerate(plans):
         groups.setdefault((plan.tp, plan.sequence_parallel, plan.autocast is not None), []).append((index, plan))
     missing = sorted({(tp, sp) for tp, sp, low in groups
@@ -190,8 +195,10 @@ def _devices_needed(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, per_
     n = gpus * 2
     budget = gpu_memory * USABLE_FRACTION
     while n <= 2**20:
-        for plan in candidates(n, per_node, profile.batch, profile.max_stages, profile.has_blocks, Counter()):
-            if plan.autocast == "fp16" or (plan.dp > 1 and not plan.fsdp) or plan.checkpoint not in ("blocks", "none") \
+        for plan in candidates(n, per_node, profile.batch, profile.max_stages, profile.has_blocks, Counter(),
+                               profile.experts):
+            if plan.autocast == "fp16" or (plan.dp > 1 and not plan.fsdp and plan.ep == 1) \
+                    or plan.checkpoint not in ("blocks", "none") \
                     or plan.compile:
                 continue  # the leanest variants decide whether anything fits
             try:

@@ -122,11 +122,15 @@ def fused_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:
     return found
 
 
-def _uses(table: OpTable, dp: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _uses(table: OpTable, dp: int = 1, ep: int = 1,
+          only_experts: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(op position, parameter index) of every parameter read, and each parameter's bytes: whole, or
-    (dp > 1) the first FSDP shard of it (dim 0 cut in dp pieces, rounded up, as DTensor cuts it)."""
-    key = ("uses", dp)
+    (dp > 1) the first FSDP shard of it (dim 0 cut in dp pieces, rounded up, as DTensor cuts it); an
+    expert weight under expert parallelism (ep > 1) one ep rank's experts. `only_experts`: the expert
+    weights alone (the rest count 0)."""
+    key = ("uses", dp, ep, only_experts)
     if key not in table.cache:
+        experts = table.expert_params()
         names = sorted({name for here in table.params for name in here})
         index = {name: i for i, name in enumerate(names)}
         pos = np.array([i for i, here in enumerate(table.params) for _ in here], dtype=np.int64)
@@ -134,7 +138,11 @@ def _uses(table: OpTable, dp: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarr
         sizes = []
         for name in names:
             shape, whole = table.param_shapes[name], table.param_bytes[name]
-            if dp > 1 and shape:
+            if only_experts and name not in experts:
+                sizes.append(0)
+            elif ep > 1 and name in experts:
+                sizes.append(whole // ep)
+            elif dp > 1 and shape:
                 per_row = whole // max(shape[0], 1) if shape[0] else 0
                 sizes.append(min(-(-shape[0] // dp), shape[0]) * per_row)
             else:
@@ -143,9 +151,9 @@ def _uses(table: OpTable, dp: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return table.cache[key]
 
 
-def _held(table: OpTable, bounds: list[int], dp: int = 1) -> np.ndarray:
+def _held(table: OpTable, bounds: list[int], dp: int = 1, ep: int = 1, only_experts: bool = False) -> np.ndarray:
     """Bytes of the parameters each stage holds (a parameter read by two stages counts on both)."""
-    pos, which, sizes = _uses(table, dp)
+    pos, which, sizes = _uses(table, dp, ep, only_experts)
     count = len(bounds) - 1
     if not len(sizes):
         return np.zeros(count, dtype=np.int64)
@@ -159,27 +167,40 @@ def _stage_of(bounds: list[int], positions: np.ndarray) -> np.ndarray:
 
 def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.ndarray | list[int]]:
     """What the policy does not change, for `plan.num_stages` stages at `b` samples per micro-batch."""
-    key = ("split", plan.num_stages, b, plan.tp, hw.name, plan.compile)
+    key = ("split", plan.num_stages, b, plan.tp, plan.ep, plan.pp, hw.name, plan.compile)
     if key in table.cache:
         return table.cache[key]
     n, count = table.n, plan.num_stages
     bounds = [0, *cuts(table, count, b), n]
-    param_bytes = _held(table, bounds)
+    param_bytes = _held(table, bounds, 1, plan.ep)
+    expert_bytes = _held(table, bounds, 1, plan.ep, only_experts=True)
     secs = op_seconds(table, b, hw, plan.compile)
     prefix = np.concatenate([[0.0], np.cumsum(secs)])
     forward = prefix[bounds[1:]] - prefix[bounds[:-1]]
     tp_seconds = np.zeros(count)
-    if table.collectives and plan.tp > 1:
-        ops = np.array([c[0] for c in table.collectives])
-        nbytes = np.array([c[3] * b + c[4] for c in table.collectives], dtype=np.float64)
-        factor = np.array([2.0 if c[2] == "all_reduce" else 1.0 for c in table.collectives])
+    tp_ops = [c for c in table.collectives if c[2] != "all_to_all"]
+    if tp_ops and plan.tp > 1:
+        ops = np.array([c[0] for c in tp_ops])
+        nbytes = np.array([c[3] * b + c[4] for c in tp_ops], dtype=np.float64)
+        factor = np.array([2.0 if c[2] == "all_reduce" else 1.0 for c in tp_ops])
         bw, lat = group_link(hw, plan.tp)
         # a ring collective: factor x (tp - 1) / tp of the bytes over each link, one latency per step
         times = factor * (plan.tp - 1) / plan.tp * nbytes / bw + factor * (plan.tp - 1) * lat
         tp_seconds = np.bincount(_stage_of(bounds, ops), weights=np.where(nbytes > 0, times, 0.0), minlength=count)
+    a2a_seconds = np.zeros(count)
+    exchanges = [c for c in table.collectives if c[2] == "all_to_all"]
+    if exchanges and plan.ep > 1:
+        ops = np.array([c[0] for c in exchanges])
+        nbytes = np.array([c[3] * b + c[4] for c in exchanges], dtype=np.float64)
+        # the ep group: ep consecutive dp ranks, tp * pp apart in the (dp, pp, tp) mesh. A balanced routing
+        # sends (ep - 1) / ep of the rows away, each pair of ranks one message (ep - 1 latencies)
+        bw, lat = group_link(hw, plan.tp * plan.pp * plan.ep)
+        times = (plan.ep - 1) / plan.ep * nbytes / bw + (plan.ep - 1) * lat
+        a2a_seconds = np.bincount(_stage_of(bounds, ops), weights=np.where(nbytes > 0, times, 0.0), minlength=count)
     live = table.at(table.live, b)
     send = np.array([int(live[e]) if e < n else 0 for e in bounds[1:]], dtype=np.int64)
-    found = {"bounds": bounds, "param_bytes": param_bytes, "forward": forward, "tp": tp_seconds, "send": send}
+    found = {"bounds": bounds, "param_bytes": param_bytes, "forward": forward, "tp": tp_seconds, "send": send,
+             "expert_bytes": expert_bytes, "a2a": a2a_seconds}
     table.cache[key] = found
     return found
 
@@ -299,7 +320,8 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
 def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     """Each stage of `plan` (one tp rank's share), for one micro-batch."""
     b = batch // plan.dp // plan.num_microbatches
-    key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, hw.name, plan.compile)
+    key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, plan.ep, plan.pp,
+           hw.name, plan.compile)
     if key in table.cache:
         return table.cache[key]
     split = _split(table, plan, b, hw)
@@ -316,6 +338,8 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         recompute_seconds=recompute,
         tp_seconds=split["tp"],
         output_bytes=2 * output,  # the outputs, and the loss's buffer of their size (a log-softmax)
+        expert_param_bytes=split["expert_bytes"],
+        a2a_seconds=split["a2a"],
     )
     table.cache[key] = found
     return found

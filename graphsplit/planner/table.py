@@ -33,11 +33,15 @@ class OpTable:
     params: list[tuple[str, ...]]  # per op: the parameters it reads (canonical names)
     param_bytes: dict[str, int]  # per tp rank, as stored (fp32)
     param_shapes: dict[str, tuple[int, ...]]  # per tp rank (FSDP shards dim 0 of these over dp)
-    collectives: list[tuple[int, str, str, int, int]]  # (op, direction, kind, bytes per sample, constant)
+    # (op, direction, kind, bytes per sample, constant): tp's collectives, and "all_to_all" for the rows an
+    # expert layer would exchange under expert parallelism (its first grouped linear's input, its last's output)
+    collectives: list[tuple[int, str, str, int, int]]
     output: tuple[int, int]  # the model's output tensors on the last stage
     # (first, length, end): ops [first, end) are copies of one block, each `length` ops, every copy
     # priced as the one before it (a folded profile's blocks 1..L-1); None when nothing repeats
     period: tuple[int, int, int] | None = None
+    # per op: a grouped linear (a mixture of experts' [E, ..] weights: expert parallelism slices them)
+    grouped: np.ndarray | None = None
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -76,3 +80,12 @@ class OpTable:
             return 0
         index = np.unique(found)
         return int((self.storage[0][index] * b + self.storage[1][index]).sum())
+
+    def expert_params(self) -> dict[str, int]:
+        """The expert weights (read by a grouped linear) and how many experts each holds (its dim 0)."""
+        found = self.cache.get("experts")
+        if found is None:
+            grouped = self.grouped if self.grouped is not None else np.zeros(self.n, dtype=bool)
+            found = self.cache["experts"] = {name: self.param_shapes[name][0] for i in np.flatnonzero(grouped)
+                                             for name in self.params[i] if self.param_shapes.get(name)}
+        return found

@@ -125,4 +125,5 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         low_rate=per_op(table.low_rate), compute=per_op(table.compute), block=new_block, blocks=names,
         block_inputs=block_inputs, reads=reads, params=params, param_bytes=param_bytes, param_shapes=param_shapes,
         collectives=collectives, output=table.output, period=(first, length, first + (whole.count - 1) * length),
+        grouped=per_op(table.grouped) if table.grouped is not None else None,
     )
