@@ -118,9 +118,6 @@ class Plan:
         if self.ep > 1 and self.dp % self.ep:
             raise _fail("ep", f"expert-parallel ranks are drawn from the data-parallel ones, so ep must divide dp; "
                               f"got ep={self.ep} with dp={self.dp}; give --dp {self.ep} (or a multiple of it)")
-        if self.ep > 1 and self.fsdp:
-            raise _fail("ep", "expert parallelism with fsdp is not supported yet (the experts would be sharded over "
-                              "the dp ranks outside their expert-parallel group); use plain dp with ep")
         if not isinstance(self.sequence_parallel, bool):
             raise _fail("sequence_parallel", f"must be true or false, got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp < 2:

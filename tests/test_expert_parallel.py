@@ -4,7 +4,8 @@ The token exchange itself (ops/ep.py) is checked on two gloo processes against t
 run whole in one process, with routings that leave a rank nothing to send and an expert nothing to
 do. The pass is checked on the traced HF models (what it inserts, what it refuses). Parity on real
 processes (the only place the exchange runs; the local backend refuses ep) covers each family once
-at each composition the issue names: Mixtral at ep 2, Qwen3-MoE at ep 2 x pp 2, DeepSeek-V3 (a dense
+at each composition the issue names: Mixtral at ep 2, Qwen3-MoE at ep 2 x pp 2 with FSDP for the
+non-expert weights, DeepSeek-V3 (a dense
 first layer, a shared expert, MLA) at ep 2 x tp 2; each against the untouched model on the whole batch.
 """
 
@@ -135,8 +136,6 @@ def test_refusals_are_one_line_each(tmp_path):
 
     with pytest.raises(GraphsplitError, match="ep must divide dp"):
         Plan(dp=3, ep=2)
-    with pytest.raises(GraphsplitError, match="with fsdp is not supported yet"):
-        Plan(dp=2, ep=2, fsdp=True)
     with pytest.raises(GraphsplitError, match="no mixture-of-experts layer"):
         compile_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, ep=2))
     loaded, traced = traced_once(MODELS / "hf_qwen3_moe.py")
@@ -151,14 +150,14 @@ def test_refusals_are_one_line_each(tmp_path):
 
 REAL = [
     ("hf_mixtral.py", Plan(dp=2, ep=2)),
-    ("hf_qwen3_moe.py", Plan(dp=2, ep=2, pp=2)),
+    ("hf_qwen3_moe.py", Plan(dp=2, ep=2, pp=2, fsdp=True)),  # FSDP2 for the rest, the experts left to ep
     ("hf_deepseek_v3.py", Plan(dp=2, ep=2, tp=2)),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name, plan", REAL, ids=[f"{n.removesuffix('.py')}-ep{p.ep}-pp{p.pp}-tp{p.tp}" for n, p in REAL])
+@pytest.mark.parametrize("name, plan", REAL, ids=[f"{n.removesuffix('.py')}-ep{p.ep}-pp{p.pp}-tp{p.tp}{'-fsdp' * p.fsdp}" for n, p in REAL])
 def test_ep_on_real_processes_matches_untouched_model(name, plan, tmp_path, capfd):
     import json
 
@@ -238,5 +237,5 @@ def test_planner_prices_expert_parallelism():
     assert whole.memory["optimizer_state"] - placed.memory["optimizer_state"] == experts  # AdamW's two moments
     assert whole.time["all_to_all"] == 0 < placed.time["all_to_all"]
     found = list(candidates(4, 8, 4, 8, True, Counter(), experts=4))
-    assert {p.ep for p in found if p.dp == 4} == {1, 2, 4} and not any(p.fsdp and p.ep > 1 for p in found)
+    assert {(p.ep, p.fsdp) for p in found if p.dp == 4} == {(e, f) for e in (1, 2, 4) for f in (False, True)}
     assert {p.ep for p in candidates(4, 8, 4, 8, True, Counter())} == {1}, "no MoE layer: no ep"

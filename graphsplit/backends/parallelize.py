@@ -104,7 +104,8 @@ def apply_sync_bn(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) ->
             bind_dp_group(module, mesh.get_group("dp"))
 
 
-def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | None = None) -> None:
+def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | None = None,
+               ignored: frozenset[int] = frozenset()) -> None:
     """ZeRO-3: FSDP2 `fully_shard` each stage module over the mesh's dp axis.
 
     Parameters (already this tp rank's shards) become DTensors sharded on dim 0 over
@@ -113,7 +114,9 @@ def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | N
     FSDP's last-backward hooks across micro-batches. Under `--autocast bf16` (fp16) the
     parameters are gathered and computed in that dtype, the sharded fp32 ones stay the
     optimizer's master weights, and gradients are reduced in fp32 (FSDP2's MixedPrecisionPolicy,
-    as torchtitan trains): half the gathered bytes, half the all-gather's time.
+    as torchtitan trains): half the gathered bytes, half the all-gather's time. `ignored`: ids of
+    parameters FSDP leaves alone (expert weights under ep: each ep rank holds its own experts whole,
+    their gradients averaged by `ExpertGradAverager`).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -122,7 +125,8 @@ def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | N
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False) \
         if low is not None else MixedPrecisionPolicy()  # the default: no casts
     for module in modules:
-        fully_shard(module, mesh=mesh["dp"], mp_policy=policy)
+        skip = {p for p in module.parameters() if id(p) in ignored}
+        fully_shard(module, mesh=mesh["dp"], mp_policy=policy, ignored_params=skip or None)
 
 
 def tied_groups(program: Program, mesh: DeviceMesh) -> dict[str, dist.ProcessGroup]:
@@ -272,11 +276,11 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     apply_sync_bn(modules.values(), mesh, plan)
     if plan.compile:  # before FSDP and DDP wrap the modules, as torchtitan orders them
         apply_compile(modules.values())
-    if plan.fsdp:
-        apply_fsdp(modules.values(), mesh, plan.autocast)
-    tied = tied_groups(program, mesh)
     experts = apply_ep(program, modules, mesh)
     skip = frozenset(id(p) for p in experts.params) if experts is not None else frozenset()
+    if plan.fsdp:
+        apply_fsdp(modules.values(), mesh, plan.autocast, skip)
+    tied = tied_groups(program, mesh)
     runners, averager = dict(modules), None
     if plan.dp > 1 and not plan.fsdp:
         if plan.schedule in SPLIT_BACKWARD_SCHEDULES:  # weight gradients by autograd.grad: no DDP hook fires

@@ -148,7 +148,11 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         buffers = buffers + np.minimum(params, DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES)
     # FSDP under --autocast bf16/fp16 gathers parameters in that dtype (apply_fsdp's MixedPrecisionPolicy):
     # the gathered copies and the unsharded gradients computed on them are half the fp32 bytes
-    gathered = params // 2 if plan.fsdp and plan.autocast in ("bf16", "fp16") else params
+    # expert weights under ep are never gathered: each ep rank holds its experts whole
+    by_expert = by_rank(st.expert_param_bytes, "sum") if plan.ep > 1 and st.expert_param_bytes is not None \
+        else np.zeros(pp, dtype=np.int64)
+    sharded = params - by_expert
+    gathered = sharded // 2 if plan.fsdp and plan.autocast in ("bf16", "fp16") else sharded
     if plan.fsdp:  # the gathered parameters and the unsharded gradients, from the first backward to the last
         buffers = buffers + 2 * gathered
     parts.update(activations=acts, outputs_and_loss=outputs, communication_buffers=buffers)
@@ -167,16 +171,15 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     bubble = bubble_fraction(plan.schedule, pp, m, v)
     pipeline = bottleneck * m / (1 - bubble) if bubble < 1 else float("inf")
     grads = float(params.max())
+    experts = float(by_expert.max())
+    rest_bw, rest_lat = group_link(hw, tp * pp * dp)
+    # each ep rank's expert slice is summed over the dp / ep ranks holding it (left out of DDP and FSDP)
+    expert_comm = ring_seconds(experts, dp // plan.ep, rest_bw, rest_lat, 2) if experts else 0.0
     if dp > 1 and plan.fsdp:  # gather once (in the gathered dtype), reduce-scatter once in fp32
-        dp_comm = ring_seconds(float(gathered.max()), dp, dp_bw, dp_lat, 1) + ring_seconds(grads, dp, dp_bw, dp_lat, 1)
-    elif dp > 1 and plan.ep > 1 and st.expert_param_bytes is not None:
-        # DDP's all-reduce over dp for the rest; each expert slice summed over the dp / ep ranks holding it
-        experts = float(by_rank(st.expert_param_bytes, "sum").max())
-        rest_bw, rest_lat = group_link(hw, tp * pp * dp)
-        dp_comm = ring_seconds(grads - experts, dp, dp_bw, dp_lat, 2) + \
-            ring_seconds(experts, dp // plan.ep, rest_bw, rest_lat, 2)
+        dp_comm = ring_seconds(float(gathered.max()), dp, dp_bw, dp_lat, 1) + \
+            ring_seconds(grads - experts, dp, dp_bw, dp_lat, 1) + expert_comm
     elif dp > 1:
-        dp_comm = ring_seconds(grads, dp, dp_bw, dp_lat, 2)
+        dp_comm = ring_seconds(grads - experts, dp, dp_bw, dp_lat, 2) + expert_comm
     else:
         dp_comm = 0.0
     exposed_dp = max(0.0, dp_comm - 2 * bottleneck / 3)  # overlapped with the last micro-batch's backward

@@ -2,7 +2,7 @@
 
 Candidates: tp within a node (dividing the devices and the model's heads),
 pp up to the model's places to cut, dp the rest; DDP or FSDP, or for a mixture of experts DDP with
-expert parallelism over ep of the dp ranks (ep dividing the experts); micro-batch counts
+expert parallelism over ep of the dp ranks (ep dividing the experts; with DDP or FSDP for the rest); micro-batch counts
 that divide each replica's batch; the schedules torch.distributed.pipelining
 runs (interleaved ones with 2 or 4 stages per rank); checkpoint none, selective,
 blocks, every:2, every:4 or stage; autocast none, bf16 or fp16; each stage under torch.compile
@@ -70,7 +70,7 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                left_out: Counter[str], experts: int = 0) -> Iterator[Plan]:
     """Every plan shape for `gpus` devices; the ones that cannot work are counted in `left_out`.
     `experts`: what every MoE layer's expert count divides (0: none), for the expert-parallel degrees
-    (drawn from dp, plain dp only)."""
+    (drawn from dp)."""
     for tp in divisors(min(gpus, gpus_per_node)):
         for pp in divisors(gpus // tp):
             dp = gpus // (tp * pp)
@@ -93,7 +93,7 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                     continue
                 checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
                 eps = [e for e in divisors(dp) if e > 1 and experts % e == 0] if experts else []
-                sharding = [(False, 1), *([(True, 1)] if dp > 1 else []), *((False, e) for e in eps)]
+                sharding = [(False, 1), *([(True, 1)] if dp > 1 else []), *((f, e) for e in eps for f in (False, True))]
                 for checkpoint, autocast, (fsdp, ep), compiled, sp in itertools.product(
                         checkpoints, AUTOCAST_CHOICES, sharding, COMPILE_CHOICES, (False, True) if tp > 1 else (False,)):
                     yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, ep=ep, microbatches=m if pp > 1 else None,

@@ -330,7 +330,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     output = table.output[0] * b + table.output[1]
     found = Stages(
         param_bytes=split["param_bytes"],
-        kept_param_bytes=_held(table, bounds, plan.dp) if plan.fsdp else split["param_bytes"],
+        kept_param_bytes=_held(table, bounds, plan.dp, plan.ep) if plan.fsdp else split["param_bytes"],
         saved_bytes=saved,
         recompute_peak=peak,
         send_bytes=split["send"],

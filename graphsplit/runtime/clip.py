@@ -49,7 +49,8 @@ def owned_grads(program: Program, stages: Mapping[int, nn.Module], tp_rank: int,
         for local, canonical in program.stages[index].param_sources.items():
             if canonical in owned or min(program.param_stages[canonical]) != index:
                 continue
-            if dp_rank != 0 and not dp_sharded and canonical not in program.expert_params:
+            expert = canonical in program.expert_params  # never FSDP-sharded: its slice whole on its ep rank
+            if (not experts_here) if expert else (dp_rank != 0 and not dp_sharded):
                 continue
             if tp_rank != 0 and not isinstance(program.param_sharding(canonical), Shard):
                 continue
