@@ -238,4 +238,41 @@ def test_planner_prices_expert_parallelism():
     assert whole.time["all_to_all"] == 0 < placed.time["all_to_all"]
     found = list(candidates(4, 8, 4, 8, True, Counter(), experts=4))
     assert {(p.ep, p.fsdp) for p in found if p.dp == 4} == {(e, f) for e in (1, 2, 4) for f in (False, True)}
+    assert {p.ep for p in candidates(64, 8, 64, 8, True, Counter(), experts=256) if p.dp == 64} == {1, 16, 32, 64}
     assert {p.ep for p in candidates(4, 8, 4, 8, True, Counter())} == {1}, "no MoE layer: no ep"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_checkpoint_at_ep2_exports_the_whole_experts_and_resumes_without_ep(tmp_path):
+    """Each ep rank hands DCP its experts' slice at its offsets: the checkpoint exports to the model's own
+    names and shapes, equal to the untouched model after the same step, and resumes at pp 2 (every
+    rank holding all experts) with --check against the untouched model holding those weights."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from graphsplit.cli import main
+    from graphsplit.launch.launcher import RunOptions, run_training
+    from graphsplit.launch.reference import reference_step
+    from graphsplit.loader import load_model
+    from graphsplit.runtime.training import make_optimizer
+
+    spec = str(MODELS / "hf_mixtral.py")
+    common = dict(optimizer="sgd", lr=0.01, timeout_s=300)
+    run_training(spec, Plan(dp=2, ep=2), RunOptions(steps=1, save=str(tmp_path / "a"), **common), echo=print)
+    done = CliRunner().invoke(main, ["export-weights", str(tmp_path / "a"), str(tmp_path / "a.safetensors")])
+    assert done.exit_code == 0, done.output
+    saved = load_file(tmp_path / "a.safetensors")
+    loaded = load_model(spec)
+    reference = loaded.build("cpu", seed=0)
+    optimizer = make_optimizer("sgd", list(reference.parameters()), 0.01)
+    reference_step(reference, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, 2)  # the 2 replicas' pieces
+    optimizer.step()
+    experts = [n for n in saved if ".experts." in n]
+    assert experts and all(saved[n].shape[0] == 4 for n in experts), "every expert, from both ep ranks"
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(saved[name], p.detach(), rtol=1e-5, atol=1e-5, msg=name)
+    lines: list[str] = []
+    cmp = run_training(spec, Plan(pp=2), RunOptions(steps=1, resume=str(tmp_path / "a"), check=True, **common),
+                       echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)

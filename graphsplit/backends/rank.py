@@ -73,13 +73,8 @@ class RankProgram:
         """What this rank contributes to a checkpoint (and reads back on resume), by original name."""
         from ..runtime.dcp.state import rank_state, scaler_state
 
-        if self.program.plan.ep > 1:
-            from ..errors import GraphsplitError
-
-            raise GraphsplitError("checkpoints (--save, --resume) under expert parallelism are not supported yet; "
-                                  "run without --save/--resume, or without --ep")
-
-        state = rank_state(self.program, self.modules, optimizer, self.tp_rank, self.persistent)
+        state = rank_state(self.program, self.modules, optimizer, self.tp_rank, self.persistent,
+                           self.dp_rank % self.program.plan.ep)
         state.update(scaler_state(self.pipeline.scaler))
         return state
 

@@ -163,6 +163,15 @@ def find_fold(gm: fx.GraphModule, calls: dict[str, tuple[Any, Any, Any]] | None 
     head = [op for r in runs[:first] for op in r[1]]
     tail = [op for r in runs[first + count:] for op in r[1]]
     in_head = set(head) | {n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")}
+    # a few first blocks unlike the rest (DeepSeek-V3's 3 dense layers before 58 mixtures of experts)
+    # join the head: the fold starts at the first block from which every block is alike its predecessor
+    skip = 0 if alike else _first_alike(blocks, names, in_head)
+    if skip is None:
+        return None
+    if skip:
+        head += [op for b in blocks[:skip] for op in b]
+        in_head |= {op for b in blocks[:skip] for op in b}
+        blocks, names, count = blocks[skip:], names[skip:], count - skip
     reference = _signature(blocks[1], names[1], set(blocks[0]), in_head)
     calls = calls or {}
     second, first = calls.get(names[1]), calls.get(names[0])
@@ -183,6 +192,24 @@ def find_fold(gm: fx.GraphModule, calls: dict[str, tuple[Any, Any, Any]] | None 
     if any(a in earlier for op in tail for a in op.all_input_nodes):
         return None
     return Fold(names), head, tail, blocks, ops
+
+
+def _first_alike(blocks: list[list[fx.Node]], names: tuple[str, ...], in_head: set[fx.Node]) -> int | None:
+    """The first block s from which every block computes alike its predecessor (s + 1 standing for all
+    later ones, s itself alike them, so the first and second folded blocks line up op by op), leaving
+    MIN_BLOCKS blocks at least; None when there is none."""
+    head = set(in_head)
+    for s in range(len(blocks) - MIN_BLOCKS + 1):
+        if s:
+            head |= set(blocks[s - 1])
+        reference = _signature(blocks[s + 1], names[s + 1], set(blocks[s]), head)
+        if s and (len(blocks[s]) != len(blocks[s + 1])
+                  or _signature(blocks[s], names[s], set(blocks[s - 1]), head - set(blocks[s - 1])) != reference):
+            continue
+        if all(_signature(blocks[k], names[k], set(blocks[k - 1]), head) == reference
+               for k in range(s + 2, len(blocks))):
+            return s
+    return None
 
 
 def fold(gm: fx.GraphModule, calls: dict[str, tuple[Any, Any, Any]] | None = None,

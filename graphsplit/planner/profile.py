@@ -46,7 +46,8 @@ from .replicas import alike_blocks
 from .table import OpTable
 from .tile import expand, short_fold
 
-SELECTIVE_KINDS = frozenset({OpKind.LINEAR, OpKind.MATMUL, OpKind.ATTENTION, OpKind.CONV})  # matmul-class
+SELECTIVE_KINDS = frozenset({OpKind.LINEAR, OpKind.GROUPED_LINEAR, OpKind.MATMUL, OpKind.ATTENTION,
+                             OpKind.CONV})  # matmul-class
 
 
 @dataclass
@@ -235,6 +236,29 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
         for direction, kind in node_collectives(node):
             src, src2 = (node, node2) if kind == "all_gather" else (node.args[0], node2.args[0])
             collectives.append((i, direction, kind, *_pair(info(src).out_bytes, info(src2).out_bytes)))
+    # what expert parallelism divides: values made from expert weights alone (a transpose, a cast), the
+    # bytes each op moves of them, and the storages holding them
+    expert_names = {name for i in np.flatnonzero(grouped) for name in params[i]}
+    from_experts: set[fx.Node] = set()
+    for node in a.gm.graph.nodes:
+        if node.op == "get_attr":
+            try:
+                if names.get(id(a.gm.get_parameter(str(node.target)))) in expert_names:
+                    from_experts.add(node)
+            except AttributeError:  # a buffer or constant
+                pass
+        elif node.op in ("call_function", "call_method") and info(node).kind != OpKind.GROUPED_LINEAR:
+            tensors = [x for x in node.all_input_nodes if info(x).value == "tensor" or x.op == "get_attr"]
+            if tensors and all(x in from_experts for x in tensors):
+                from_experts.add(node)
+    expert_made = {x.name for x in from_experts}
+    grouped_names = {node.name for i, (node, _) in enumerate(a.unf.sequence) if grouped[i]}
+    expert_bytes = np.zeros(n, dtype=np.int64)
+    for i, (node, _) in enumerate(a.unf.sequence):
+        if not from_experts:
+            break
+        moved = sum(info(x).out_bytes or info(x).param_bytes for x in node.all_input_nodes if x in from_experts)
+        expert_bytes[i] = moved + (info(node).out_bytes if node in from_experts else 0)
     for linears in expert_layers.values():  # the rows expert parallelism would move: in before, out after
         (i, first, first2), (j, last, last2) = linears[0], linears[-1]
         rows_in = _pair(info(first.args[0]).out_bytes, info(first2.args[0]).out_bytes)
@@ -300,7 +324,11 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
         out=_linear(a.out, b.out), selective=_linear(a.selective, b.selective), live=_linear(a.live, b.live), blocked=a.blocked | b.blocked,
         low_rate=lows, compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs, reads=reads,
         params=params, param_bytes=param_bytes, param_shapes=param_shapes, collectives=collectives, output=output,
-        period=period, grouped=grouped,
+        period=period, grouped=grouped, expert_bytes=expert_bytes,
+        # a grouped matmul keeps its (cast) weight for backward: a storage of it that does not grow with
+        # the batch holds expert weights
+        expert_storage=np.array([key[0] in expert_made or (key[0] in grouped_names and not storage[k, 0])
+                                 for k, key in enumerate(ids)], dtype=bool),
     )
     return expand(table, fold_, whole) if fold_ is not whole else table
 

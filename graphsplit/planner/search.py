@@ -37,6 +37,8 @@ CHECKPOINT_CHOICES = ("none", "selective", "first:1", "first:2", "blocks", "ever
 AUTOCAST_CHOICES: tuple[str | None, ...] = (None, "bf16", "fp16")
 # torch.compile of each stage (Plan.compile): elementwise ops fused between the matmuls (stages.fused_seconds)
 COMPILE_CHOICES = (False, True)
+MICROBATCH_EACH_END = 4  # micro-batch counts tried at each end of a replica's many divisors
+EP_CHOICES = 3  # expert-parallel degrees tried per dp: the largest that divide it and the experts
 # memory graphsplit does not model (the CUDA context, allocator fragmentation) is left free
 USABLE_FRACTION = 0.95
 
@@ -79,7 +81,7 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                 continue
             per_replica = batch // dp
             schedules = [("1f1b", 1)] if pp == 1 else list(SCHEDULE_CHOICES)
-            for (schedule, v), m in itertools.product(schedules, divisors(per_replica)):
+            for (schedule, v), m in itertools.product(schedules, microbatch_counts(per_replica, pp)):
                 if pp * v > max_stages:
                     left_out[f"too few places to cut for {pp * v} stages"] += 1
                     continue
@@ -92,13 +94,26 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                     left_out["an interleaved schedule needs micro-batches its rounds divide"] += 1
                     continue
                 checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
-                eps = [e for e in divisors(dp) if e > 1 and experts % e == 0] if experts else []
+                # the three largest degrees: most of the expert weights' memory saved, the all-to-all
+                # growing slowly with ep (the search stays seconds, not minutes, on 256 experts)
+                eps = [e for e in divisors(dp) if e > 1 and experts % e == 0][-EP_CHOICES:] if experts else []
                 sharding = [(False, 1), *([(True, 1)] if dp > 1 else []), *((f, e) for e in eps for f in (False, True))]
                 for checkpoint, autocast, (fsdp, ep), compiled, sp in itertools.product(
                         checkpoints, AUTOCAST_CHOICES, sharding, COMPILE_CHOICES, (False, True) if tp > 1 else (False,)):
                     yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, ep=ep, microbatches=m if pp > 1 else None,
                                schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
                                compile=compiled, sequence_parallel=sp)
+
+
+def microbatch_counts(per_replica: int, pp: int) -> list[int]:
+    """The micro-batch counts tried for a replica's batch: every divisor, or for a batch with many (DeepSeek-V3's
+    120 sequences per replica has 16) the four smallest that fill the pipeline and the four largest (a
+    bubble shrinks with more micro-batches; fewer, larger ones run each op more efficiently)."""
+    found = divisors(per_replica)
+    filling = [m for m in found if m >= pp]
+    if len(filling) <= 2 * MICROBATCH_EACH_END:
+        return found
+    return [m for m in found if m < pp] + filling[:MICROBATCH_EACH_END] + filling[-MICROBATCH_EACH_END:]
 
 
 @dataclass

@@ -171,10 +171,10 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
     if key in table.cache:
         return table.cache[key]
     n, count = table.n, plan.num_stages
-    bounds = [0, *cuts(table, count, b), n]
+    bounds = [0, *cuts(table, count, b), n]  # the compiler's cut (its analysis holds every expert)
     param_bytes = _held(table, bounds, 1, plan.ep)
     expert_bytes = _held(table, bounds, 1, plan.ep, only_experts=True)
-    secs = op_seconds(table, b, hw, plan.compile)
+    secs = op_seconds(table.for_ep(plan.ep), b, hw, plan.compile)
     prefix = np.concatenate([[0.0], np.cumsum(secs)])
     forward = prefix[bounds[1:]] - prefix[bounds[:-1]]
     tp_seconds = np.zeros(count)
@@ -326,7 +326,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         return table.cache[key]
     split = _split(table, plan, b, hw)
     bounds = split["bounds"]
-    saved, peak, recompute = _stage_kept(table, plan.checkpoint, bounds, b, hw, plan.compile)
+    saved, peak, recompute = _stage_kept(table.for_ep(plan.ep), plan.checkpoint, bounds, b, hw, plan.compile)
     output = table.output[0] * b + table.output[1]
     found = Stages(
         param_bytes=split["param_bytes"],

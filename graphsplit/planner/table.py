@@ -3,6 +3,7 @@ plans from: per op, per cut, per storage and per parameter."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,10 @@ class OpTable:
     period: tuple[int, int, int] | None = None
     # per op: a grouped linear (a mixture of experts' [E, ..] weights: expert parallelism slices them)
     grouped: np.ndarray | None = None
+    # per op: the bytes it moves of expert weights and their copies (a cast to bf16, a transpose), and per
+    # storage: made from expert weights alone. Under expert parallelism a rank holds 1/ep of them
+    expert_bytes: np.ndarray | None = None
+    expert_storage: np.ndarray | None = None
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -88,4 +93,20 @@ class OpTable:
             grouped = self.grouped if self.grouped is not None else np.zeros(self.n, dtype=bool)
             found = self.cache["experts"] = {name: self.param_shapes[name][0] for i in np.flatnonzero(grouped)
                                              for name in self.params[i] if self.param_shapes.get(name)}
+        return found
+
+    def for_ep(self, ep: int) -> OpTable:
+        """This table as one expert-parallel rank of `ep` runs it: what moves or keeps expert weights
+        (their reads by the grouped matmuls, their casts and the copies kept for backward) is 1/ep."""
+        if ep == 1 or self.expert_bytes is None or not self.expert_bytes.any():
+            return self
+        key = ("for_ep", ep)
+        found = self.cache.get(key)
+        if found is None:
+            less = (self.expert_bytes - self.expert_bytes // ep).astype(self.bytes[1].dtype)
+            storage = self.storage[1].copy()
+            if self.expert_storage is not None:
+                storage[self.expert_storage] //= ep
+            found = self.cache[key] = dataclasses.replace(
+                self, bytes=(self.bytes[0], self.bytes[1] - less), storage=(self.storage[0], storage), cache={})
         return found

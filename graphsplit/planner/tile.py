@@ -70,6 +70,7 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
     keys: dict[tuple[str, int, int], int] = {}
     storage: list[tuple[int, int]] = []
     old_storage = list(zip(table.storage[0].tolist(), table.storage[1].tolist()))
+    storage_flags: list[bool] = []
     by_op: dict[int, list[tuple[int, str, str, int, int]]] = {}
     for c in table.collectives:
         by_op.setdefault(c[0], []).append(c)
@@ -91,6 +92,7 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
             if key not in keys:
                 keys[key] = len(storage)
                 storage.append(old_storage[sid])
+                storage_flags.append(bool(table.expert_storage[sid]) if table.expert_storage is not None else False)
             mine.append(keys[key])
         kept.append(tuple(mine))
         collectives += [(new, *c[1:]) for c in by_op.get(i, ())]
@@ -126,4 +128,6 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         block_inputs=block_inputs, reads=reads, params=params, param_bytes=param_bytes, param_shapes=param_shapes,
         collectives=collectives, output=table.output, period=(first, length, first + (whole.count - 1) * length),
         grouped=per_op(table.grouped) if table.grouped is not None else None,
+        expert_bytes=per_op(table.expert_bytes) if table.expert_bytes is not None else None,
+        expert_storage=np.array(storage_flags, dtype=bool) if table.expert_storage is not None else None,
     )

@@ -147,3 +147,20 @@ class LoadPlanner(DefaultLoadPlanner):
         # refuses such keys before DCP runs; this is the last line should one get through.
         raise GraphsplitError(f"checkpoint item {read_item.dest_index.fqn!r} is pickled bytes, not a tensor; "
                               "graphsplit reads only tensors from a checkpoint: use one written by graphsplit")
+
+
+def in_experts(pieces: Pieces, dim: int, ep_rank: int, ep: int) -> Pieces:
+    """`pieces` of one expert-parallel rank's slice of an expert weight (its E / ep experts along `dim`)
+    placed in the whole weight: the whole is ep times larger along `dim`, each block shifted to the
+    rank's experts."""
+    if ep == 1:
+        return pieces
+    width = pieces.global_size[dim]
+    size = list(pieces.global_size)
+    size[dim] = width * ep
+    moved = []
+    for offsets, block in pieces.blocks:
+        at = list(offsets)
+        at[dim] += ep_rank * width
+        moved.append((torch.Size(at), block))
+    return Pieces(torch.Size(size), moved)

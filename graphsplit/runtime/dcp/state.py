@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from ...errors import GraphsplitError
 from ...ir.program import Program
 from ..atomic import remove_leftovers, replace_file, swap_into_place, temporary_sibling
-from .blocks import SavePlanner, pieces_of
+from .blocks import SavePlanner, in_experts, pieces_of
 from .record import INFO_FILE, OPTIMIZER_PREFIX, STEP_KEY, model_names, read_info
 from .safe_read import dcp_load, require_loadable, stored_keys
 from .series import STEP_NAME, checkpoints_in, require_save_folder, resolve_checkpoint
@@ -45,13 +45,21 @@ def rank_state(
     optimizer: torch.optim.Optimizer | None,
     tp_rank: int,
     persistent: set[str],
+    ep_rank: int = 0,
 ) -> dict[str, Any]:
     """What this rank contributes to a checkpoint (and reads back on resume), by original name.
 
     `persistent`: the names `model.state_dict()` has (non-persistent buffers are
-    rebuilt by the constructor and are not saved).
+    rebuilt by the constructor and are not saved). `ep_rank`: this rank's place in its
+    expert-parallel group (its experts' slice of each expert weight).
     """
-    tp = program.plan.tp
+    tp, ep = program.plan.tp, program.plan.ep
+
+    def pieces(canonical: str, value: torch.Tensor, sharding: Any) -> Any:
+        found = pieces_of(value, sharding, tp_rank, tp)
+        dim = program.expert_params.get(canonical)
+        return in_experts(found, dim, ep_rank, ep) if dim is not None else found
+
     state: dict[str, Any] = {}
     for index, module in sorted(modules.items()):
         stage = program.stages[index]
@@ -60,12 +68,12 @@ def rank_state(
                 continue  # a tied alias in this stage, or a copy in another stage of this rank
             p = module.get_parameter(local)
             sharding = program.param_sharding(canonical)
-            state[canonical] = pieces_of(p.data, sharding, tp_rank, tp)
+            state[canonical] = pieces(canonical, p.data, sharding)
             if optimizer is not None:
                 for key, value in optimizer.state.get(p, {}).items():
                     name = f"{OPTIMIZER_PREFIX}{canonical}/{key}"
                     if isinstance(value, torch.Tensor) and value.shape == p.shape and value.dim():
-                        state[name] = pieces_of(value, sharding, tp_rank, tp)
+                        state[name] = pieces(canonical, value, sharding)
                     elif isinstance(value, DTensor):  # FSDP keeps even the scalar step as a DTensor
                         state[name] = value.to_local()
                     elif isinstance(value, torch.Tensor):
