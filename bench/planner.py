@@ -12,6 +12,9 @@
    16,384 (400; The Llama 3 Herd of Models, Table 4), taking for the knobs the paper leaves open
    (schedule, checkpointing, FSDP) the fastest choice that fits; and the planner's own best plan for
    the same hardware, with the search time.
+3. With --deepseek: DeepSeek-V3 671B (bench/models/deepseek_v3_671b.py, HF's model from the report's config)
+   on 2,048 H100s: the report's PP16 x EP64 layout priced, and the planner's own best plan, in tokens per
+   second per GPU beside the report's (14.8T tokens in 2.788M GPU hours).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from graphsplit import Plan  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
+from graphsplit.plan import rounds_fit  # noqa: E402
 from graphsplit.planner import load_hardware, plan_model  # noqa: E402
 from graphsplit.planner.estimate import estimate  # noqa: E402
 from graphsplit.planner.profile import build_all_tables, profile_model  # noqa: E402
@@ -155,14 +159,71 @@ def published() -> None:
             print(f"    planner's own search ({took:.1f} s): nothing fits")
 
 
+# DeepSeek-V3 (technical report): 2.788M H800 GPU hours for 14.8T tokens, on 2,048 GPUs with PP16 x EP64 and
+# ZeRO-1 data parallelism, no tensor parallelism (sections 3.2 and 1): 14.8e12 / 2.788e6 / 3600 tokens/s per GPU
+DEEPSEEK_TOKENS_PER_GPU_SECOND = 14.8e12 / 2.788e6 / 3600
+DEEPSEEK_SHAPE = Plan(pp=16, dp=128, ep=64, autocast="bf16")
+
+
+def deepseek() -> None:
+    """DeepSeek-V3 671B on 2,048 H100s (the report's H800s have the H100's compute, less NVLink): the
+    published layout priced with the fastest choice of what the report leaves open, and the planner's own
+    best plan, in tokens per second per GPU beside the report's."""
+    hw = load_hardware("h100")
+    loaded = load_model(str(ROOT / "bench" / "models" / "deepseek_v3_671b.py"))
+    start = time.perf_counter()
+    profile = profile_model(loaded, (1,), hw.fused_attention)
+    profile.hardware = hw
+    print(f"\nDeepSeek-V3 671B on 2,048 x {hw.name} (profile in {time.perf_counter() - start:.1f} s; "
+          f"{profile.experts} experts per MoE layer)")
+    reported = DEEPSEEK_TOKENS_PER_GPU_SECOND
+    best = None
+    for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
+        for m in (16, 32, 48, 60, 120):
+            if v > 1 and not rounds_fit(schedule, DEEPSEEK_SHAPE.pp, m):
+                continue
+            for checkpoint, fsdp, compiled in itertools.product(("none", "selective", "blocks", "stage"), (False, True),
+                                                                (False, True)):
+                plan = DEEPSEEK_SHAPE.replace(schedule=schedule, stages_per_rank=v, microbatches=m,
+                                              checkpoint=checkpoint, fsdp=fsdp, compile=compiled)
+                est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
+                               profile.model_flops_per_sample)
+                if est.memory["total"] <= 0.95 * hw.memory_bytes and (best is None or est.step_seconds < best.step_seconds):
+                    best = est
+    if best is None:
+        print("  PP16 x EP64 x DP128: no choice of schedule, micro-batches, checkpointing and FSDP fits")
+    else:
+        rate = best.tokens_per_second / 2048
+        print(f"  PP16 x EP64 x DP128 ({label(best.plan)}): predicted {rate:,.0f} tokens/s per GPU, published "
+              f"{reported:,.0f} ({rate / reported:.2f}x); step {best.step_seconds:.1f} s, "
+              f"{best.memory['total'] / 2**30:.1f} GiB per GPU")
+        print(f"    time: {breakdown(best)}")
+    start = time.perf_counter()
+    result, _ = plan_model(loaded, 2048, hw.memory_bytes, hw)
+    took = time.perf_counter() - start
+    if result.fits:
+        own = result.plans[0]
+        p = own.plan
+        rate = own.tokens_per_second / 2048
+        print(f"    planner's own best ({took:.0f} s search, {result.considered:,} plans): tp{p.tp} pp{p.pp} dp{p.dp} "
+              f"ep{p.ep} {label(p)}: {rate:,.0f} tokens/s per GPU ({rate / reported:.2f}x), step {own.step_seconds:.1f} s, "
+              f"{own.memory['total'] / 2**30:.1f} GiB")
+        print(f"    time: {breakdown(own)}")
+    else:
+        print(f"    planner's own search ({took:.0f} s): nothing fits")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-cpu", action="store_true", help="skip the measured CPU runs")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--deepseek", action="store_true", help="also DeepSeek-V3 671B on 2,048 GPUs (minutes)")
     args = parser.parse_args()
     if not args.no_cpu:
         cpu(args.steps)
     published()
+    if args.deepseek:
+        deepseek()
 
 
 if __name__ == "__main__":

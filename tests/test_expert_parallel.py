@@ -276,3 +276,33 @@ def test_a_checkpoint_at_ep2_exports_the_whole_experts_and_resumes_without_ep(tm
     cmp = run_training(spec, Plan(pp=2), RunOptions(steps=1, resume=str(tmp_path / "a"), check=True, **common),
                        echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
+
+
+def test_a_fold_after_unlike_first_blocks_equals_the_whole_graph(tmp_path, monkeypatch):
+    """DeepSeek-V3's first layers are dense, the rest mixtures of experts: the planner folds the MoE run
+    (the dense layers, and the first MoE layer, which makes values the later ones share, join the head)
+    and unfolding it gives every number compiling all layers gives."""
+    import numpy as np
+
+    from graphsplit.loader import load_model
+    from graphsplit.planner import fold as fold_module
+    from graphsplit.planner.profile import profile_model
+
+    deep = tmp_path / "deep_deepseek.py"
+    deep.write_text((MODELS / "hf_deepseek_v3.py").read_text()
+                    .replace("num_hidden_layers=2", "num_hidden_layers=9")
+                    .replace("first_k_dense_replace=1", "first_k_dense_replace=2")
+                    .replace("Path(__file__).resolve().parent", f"Path({str(MODELS)!r})"))
+    loaded = load_model(str(deep))
+    folded = profile_model(loaded)
+    assert folded.folded
+    monkeypatch.setattr(fold_module, "MIN_BLOCKS", 10**6)
+    whole = profile_model(loaded)
+    assert not whole.folded
+    for key in ((1, False, False), (1, True, False)):
+        a, b = folded.variants[key], whole.variants[key]
+        for field in ("flops", "bytes", "out", "live"):
+            assert all(np.array_equal(x, y) for x, y in zip(getattr(a, field), getattr(b, field))), (key, field)
+        assert a.params == b.params and a.param_bytes == b.param_bytes and a.collectives == b.collectives
+        assert np.array_equal(a.grouped, b.grouped) and np.array_equal(a.expert_bytes, b.expert_bytes)
+        assert a.expert_params() == b.expert_params() and len(a.expert_params()) == 2 * 7  # 7 MoE layers
