@@ -32,7 +32,8 @@ from .analysis.shapes import annotate
 from .errors import GraphsplitError
 from .ir.batch import BatchDims
 from .ir.program import Program, build_program
-from .ir.trace import Traced, trace_model
+from .ir.trace import trace_model
+from .ir.traced import Traced
 from .passes.activation_checkpoint import checkpoint_pass
 from .passes.autocast import autocast_pass
 from .passes.expert_parallel import ExpertParallelResult, expert_parallel_pass

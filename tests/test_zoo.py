@@ -22,7 +22,7 @@ import pytest
 from graphsplit import GraphsplitError, Plan
 from graphsplit.compile import compile_loaded, trace_loaded
 from graphsplit.ir.sharding import Shard
-from graphsplit.ir.trace import Traced
+from graphsplit.ir.traced import Traced
 from graphsplit.launch.parity import check_locally
 
 from .models import zoo

@@ -34,7 +34,7 @@ from .batch import BatchDims
 from .meta import META_KEY, TensorSpec, canonical_names, info
 from .optable import OpKind
 from .sharding import Layout, Replicate, Shard, local_shape
-from .trace import CONSTANT, Traced, fill_leaves, split_leaves
+from .traced import CONSTANT, Traced, fill_leaves, split_leaves
 
 if TYPE_CHECKING:
     from ..analysis.loss_reduction import TokenMeans

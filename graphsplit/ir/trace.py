@@ -2,8 +2,8 @@
 
 `torch.fx.symbolic_trace` first: it keeps the user's modules as `call_module`
 nodes and is fast. When it fails (data-dependent control flow, HF-style code)
-we fall back to `torch.export.export(..., strict=False)`, whose module is also
-a GraphModule, with ATen ops. Either way the result has:
+we fall back to `torch.export.export(..., strict=False)` (trace_export.py), whose
+module is also a GraphModule, with ATen ops. Either way the result (traced.py) has:
 
 - one placeholder per tensor input (non-tensor inputs are baked in as constants),
 - an output node returning a flat tuple: the leaves of the model's output.
@@ -17,16 +17,9 @@ Each node's `NodeInfo.source` is the line of the model's code that made it
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import functools
 import inspect
-import io
-import logging
 import operator
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,73 +28,36 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.fx._lazy_graph_module import _LazyGraphModule
-from torch.fx.graph import CodeGen
 
 from ..errors import GraphsplitError
-from .export_views import views_to_reshapes
 from .grad_regions import (
     GradModeProxy,
-    inline_grad_regions,
-    mark_inference_mode,
     training_grad_mode,
 )
-from .meta import fresh_copy, info
+from .meta import info
 from .module_state import left_as_found
 from .size_conditions import (
     DECIDED,
     SizeValues,
     Unknown,
-    check_export_ranges,
     check_message,
     condition_frame,
     hoist_checks,
     length_message,
     where,
 )
-from .trace_device import as_if_on_cpu, back_to_meta, fake_inputs, on_meta
+from .trace_export import quiet_torch_logs, trace_export
+from .traced import Traced, bake, flat_output, mark_constants
 from .user_source import (
     READS_VALUES,
     first_line,
     model_frame,
     raised_by_model,
-    source_from_stack_trace,
     user_frame,
     user_source,
 )
 
 _SPECIALIZED = ("has been specialized",)
-# NodeInfo.extra key of a get_attr node reading a tensor the model's forward made (`mark_constants`)
-CONSTANT = "trace_constant"
-
-
-@dataclass
-class Traced:
-    """A traced model: the graph plus how to feed it and read its output."""
-
-    gm: fx.GraphModule
-    tracer: str  # "fx" or "export"
-    input_names: list[str]
-    out_spec: pytree.TreeSpec
-    _flatten: Any = field(repr=False)
-    # the calls of the modules `trace_model(..., watch=)` named: name -> (args, kwargs, output), proxies
-    # as their nodes (fx only; the planner's fold reads how its blocks were called)
-    calls: dict[str, tuple[Any, Any, Any]] = field(default_factory=dict, repr=False)
-    # which tracer and why, for the summary: "torch.fx", with the size conditions it decided, or
-    # "torch.export: torch.fx failed at model.py:33: ..."
-    reason: str = ""
-
-    def flatten_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-        return tuple(self._flatten(args, kwargs))
-
-    def unflatten_output(self, leaves: Any) -> Any:
-        if isinstance(leaves, torch.Tensor):
-            leaves = (leaves,)
-        return pytree.tree_unflatten(list(leaves), self.out_spec)
-
-    def copy(self) -> Traced:
-        """A copy whose graph the passes may rewrite, this one left as traced: one trace serves several
-        plans (tracing through torch.export costs seconds; a copy, milliseconds)."""
-        return dataclasses.replace(self, gm=fresh_copy(self.gm))
 
 
 def trace_model(
@@ -125,8 +81,8 @@ def trace_model(
     except Exception as fx_exc:  # any tracer failure: try the other tracer
         fx_error = fx_exc
     try:
-        with _quiet_torch_logs(), training_grad_mode(), left_as_found(model):
-            traced = _trace_export(model, args, kwargs, batch_dims)
+        with quiet_torch_logs(), training_grad_mode(), left_as_found(model):
+            traced = trace_export(model, args, kwargs, batch_dims)
         fx_at = user_frame(fx_error, source) or model_frame(fx_error)
         traced.reason = f"torch.export: torch.fx failed{f' at {fx_at}' if fx_at else ''}: {first_line(fx_error)}"
         return traced
@@ -156,51 +112,6 @@ def trace_model(
         ) from export_exc
 
 
-@contextlib.contextmanager
-def _quiet_torch_logs() -> Iterator[None]:
-    """torch.export logs (and prints to stderr) graph dumps and guard warnings on failure;
-    our error message says what matters."""
-    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.startswith("torch")]
-    loggers.append(logging.getLogger("torch"))
-    saved = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        for lg, level in zip(loggers, saved):
-            lg.setLevel(level)
-
-
-def _flat_output(graph: fx.Graph) -> pytree.TreeSpec:
-    """Make the output node return a flat tuple of leaves; return the tree's spec."""
-    out = next(n for n in reversed(graph.nodes) if n.op == "output")
-    leaves, spec = pytree.tree_flatten(out.args[0])
-    out.args = (tuple(leaves),)
-    return spec
-
-
-def split_leaves(leaves: Any) -> tuple[list[fx.Node], list[tuple[str, Any]]]:
-    """The output node's leaves as (its distinct node leaves, and each leaf as ("tensor", i),
-    the i-th of those, or ("const", value)): a value returned twice is sent once."""
-    nodes: list[fx.Node] = []
-    kinds: list[tuple[str, Any]] = []
-    for leaf in leaves:
-        if isinstance(leaf, fx.Node):
-            if leaf not in nodes:
-                nodes.append(leaf)
-            kinds.append(("tensor", nodes.index(leaf)))
-        else:
-            kinds.append(("const", leaf))
-    return nodes, kinds
-
-
-def fill_leaves(kinds: list[tuple[str, Any]], values: Any) -> list[Any]:
-    """The output's leaves again, from `split_leaves`' kinds and the values of its node leaves."""
-    return [values[v] if kind == "tensor" else v for kind, v in kinds]
-
-
 def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset()) -> Traced:
     sig = inspect.signature(model.forward)
@@ -217,7 +128,7 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     graph = tracer.trace(model, concrete_args=concrete or None)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
     hoist_checks(graph)
-    spec = _flat_output(graph)
+    spec = flat_output(graph)
     # Python code is generated on the first call, not here: the planner reads the graph of a deep
     # model and never runs it whole (0.4-0.6 s of a 405B's 2 s trace is that code)
     gm = _LazyGraphModule(model, graph, class_name=type(model).__name__)
@@ -234,18 +145,6 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     places = "; ".join(dict.fromkeys(tracer.conditions))  # a block's condition once, not once per block
     decided = f" (sizes decided on the example inputs: {places})" if places else ""
     return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls, f"torch.fx{decided}")
-
-
-def mark_constants(gm: fx.GraphModule, model: nn.Module) -> None:
-    """Mark the get_attr nodes of tensors forward made (`torch.ones(sz, sz)`: fx's `_tensor_constant0`,
-    export's lifted constants): no weight of the model, though a GraphModule registers each as a
-    buffer (again at every copy), so the program carries their values instead of looking them up in
-    the weights (ir/program.py)."""
-    own = {name for name, _ in (*model.named_parameters(remove_duplicate=False),
-                                *model.named_buffers(remove_duplicate=False))}
-    for node in gm.graph.find_nodes(op="get_attr"):
-        if node.target not in own and isinstance(operator.attrgetter(str(node.target))(gm), torch.Tensor):
-            info(node).extra[CONSTANT] = True
 
 
 def _as_nodes(value: Any) -> Any:
@@ -392,12 +291,6 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
 
-def _bake(placeholder: fx.Node, value: Any) -> None:
-    """Every use of an input the graph is specialized to reads its value instead."""
-    for user in list(placeholder.users):
-        user.replace_input_with(placeholder, value)
-
-
 def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:
     """Replace placeholders of concrete (non-tensor) inputs by their values."""
     by_name: dict[str, Any] = {}
@@ -416,7 +309,7 @@ def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:
             graph.erase_node(node)
     for node in list(graph.nodes):
         if node.op == "placeholder" and node.name in by_name:
-            _bake(node, by_name[node.name])
+            bake(node, by_name[node.name])
     # drop now-unused comparisons left from specialization checks, then the placeholders
     for node in reversed(list(graph.nodes)):
         if node.op == "call_function" and not node.users and node.target is operator.eq:
@@ -424,84 +317,3 @@ def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:
     for node in list(graph.nodes):
         if node.op == "placeholder" and node.name in by_name:
             graph.erase_node(node)
-
-
-def _to_model_device(model: nn.Module, value: Any) -> Any:
-    """Export traces with fake tensors; inputs only need to sit where the weights do."""
-    first = next(iter((*model.parameters(), *model.buffers())), None)
-    device = first.device if first is not None else torch.device("cpu")
-    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), value)
-
-
-def _batch_dynamic(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   batch_dims: dict[int, int | None] | None = None) -> dict[str, Any]:
-    """dynamic_shapes for export: the batch dim of every tensor input left symbolic (`batch_dims`:
-    by the tensor's id; default dim 0), so the graph runs on micro-batches."""
-    from torch.export import Dim
-
-    def spec(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor) or x.dim() == 0:
-            return None
-        dim = batch_dims.get(id(x), 0) if batch_dims is not None else 0
-        return {dim: Dim.AUTO} if dim is not None and dim < x.dim() else None
-
-    bound = inspect.signature(model.forward).bind(*args, **kwargs)
-    return {name: pytree.tree_map(spec, value) for name, value in bound.arguments.items()}
-
-
-def _trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  batch_dims: dict[int, int | None] | None = None) -> Traced:
-
-    with contextlib.ExitStack() as stack:
-        if on_meta(model):  # device-dependent branches take the CPU's side: trace_device.py
-            mode = stack.enter_context(as_if_on_cpu(model))
-            meta_args, meta_kwargs = pytree.tree_map_only(
-                torch.Tensor, functools.partial(fake_inputs, mode), (args, kwargs))
-        else:
-            meta_args, meta_kwargs = _to_model_device(model, (args, kwargs))
-        try:
-            ep = torch.export.export(
-                model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs, batch_dims),
-                strict=False
-            )
-        except Exception:  # a symbolic batch dim is a bonus: retry fully static
-            ep = torch.export.export(model, meta_args, meta_kwargs, strict=False)
-        gm = ep.module()
-        ranges = ep.range_constraints
-    if on_meta(model):
-        back_to_meta(gm, model)
-    graph = gm.graph
-    in_spec, out_spec = gm._in_spec, gm._out_spec
-    graph._codegen = CodeGen()  # plain flat placeholders instead of pytree flattening
-    for node in list(graph.nodes):
-        if node.op == "call_module" and str(node.target).startswith("_guards"):
-            graph.erase_node(node)
-    flat_example = torch.fx._pytree.tree_flatten_spec((args, kwargs), in_spec)
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    keep: list[int] = []
-    for i, (ph, value) in enumerate(zip(placeholders, flat_example)):
-        if isinstance(value, torch.Tensor):
-            keep.append(i)
-        else:  # a non-tensor input: export specialized the graph to it
-            _bake(ph, value)
-            graph.erase_node(ph)
-    _flat_output(graph)  # already flat: the structure is export's out_spec
-    inline_grad_regions(gm)
-    views_to_reshapes(gm)  # views that relied on the trace device's strides: export_views.py
-    check_export_ranges(gm, ranges)
-    mark_constants(gm, model)
-    for node in graph.nodes:
-        info(node).source = source_from_stack_trace(node.meta.get("stack_trace"))
-    mark_inference_mode(gm, type(model).__name__)
-    spec = out_spec
-    for name in ("_guards_fn",):
-        if hasattr(gm, name):
-            delattr(gm, name)
-    gm.recompile()
-    names = [n.name for n in graph.nodes if n.op == "placeholder"]
-
-    def flatten(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> list[torch.Tensor]:
-        flat = torch.fx._pytree.tree_flatten_spec((call_args, call_kwargs), in_spec)
-        return [flat[i] for i in keep]
-
-    return Traced(gm, "export", names, spec, flatten)

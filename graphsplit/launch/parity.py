@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 
 from ..ir.program import Program
 from ..ir.sharding import shard_tensor, unpad
-from ..ir.trace import Traced
+from ..ir.traced import Traced
 from ..loader import LoadedModel
 from ..plan import Plan
 from ..runtime.microbatch import (

@@ -16,7 +16,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from ..ir.trace import fill_leaves
+from ..ir.traced import fill_leaves
 
 
 class _Loss(nn.Module):
