@@ -5,7 +5,8 @@ pp up to the model's places to cut, dp the rest; DDP or FSDP, or for a mixture o
 expert parallelism over ep of the dp ranks (ep dividing the experts; with DDP or FSDP for the rest); micro-batch counts
 that divide each replica's batch; the schedules torch.distributed.pipelining
 runs (interleaved ones with 2 or 4 stages per rank); checkpoint none, selective,
-blocks, every:2, every:4 or stage; autocast none, bf16 or fp16; each stage under torch.compile
+blocks, every:2, every:4 or stage; autocast none, bf16 or fp16 (fp16 only on hardware without bf16:
+elsewhere it prices as bf16 and needs a loss scaler); each stage under torch.compile
 or eager. Nothing is compiled per candidate: each is priced from the profile's per-op sums (profile.py), so the
 search over tens of thousands of plans takes seconds. Plans that cannot work are
 counted with the reason.
@@ -162,6 +163,8 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
     groups: dict[tuple[int, bool, bool], list[tuple[int, Plan]]] = {}  # (tp, sequence parallel, low precision)
     plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out,
                             profile.experts))
+    if "bfloat16" in hw.peak_flops:  # fp16 prices as bf16 does and needs a loss scaler: only bf16 is shown
+        plans = [p for p in plans if p.autocast != "fp16"]
     for index, plan in enumerate(plans):
         groups.setdefault((plan.tp, plan.sequence_parallel, plan.autocast is not None), []).append((index, plan))
     missing = sorted({(tp, sp) for tp, sp, low in groups
