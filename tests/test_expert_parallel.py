@@ -121,6 +121,18 @@ def test_pass_places_every_moe_layer_and_never_cuts_inside_one():
     assert sum(s.gm.code.count("ep_dispatch(") for s in program.stages) == 2
 
 
+def test_per_row_values_the_experts_read_move_with_the_rows():
+    """gpt-oss adds each expert's bias to its rows: the bias gathered per routed row (by the sorted expert
+    ids, before the exchange) goes through the same all-to-all; the bias after the last grouped matmul is
+    added after the combine, on the rows in their own order."""
+    from graphsplit.ops.ep import ep_dispatch
+
+    program = _compile("hf_gpt_oss.py", Plan(dp=2, ep=2))
+    dispatches = [n for st in program.stages for n in st.gm.graph.nodes if n.target is ep_dispatch]
+    assert len(dispatches) == 2 and all(len(n.args) == 5 for n in dispatches), [n.args for n in dispatches]
+    assert "model.layers.0.mlp.experts.gate_up_proj_bias" not in program.expert_params  # whole on every rank
+
+
 def test_ep_with_tp_shards_each_rank_s_experts_over_tp():
     """ep 2 x tp 2: each ep rank's experts are column/row-parallel over tp (expert tensor parallelism)."""
     program = _compile("hf_deepseek_v3.py", Plan(dp=2, ep=2, tp=2))
@@ -152,6 +164,8 @@ REAL = [
     ("hf_mixtral.py", Plan(dp=2, ep=2)),
     ("hf_qwen3_moe.py", Plan(dp=2, ep=2, pp=2, fsdp=True)),  # FSDP2 for the rest, the experts left to ep
     ("hf_deepseek_v3.py", Plan(dp=2, ep=2, tp=2)),
+    # per-expert biases gathered per routed row: moved with the rows
+    ("hf_gpt_oss.py", Plan(dp=2, ep=2)),
 ]
 
 

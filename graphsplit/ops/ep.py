@@ -5,7 +5,8 @@ tokens sorted by expert (`offsets`: the running count of rows per expert; HF's g
 torch's grouped_mm). Under `--ep N` each rank of an expert-parallel group holds E / N whole
 experts (rank r: experts r*E/N .. (r+1)*E/N - 1) and these two calls surround the experts:
 
-- `ep_dispatch(x, offsets, comm, layer)` -> (rows for this rank's experts, their offsets, counts):
+- `ep_dispatch(x, offsets, comm, layer, *extras)` -> (rows for this rank's experts, their offsets,
+  counts, extras moved alike):
   the tokens' counts per expert are exchanged first (one all-to-all of E numbers), then each
   rank's sorted rows go to the ranks holding their experts (one `all_to_all_single` with the
   variable split sizes the counts give) and the rows received are regrouped by local expert.
@@ -122,17 +123,20 @@ def _route(offsets: torch.Tensor, rows: int, comm: EPComm) -> tuple[torch.Tensor
 
 @torch.fx.wrap
 @_eager
-def ep_dispatch(x: torch.Tensor, offsets: torch.Tensor, comm: EPComm,
-                layer: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rows for this rank's experts grouped by expert, their offsets, rows per (source, local expert));
-    `layer`: the layer's index among the program's expert layers, for counting its load."""
+def ep_dispatch(x: torch.Tensor, offsets: torch.Tensor, comm: EPComm, layer: int = 0,
+                *extras: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(rows for this rank's experts grouped by expert, their offsets, rows per (source, local expert),
+    then each of `extras` moved alike); `layer`: the layer's index among the program's expert layers,
+    for counting its load; `extras`: other values with one row per routed row that the experts read
+    (gpt-oss's per-row bias), exchanged with the same splits."""
     if not comm.bound:
-        return x, offsets, _counts(offsets).view(1, -1)
+        return (x, offsets, _counts(offsets).view(1, -1), *extras)
     received, sent, got = _route(offsets, x.shape[0], comm)
     comm.count(received, layer)
-    rows = _AllToAll.apply(x, got, sent, comm)
+    order = _by_expert(received)
     local_offsets = torch.cumsum(received.sum(0), 0).to(offsets.dtype)
-    return rows[_by_expert(received)], local_offsets, received
+    moved = [_AllToAll.apply(t, got, sent, comm)[order] for t in (x, *extras)]
+    return (moved[0], local_offsets, received, *moved[1:])
 
 
 @torch.fx.wrap

@@ -12,7 +12,9 @@ the first and back after the last, and nothing between notices. The pass inserts
     out = ep_combine(y, routed, offsets, self.ep_comm)
 
 and records each expert weight as held in E / N slices over the expert-parallel ranks
-(`Program.expert_params`; rank r of the group holds experts r*E/N .. (r+1)*E/N - 1). The router,
+(`Program.expert_params`; rank r of the group holds experts r*E/N .. (r+1)*E/N - 1). Other values the
+experts read with one row per routed row (gpt-oss's per-expert bias, gathered per row by the sorted
+expert ids) are moved with the rows in the same all-to-all. The router,
 the sort, the weighting and the sum back to tokens stay the model's own, on each rank's tokens.
 `routed` is a tuple: the pipeline split never cuts between the two calls (a tuple cannot be
 sent), so a stage holds a layer's exchange whole.
@@ -36,7 +38,8 @@ from .manager import PassInput, PassResults
 from .tensor_parallel.spellings import grouped_linear_form
 
 # what may run between a layer's grouped linears: row by row, each row alone
-_ROWWISE = frozenset({OpKind.POINTWISE, OpKind.IDENTITY, OpKind.SPLIT, OpKind.GETITEM, OpKind.GROUPED_LINEAR})
+_ROWWISE = frozenset({OpKind.POINTWISE, OpKind.IDENTITY, OpKind.SPLIT, OpKind.SLICE, OpKind.GETITEM,
+                      OpKind.GROUPED_LINEAR})
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,10 @@ def _between(first: fx.Node, last: fx.Node) -> list[fx.Node]:
     return order
 
 
-def _check_layer(gm: fx.GraphModule, linears: list[fx.Node], ep: int) -> tuple[fx.Node, fx.Node, int, list[str]]:
-    """(the first linear, the last, experts, weight names), or one line why this layer cannot be placed."""
+def _check_layer(gm: fx.GraphModule, linears: list[fx.Node],
+                 ep: int) -> tuple[fx.Node, fx.Node, int, list[str], list[fx.Node]]:
+    """(the first linear, the last, experts, weight names, the other per-row values the experts read:
+    moved with the rows), or one line why this layer cannot be placed."""
     first, last = linears[0], linears[-1]
     where = info(first).module or first.name
     weights: list[str] = []
@@ -122,13 +127,18 @@ def _check_layer(gm: fx.GraphModule, linears: list[fx.Node], ep: int) -> tuple[f
                               f"use an --ep that divides {experts}")
     region = _between(first, last)
     inside = set(region)
+    x = first.args[0]
+    rows = info(x).tensor.shape[0] if isinstance(x, fx.Node) and info(x).tensor is not None else None
+    extras: list[fx.Node] = []
     for node in region:
         kind, fam = classify(node, gm), family(node, gm)
         if fam not in _ROWWISE and kind not in _ROWWISE:
-            raise GraphsplitError(f"--ep: between {where}'s grouped linears {node.name} ({kind.value}) does not work "
+            raise GraphsplitError(f"--ep: between {where}'s grouped linears {node.name} ({fam.name.lower()}) does not work "
                                   "row by row, so the rows cannot be moved to their experts' ranks around it; drop --ep")
-        if fam == OpKind.SPLIT and (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) in (0, -2):
-            raise GraphsplitError(f"--ep: between {where}'s grouped linears {node.name} splits the rows; drop --ep")
+        along = (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) if fam == OpKind.SPLIT else \
+            (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) if fam == OpKind.SLICE else None
+        if along in (0, -2):
+            raise GraphsplitError(f"--ep: between {where}'s grouped linears {node.name} cuts the rows; drop --ep")
         outside = [u for u in node.users if u not in inside and classify(u, gm) != OpKind.ASSERT]
         if node is not last and outside:
             user = outside[0]
@@ -139,10 +149,16 @@ def _check_layer(gm: fx.GraphModule, linears: list[fx.Node], ep: int) -> tuple[f
                 continue
             if kind == OpKind.GROUPED_LINEAR and arg in (node.args[1], node.args[2]):  # its weight, its offsets
                 continue
-            if info(arg).value == "tensor" and info(arg).tensor is not None and info(arg).tensor.shape:
-                raise GraphsplitError(f"--ep: {where}'s experts read {arg.name} beside their rows (a per-row bias or "
-                                      "weight would need moving with them), which graphsplit does not move yet; drop --ep")
-    return first, last, experts, weights
+            spec = info(arg).tensor if info(arg).value == "tensor" else None
+            if spec is None or not spec.shape:
+                continue  # a number: the same for every row
+            if rows is not None and spec.shape[0] == rows and len(spec.shape) == 2:
+                if arg not in extras:
+                    extras.append(arg)  # one value per routed row (a per-row bias): moved with the rows
+                continue
+            raise GraphsplitError(f"--ep: {where}'s experts read {arg.name} (shape {tuple(spec.shape)}) beside their "
+                                  "rows, neither one value per routed row nor a number; drop --ep")
+    return first, last, experts, weights, extras
 
 
 def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
@@ -161,17 +177,29 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
     info(comm).value = "scalar"
     placed: list[ExpertLayer] = []
     expert_params: dict[str, int] = {}
+    order = {n: i for i, n in enumerate(graph.nodes)}
     for offsets, linears in layers.items():
-        first, last, experts, weights = _check_layer(gm, linears, ep)
+        first, last, experts, weights, extras = _check_layer(gm, linears, ep)
         x = first.args[0]
-        routed = insert_node(graph, ep_dispatch, (x, offsets, comm, len(placed)), owner=first, kind=OpKind.OTHER,
-                             before=first, value="container")
-        with graph.inserting_after(routed):
-            rows = graph.call_function(operator.getitem, (routed, 0))
-        with graph.inserting_after(rows):
-            local_offsets = graph.call_function(operator.getitem, (routed, 1))
-        for n in (rows, local_offsets):
-            n.meta.update({k: v for k, v in first.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        region = set(_between(first, last))
+        # before the first node of the layer that reads a per-row extra, and after every extra
+        readers = [n for n in region if any(e in n.all_input_nodes for e in extras)]
+        at = min([first, *readers], key=lambda n: order[n])
+        if any(order[e] > order[at] for e in extras):
+            raise GraphsplitError(f"--ep: {info(first).module}'s per-row values are made after its experts start; "
+                                  "drop --ep")
+        routed = insert_node(graph, ep_dispatch, (x, offsets, comm, len(placed), *extras), owner=first,
+                             kind=OpKind.OTHER, before=at, value="container")
+        picks = []
+        for i in range(2 + 1 + len(extras)):
+            with graph.inserting_after(picks[-1] if picks else routed):
+                picks.append(graph.call_function(operator.getitem, (routed, i)))
+            picks[-1].meta.update({k: v for k, v in first.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        rows, local_offsets = picks[0], picks[1]
+        for extra, moved in zip(extras, picks[3:]):
+            for user in [u for u in extra.users if u in region]:
+                user.replace_input_with(extra, moved)
+        graph.erase_node(picks[2])  # the counts: read by the combine through `routed`
         first.replace_input_with(x, rows)
         for node in linears:
             node.replace_input_with(offsets, local_offsets)
