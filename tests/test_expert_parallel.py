@@ -320,3 +320,30 @@ def test_a_fold_after_unlike_first_blocks_equals_the_whole_graph(tmp_path, monke
         assert a.params == b.params and a.param_bytes == b.param_bytes and a.collectives == b.collectives
         assert np.array_equal(a.grouped, b.grouped) and np.array_equal(a.expert_bytes, b.expert_bytes)
         assert a.expert_params() == b.expert_params() and len(a.expert_params()) == 2 * 7  # 7 MoE layers
+
+
+@pytest.mark.parametrize("kind", ["normal", "uniform", "given"])
+def test_fast_init_draws_each_ep_rank_s_experts_as_the_whole_weight_holds_them(kind):
+    """Each element keeps its value whatever the plan: an ep rank's slice of an expert weight, drawn tile by
+    tile (tiles cut across the expert dim and over 256 rows), equals that slice of the whole weight drawn
+    at ep 1; so does a tp shard of it."""
+    import torch.nn as nn
+
+    from graphsplit.ir.sharding import Shard
+    from graphsplit.runtime.fast_init import FastInit, Rule
+
+    owner = nn.Module()
+    owner.w = nn.Parameter(torch.empty(6, 300, 5, device="meta"))
+    given = {"w": torch.randn(6, 300, 5)} if kind == "given" else None
+    rule = Rule(kind, 0.0 if kind == "normal" else 0.5, 0.02 if kind == "normal" else 0.0)
+    source = FastInit({"w": rule}, owner, {}, seed=3, given=given)
+    whole = torch.empty(6, 300, 5)
+    source.fill(whole, "w", None, 0, 1)
+    for ep in (2, 3):
+        for r in range(ep):
+            mine = torch.empty(6 // ep, 300, 5)
+            source.fill(mine, "w", None, 0, 1, (0, r, ep))
+            torch.testing.assert_close(mine, whole.chunk(ep)[r], rtol=0, atol=0)
+    shard = torch.empty(3, 150, 5)  # ep 2 rank 1, tp 2 rank 0 over dim 1
+    source.fill(shard, "w", Shard(1), 0, 2, (0, 1, 2))
+    torch.testing.assert_close(shard, whole[3:, :150], rtol=0, atol=0)

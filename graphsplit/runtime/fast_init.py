@@ -115,12 +115,28 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def _held(n: int, layout: Layout | None, dim: int, tp_rank: int, tp: int) -> torch.Tensor:
+# an expert weight under expert parallelism: (its expert dim, this rank's place in the ep group, ep)
+Experts = tuple[int, int, int]
+
+
+def _held(n: int, layout: Layout | None, dim: int, tp_rank: int, tp: int, experts: Experts | None = None
+          ) -> torch.Tensor:
     """For each local index along `dim`, the full index it holds (-1: a padding row)."""
     whole = torch.arange(1, n + 1)
     if isinstance(layout, Shard) and layout.dim == dim and tp > 1:
         whole = shard_tensor(whole, Shard(0, layout.chunks, layout.size), tp_rank, tp)
+    if experts is not None and experts[0] == dim and experts[2] > 1:
+        whole = whole.chunk(experts[2])[experts[1]]
     return whole - 1
+
+
+def _local(value: torch.Tensor, layout: Layout | None, tp_rank: int, tp: int, experts: Experts | None) -> torch.Tensor:
+    """This rank's block of a whole value: its tp shard, then its experts' slice."""
+    if layout is not None:
+        value = shard_tensor(value, layout, tp_rank, tp)
+    if experts is not None and experts[2] > 1:
+        value = value.chunk(experts[2], dim=experts[0])[experts[1]]
+    return value
 
 
 def _groups(held: torch.Tensor, tile: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -170,34 +186,34 @@ class FastInit:
                                   "no value to start from; use --init exact")
         return cls(rules, meta, buffers, seed, given)
 
-    def fill(self, target: torch.Tensor, name: str, layout: Layout | None, tp_rank: int, tp: int) -> None:
-        """Write parameter `name`'s elements this rank holds into `target` (its local block)."""
+    def fill(self, target: torch.Tensor, name: str, layout: Layout | None, tp_rank: int, tp: int,
+             experts: Experts | None = None) -> None:
+        """Write parameter `name`'s elements this rank holds into `target` (its local block; `experts`: an
+        expert weight's (dim, ep rank, ep), of which the rank holds one slice)."""
         rule = self.rules[name]
         full_shape = tuple(self.meta_model.get_parameter(name).shape)
         if not full_shape:  # a scalar parameter: one element, drawn as a vector of one
             target, full_shape = target.view(1), (1,)
         with torch.no_grad():
             if rule.kind == "module":
-                target.copy_(shard_tensor(self._by_module(name, rule, target.device), layout, tp_rank, tp)
-                             if layout is not None else self._by_module(name, rule, target.device))
+                target.copy_(_local(self._by_module(name, rule, target.device), layout, tp_rank, tp, experts))
                 return
             if rule.kind == "given":
                 value = self.given[name].to(target.device, target.dtype).view(full_shape)
-                target.copy_(shard_tensor(value, layout, tp_rank, tp).view(target.shape) if layout is not None
-                             else value.view(target.shape))
+                target.copy_(_local(value, layout, tp_rank, tp, experts).reshape(target.shape))
                 return
             target.zero_()  # padding rows stay zero
             if rule.kind == "fill":
-                target[(_held(full_shape[0], layout, 0, tp_rank, tp) >= 0).to(target.device)] = rule.a
+                target[(_held(full_shape[0], layout, 0, tp_rank, tp, experts) >= 0).to(target.device)] = rule.a
                 return
-            self._draw(target, name, rule, full_shape, layout, tp_rank, tp)
+            self._draw(target, name, rule, full_shape, layout, tp_rank, tp, experts)
 
     def _draw(self, target: torch.Tensor, name: str, rule: Rule, full_shape: tuple[int, ...], layout: Layout | None,
-              tp_rank: int, tp: int) -> None:
+              tp_rank: int, tp: int, experts: Experts | None = None) -> None:
         device = target.device
         two_d = len(full_shape) >= 2
-        rows = _groups(_held(full_shape[0], layout, 0, tp_rank, tp), TILE)
-        cols = _groups(_held(full_shape[1], layout, 1, tp_rank, tp), TILE) if two_d else [(0, None, None)]
+        rows = _groups(_held(full_shape[0], layout, 0, tp_rank, tp, experts), TILE)
+        cols = _groups(_held(full_shape[1], layout, 1, tp_rank, tp, experts), TILE) if two_d else [(0, None, None)]
         generator = torch.Generator(device=device)
         for r, r_local, r_off in rows:
             for c, c_local, c_off in cols:
@@ -233,13 +249,16 @@ class FastInit:
         return owner.get_parameter(leaf).detach()
 
     def fill_stage(self, module: nn.Module, stage: StageProgram, shardings: Mapping[str, Layout], tp_rank: int,
-                   tp: int) -> None:
-        """Every parameter and buffer of one materialized (empty) stage module."""
+                   tp: int, experts: Mapping[str, int] | None = None, ep_rank: int = 0, ep: int = 1) -> None:
+        """Every parameter and buffer of one materialized (empty) stage module (`experts`: the expert
+        weights' expert dims, held in ep slices)."""
         done: set[str] = set()
+        experts = experts or {}
         with torch.no_grad():
             for local, canonical in stage.param_sources.items():
                 if canonical not in done:  # a tied alias is made one tensor again afterwards
-                    self.fill(module.get_parameter(local), canonical, shardings.get(canonical), tp_rank, tp)
+                    held = (experts[canonical], ep_rank, ep) if canonical in experts else None
+                    self.fill(module.get_parameter(local), canonical, shardings.get(canonical), tp_rank, tp, held)
                     done.add(canonical)
             for local, canonical in stage.buffer_sources.items():
                 module.get_buffer(local).copy_(self.buffers[canonical])

@@ -70,9 +70,7 @@ def materialize_stage(
             _set(module, local, nn.Parameter(torch.empty(shape, dtype=full.dtype, device="meta"), full.requires_grad))
     module.to_empty(device=device)
     if isinstance(source, FastInit):
-        if experts:
-            raise GraphsplitError("--fast-init does not draw expert-parallel slices yet; run without --fast-init")
-        source.fill_stage(module, stage, shardings, tp_rank, tp)
+        source.fill_stage(module, stage, shardings, tp_rank, tp, experts, ep_rank, ep)
     elif source is None:
         if shardings or experts:
             raise GraphsplitError("a tensor- or expert-parallel model built on meta needs weights: pass the model "
