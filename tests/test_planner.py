@@ -374,3 +374,11 @@ def test_a_model_the_profile_cannot_run_is_refused_in_one_line_not_hung(tmp_path
                         "--gpus", "2", "--gpu-memory", "1GiB"], capture_output=True, text=True, timeout=110)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "error: tp=1: profiling failed: RuntimeError: Tensor.item() cannot be called on meta tensors" in r.stderr
+
+
+def test_more_micro_batches_than_samples_is_refused_not_priced_at_zero(gpt):
+    """A plan cutting each replica's batch into more micro-batches than it has samples was priced at zero
+    samples per micro-batch (free compute); it is one line naming the counts."""
+    _, profile = gpt
+    with pytest.raises(GraphsplitError, match="16 micro-batches per replica but each of dp=1 replicas has 8 sample"):
+        predict(profile, Plan(pp=2, microbatches=16))

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..analysis.balance import balanced_cuts
 from ..analysis.cost import BYTES_TO_FLOPS
+from ..errors import GraphsplitError
 from ..plan import Plan
 from .estimate import Stages, group_link
 from .hardware import Hardware
@@ -320,6 +321,9 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
 def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     """Each stage of `plan` (one tp rank's share), for one micro-batch."""
     b = batch // plan.dp // plan.num_microbatches
+    if b < 1:
+        raise GraphsplitError(f"{plan.num_microbatches} micro-batches per replica but each of dp={plan.dp} replicas has "
+                              f"{batch // plan.dp} sample(s) of the batch of {batch}; give fewer micro-batches")
     key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, plan.ep, plan.pp,
            hw.name, plan.compile)
     if key in table.cache:
