@@ -62,3 +62,13 @@ def test_invalid_plans_name_the_field(kwargs, field):
 def test_unknown_json_field_is_refused():
     with pytest.raises(GraphsplitError, match="unknown field"):
         Plan.from_dict({"pp": 2, "pipelines": 3})
+
+
+def test_zero_bubble_with_fsdp_low_precision_and_checkpointing_is_refused():
+    """That combination trains with some weight gradients missing (run --check on the Llama example:
+    layers.3.attention.wk.weight); refused until fixed, each pair of its features still allowed."""
+    with pytest.raises(GraphsplitError, match="loses some weight gradients"):
+        Plan(pp=2, dp=2, schedule="zero-bubble", stages_per_rank=2, fsdp=True, autocast="bf16", checkpoint="blocks")
+    Plan(pp=2, dp=2, schedule="zero-bubble", stages_per_rank=2, fsdp=True, autocast="bf16")
+    Plan(pp=2, dp=2, schedule="zero-bubble", stages_per_rank=2, fsdp=True, checkpoint="blocks")
+    Plan(pp=2, schedule="zero-bubble", stages_per_rank=2, autocast="bf16", checkpoint="blocks")
