@@ -35,3 +35,31 @@ def traced_once(path: Path | str) -> tuple[Any, Any]:
         loaded = load_model(key)
         _TRACES[key] = (loaded, trace_loaded(loaded))
     return _TRACES[key]
+
+
+def exported_weights(checkpoint: Path) -> dict[str, Any]:
+    """`graphsplit export-weights` of a checkpoint folder, read back: the whole model by its own names."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from graphsplit.cli import main
+
+    out = checkpoint.with_suffix(".safetensors")
+    done = CliRunner().invoke(main, ["export-weights", str(checkpoint), str(out)])
+    assert done.exit_code == 0, done.output
+    return load_file(out)
+
+
+def untouched_after_sgd_step(spec: str, lr: float) -> tuple[Any, Any, Any]:
+    """(LoadedModel, the untouched model, its SGD optimizer) after one step on the whole batch, from the
+    constructor's own init with seed 0: what a run of one SGD step at any plan must save."""
+    from graphsplit.launch.reference import reference_step
+    from graphsplit.loader import load_model
+    from graphsplit.runtime.training import make_optimizer
+
+    loaded = load_model(spec)
+    model = loaded.build("cpu", seed=0)
+    optimizer = make_optimizer("sgd", list(model.parameters()), lr)
+    reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn)
+    optimizer.step()
+    return loaded, model, optimizer

@@ -22,9 +22,8 @@ from graphsplit.launch.reference import reference_step, reference_train
 from graphsplit.loader import load_model
 from graphsplit.runtime.dcp import blocks, record, safe_read, series
 from graphsplit.runtime.dcp import state as dcp_state
-from graphsplit.runtime.training import make_optimizer
 
-from .conftest import EXAMPLES, MODELS
+from .conftest import EXAMPLES, MODELS, exported_weights, untouched_after_sgd_step
 
 GPT = str(EXAMPLES / "gpt.py")
 
@@ -166,19 +165,13 @@ def test_a_checkpoint_reshards_to_another_plan_and_loads_into_the_untouched_mode
     # SGD: one AdamW step turns gradients of 1e-10 into updates of lr, so values after it are not comparable
     common = dict(optimizer="sgd", lr=0.01, timeout_s=300)
     run_training(spec, Plan(tp=2, pp=2), RunOptions(steps=1, save=str(tmp_path / "a"), **common), echo=print)
-    done = CliRunner().invoke(main, ["export-weights", str(tmp_path / "a"), str(tmp_path / "a.safetensors")])
-    assert done.exit_code == 0, done.output
-    a = load_file(tmp_path / "a.safetensors")
+    a = exported_weights(tmp_path / "a")
 
-    loaded = load_model(spec)
+    loaded, reference, optimizer = untouched_after_sgd_step(spec, 0.01)  # on the whole batch
     model = loaded.build("cpu", seed=0)
     # the original names (tied aliases included) and shapes: no padding row in the file
     assert {k: tuple(v.shape) for k, v in a.items()} == {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert a["wte.weight"].shape == (97, 64) and torch.equal(a["wte.weight"], a["lm_head.weight"])
-    reference = loaded.build("cpu", seed=0)
-    optimizer = make_optimizer("sgd", list(reference.parameters()), 0.01)
-    reference_step(reference, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, 2)  # the run's 2 micro-batches
-    optimizer.step()
     model.load_state_dict(a, strict=True)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(model.get_parameter(name), p, rtol=1e-5, atol=1e-5, msg=name)
@@ -191,9 +184,7 @@ def test_a_checkpoint_reshards_to_another_plan_and_loads_into_the_untouched_mode
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("loss step 2" in line for line in lines)
     # what it saved is what the untouched model holds after the same two steps from the checkpoint
-    done = CliRunner().invoke(main, ["export-weights", str(tmp_path / "b"), str(tmp_path / "b.safetensors")])
-    assert done.exit_code == 0, done.output
-    b = load_file(tmp_path / "b.safetensors")
+    b = exported_weights(tmp_path / "b")
     for _ in range(2):
         optimizer.zero_grad()
         reference_step(reference, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, 1)

@@ -22,7 +22,7 @@ from graphsplit import Plan
 from graphsplit.errors import GraphsplitError
 from graphsplit.ops.ep import EPComm, ep_combine, ep_dispatch
 
-from .conftest import EXAMPLES, MODELS, traced_once
+from .conftest import EXAMPLES, MODELS, exported_weights, traced_once, untouched_after_sgd_step
 
 EXPERTS, HIDDEN, OUT = 4, 3, 5
 
@@ -262,26 +262,13 @@ def test_a_checkpoint_at_ep2_exports_the_whole_experts_and_resumes_without_ep(tm
     """Each ep rank hands DCP its experts' slice at its offsets: the checkpoint exports to the model's own
     names and shapes, equal to the untouched model after the same step, and resumes at pp 2 (every
     rank holding all experts) with --check against the untouched model holding those weights."""
-    from click.testing import CliRunner
-    from safetensors.torch import load_file
-
-    from graphsplit.cli import main
     from graphsplit.launch.launcher import RunOptions, run_training
-    from graphsplit.launch.reference import reference_step
-    from graphsplit.loader import load_model
-    from graphsplit.runtime.training import make_optimizer
 
     spec = str(MODELS / "hf_mixtral.py")
     common = dict(optimizer="sgd", lr=0.01, timeout_s=300)
     run_training(spec, Plan(dp=2, ep=2), RunOptions(steps=1, save=str(tmp_path / "a"), **common), echo=print)
-    done = CliRunner().invoke(main, ["export-weights", str(tmp_path / "a"), str(tmp_path / "a.safetensors")])
-    assert done.exit_code == 0, done.output
-    saved = load_file(tmp_path / "a.safetensors")
-    loaded = load_model(spec)
-    reference = loaded.build("cpu", seed=0)
-    optimizer = make_optimizer("sgd", list(reference.parameters()), 0.01)
-    reference_step(reference, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, 2)  # the 2 replicas' pieces
-    optimizer.step()
+    saved = exported_weights(tmp_path / "a")
+    _, reference, _ = untouched_after_sgd_step(spec, 0.01)  # on the whole batch
     experts = [n for n in saved if ".experts." in n]
     assert experts and all(saved[n].shape[0] == 4 for n in experts), "every expert, from both ep ranks"
     for name, p in reference.named_parameters():

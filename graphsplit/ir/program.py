@@ -33,7 +33,7 @@ from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .batch import BatchDims
 from .meta import META_KEY, TensorSpec, canonical_names, info
 from .optable import OpKind
-from .sharding import Layout, Replicate, Shard, local_shape
+from .sharding import Layout, Replicate, Shard, expert_block, local_shape
 from .traced import CONSTANT, Traced, fill_leaves, split_leaves
 
 if TYPE_CHECKING:
@@ -128,9 +128,7 @@ class Program:
         """What expert-parallel rank `ep_rank` holds of `value` (an expert weight: its experts' slice
         of the expert dim; anything else whole)."""
         dim = self.expert_params.get(canonical)
-        if dim is None or self.plan.ep == 1:
-            return value
-        return value.chunk(self.plan.ep, dim=dim)[ep_rank]
+        return value if dim is None else expert_block(value, dim, ep_rank, self.plan.ep)
 
     def stage_param_bytes(self, index: int) -> int:
         """Bytes of parameters one rank of this stage holds (tied copies counted once)."""

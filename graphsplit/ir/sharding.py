@@ -178,3 +178,9 @@ def unpad(local: torch.Tensor, layout: Layout, rank: int, tp: int) -> torch.Tens
         return local
     _, count = real_rows(layout, rank, tp, layout.size)
     return local.narrow(layout.dim, 0, count)
+
+
+def expert_block(value: torch.Tensor, dim: int, rank: int, ep: int) -> torch.Tensor:
+    """What expert-parallel rank `rank` of `ep` holds of `value` (an expert weight, or the indices
+    along its expert dim): block `rank` of `dim`, E / ep experts."""
+    return value.chunk(ep, dim=dim)[rank] if ep > 1 else value

@@ -40,13 +40,11 @@ class EPComm(nn.Module):
         super().__init__()
         self.ep = ep
         self.group: dist.ProcessGroup | None = None
-        self.rank = 0
         # the layer's index -> rows each local expert received, summed over calls (`take_tokens`)
         self.tokens: dict[int, torch.Tensor] = {}
 
     def bind(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
-        self.rank = dist.get_rank(group) if group is not None else 0
 
     def __deepcopy__(self, memo: dict[int, Any]) -> EPComm:
         return EPComm(self.ep)  # a copy starts unbound, as TPComm's

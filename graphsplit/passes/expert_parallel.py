@@ -31,7 +31,7 @@ import torch.fx as fx
 
 from ..analysis.shapes import annotate
 from ..errors import GraphsplitError
-from ..ir.meta import info, insert_node
+from ..ir.meta import STAMP_KEYS, canonical_names, info, insert_node
 from ..ir.optable import OpKind, classify, family
 from ..ops.ep import EP_COMM_ATTR, EPComm, ep_combine, ep_dispatch
 from .manager import PassInput, PassResults
@@ -58,14 +58,8 @@ class ExpertLayer:
 
 @dataclass(frozen=True)
 class ExpertParallelResult:
-    ep: int
     layers: tuple[ExpertLayer, ...]
     expert_params: Mapping[str, int]  # canonical weight name -> its expert dim (0)
-
-
-def _param_name(gm: fx.GraphModule, node: fx.Node) -> str:
-    names = {id(p): n for n, p in gm.named_parameters()}
-    return names.get(id(gm.get_parameter(str(node.target))), str(node.target))
 
 
 def _layers(gm: fx.GraphModule) -> dict[fx.Node, list[fx.Node]]:
@@ -102,10 +96,10 @@ def _between(first: fx.Node, last: fx.Node) -> list[fx.Node]:
     return order
 
 
-def _check_layer(gm: fx.GraphModule, linears: list[fx.Node],
-                 ep: int) -> tuple[fx.Node, fx.Node, int, list[str], list[fx.Node]]:
-    """(the first linear, the last, experts, weight names, the other per-row values the experts read:
-    moved with the rows), or one line why this layer cannot be placed."""
+def _check_layer(gm: fx.GraphModule, linears: list[fx.Node], ep: int, names: dict[int, str]
+                 ) -> tuple[int, list[str], set[fx.Node], list[fx.Node]]:
+    """(experts, weight names, the nodes from the first linear to the last, the other per-row values
+    the experts read: moved with the rows), or one line why this layer cannot be placed."""
     first, last = linears[0], linears[-1]
     where = info(first).module or first.name
     weights: list[str] = []
@@ -120,7 +114,7 @@ def _check_layer(gm: fx.GraphModule, linears: list[fx.Node],
         if experts is not None and n != experts:
             raise GraphsplitError(f"--ep: {where}'s expert weights hold {experts} and {n} experts; drop --ep")
         experts = n
-        weights.append(_param_name(gm, w))
+        weights.append(names[id(gm.get_parameter(str(w.target)))])
     assert experts is not None
     if experts % ep:
         raise GraphsplitError(f"--ep {ep}: {where} has {experts} experts, which {ep} ranks cannot hold equally; "
@@ -158,7 +152,7 @@ def _check_layer(gm: fx.GraphModule, linears: list[fx.Node],
                 continue
             raise GraphsplitError(f"--ep: {where}'s experts read {arg.name} (shape {tuple(spec.shape)}) beside their "
                                   "rows, neither one value per routed row nor a number; drop --ep")
-    return first, last, experts, weights, extras
+    return experts, weights, inside, extras
 
 
 def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
@@ -178,10 +172,11 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
     placed: list[ExpertLayer] = []
     expert_params: dict[str, int] = {}
     order = {n: i for i, n in enumerate(graph.nodes)}
+    names = canonical_names(gm)
     for offsets, linears in layers.items():
-        first, last, experts, weights, extras = _check_layer(gm, linears, ep)
+        first, last = linears[0], linears[-1]
+        experts, weights, region, extras = _check_layer(gm, linears, ep, names)
         x = first.args[0]
-        region = set(_between(first, last))
         # before the first node of the layer that reads a per-row extra, and after every extra
         readers = [n for n in region if any(e in n.all_input_nodes for e in extras)]
         at = min([first, *readers], key=lambda n: order[n])
@@ -190,16 +185,15 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
                                   "drop --ep")
         routed = insert_node(graph, ep_dispatch, (x, offsets, comm, len(placed), *extras), owner=first,
                              kind=OpKind.OTHER, before=at, value="container")
-        picks = []
-        for i in range(2 + 1 + len(extras)):
+        picks = []  # the rows, their offsets, each extra (the counts, item 2, the combine reads from `routed`)
+        for i in (0, 1, *range(3, 3 + len(extras))):
             with graph.inserting_after(picks[-1] if picks else routed):
                 picks.append(graph.call_function(operator.getitem, (routed, i)))
-            picks[-1].meta.update({k: v for k, v in first.meta.items() if k in ("nn_module_stack", "stack_trace")})
+            picks[-1].meta.update({k: v for k, v in first.meta.items() if k in STAMP_KEYS})
         rows, local_offsets = picks[0], picks[1]
-        for extra, moved in zip(extras, picks[3:]):
+        for extra, moved in zip(extras, picks[2:]):
             for user in [u for u in extra.users if u in region]:
                 user.replace_input_with(extra, moved)
-        graph.erase_node(picks[2])  # the counts: read by the combine through `routed`
         first.replace_input_with(x, rows)
         for node in linears:
             node.replace_input_with(offsets, local_offsets)
@@ -211,5 +205,5 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
     graph.lint()
     gm.recompile()
     annotate(gm, inp.example_inputs)
-    return gm, ExpertParallelResult(ep, tuple(placed), MappingProxyType(expert_params))
+    return gm, ExpertParallelResult(tuple(placed), MappingProxyType(expert_params))
 

@@ -50,7 +50,9 @@ def owned_grads(program: Program, stages: Mapping[int, nn.Module], tp_rank: int,
             if canonical in owned or min(program.param_stages[canonical]) != index:
                 continue
             expert = canonical in program.expert_params  # never FSDP-sharded: its slice whole on its ep rank
-            if (not experts_here) if expert else (dp_rank != 0 and not dp_sharded):
+            if expert and not experts_here:
+                continue
+            if not expert and dp_rank != 0 and not dp_sharded:
                 continue
             if tp_rank != 0 and not isinstance(program.param_sharding(canonical), Shard):
                 continue

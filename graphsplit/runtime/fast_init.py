@@ -57,7 +57,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import GraphsplitError
-from ..ir.sharding import Layout, Shard, shard_tensor
+from ..ir.sharding import Layout, Shard, expert_block, shard_tensor
 from ..loader import seed_generators
 
 if TYPE_CHECKING:
@@ -125,8 +125,8 @@ def _held(n: int, layout: Layout | None, dim: int, tp_rank: int, tp: int, expert
     whole = torch.arange(1, n + 1)
     if isinstance(layout, Shard) and layout.dim == dim and tp > 1:
         whole = shard_tensor(whole, Shard(0, layout.chunks, layout.size), tp_rank, tp)
-    if experts is not None and experts[0] == dim and experts[2] > 1:
-        whole = whole.chunk(experts[2])[experts[1]]
+    if experts is not None and experts[0] == dim:
+        whole = expert_block(whole, 0, experts[1], experts[2])
     return whole - 1
 
 
@@ -134,8 +134,8 @@ def _local(value: torch.Tensor, layout: Layout | None, tp_rank: int, tp: int, ex
     """This rank's block of a whole value: its tp shard, then its experts' slice."""
     if layout is not None:
         value = shard_tensor(value, layout, tp_rank, tp)
-    if experts is not None and experts[2] > 1:
-        value = value.chunk(experts[2], dim=experts[0])[experts[1]]
+    if experts is not None:
+        value = expert_block(value, *experts)
     return value
 
 

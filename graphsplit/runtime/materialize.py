@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..errors import GraphsplitError
 from ..ir.program import Program, StageProgram
-from ..ir.sharding import Layout, local_shape, shard_tensor
+from ..ir.sharding import Layout, expert_block, local_shape, shard_tensor
 from ..passes.grad_mode import params_without_grad
 from .fast_init import FastInit
 
@@ -87,7 +87,7 @@ def materialize_stage(
                 if canonical in shardings and local in stage.param_sources:
                     value = shard_tensor(value, shardings[canonical], tp_rank, tp)
                 if canonical in experts and local in stage.param_sources:
-                    value = value.chunk(ep, dim=experts[canonical])[ep_rank]
+                    value = expert_block(value, experts[canonical], ep_rank, ep)
                 if tuple(value.shape) != tuple(target.shape):
                     raise GraphsplitError(
                         f"weight {canonical!r} has shape {tuple(value.shape)}, the model expects {tuple(target.shape)}"
