@@ -83,7 +83,7 @@ def apply_ep(program: Program, modules: Mapping[int, nn.Module], mesh: DeviceMes
         for sub in module.modules():
             if isinstance(sub, EPComm):
                 sub.bind(mine)
-    return ExpertGradAverager(expert_parameters(program, modules), replicas, plan.dp)
+    return ExpertGradAverager(expert_parameters(program, modules), replicas, plan.dp, mine)
 
 
 def expert_parameters(program: Program, modules: Mapping[int, nn.Module]) -> list[nn.Parameter]:

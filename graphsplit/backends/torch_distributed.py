@@ -174,7 +174,8 @@ class DistributedPipeline:
 
     def process_groups(self) -> list[dist.ProcessGroup]:
         """Every group this rank's collectives run on, the default group aside (timeouts are set per group)."""
-        return [self.mesh.get_group(axis) for axis in MESH_AXES] + list(self.tied_groups.values())
+        experts = self.expert_averager.groups if self.expert_averager is not None else []
+        return [self.mesh.get_group(axis) for axis in MESH_AXES] + list(self.tied_groups.values()) + experts
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}

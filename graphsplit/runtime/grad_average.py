@@ -90,10 +90,13 @@ class ExpertGradAverager:
     agree, so a missing gradient is taken as zeros.
     """
 
-    def __init__(self, params: list[nn.Parameter], replicas: dist.ProcessGroup | None, dp: int) -> None:
+    def __init__(self, params: list[nn.Parameter], replicas: dist.ProcessGroup | None, dp: int,
+                 exchange: dist.ProcessGroup | None = None) -> None:
         self.params = params
         self.replicas = replicas
         self.dp = dp
+        # every group expert parallelism runs on (the token exchange's too): their timeouts are set with the mesh's
+        self.groups = [g for g in (exchange, replicas) if g is not None]
 
     def average(self) -> None:
         for p in self.params:
