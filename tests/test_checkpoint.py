@@ -85,7 +85,39 @@ def test_stage_policy_keeps_only_the_stage_inputs(example):
     program = compile_loaded(loaded, Plan(pp=2, checkpoint="stage")).program
     for st in program.stages:
         inputs = st.input_examples()
-        assert saved_bytes(st.gm, inputs) == sum(t.numel() * t.element_size() for t in inputs)
+        # the tensors the stage's one region reads, no more than the stage inputs (llama's second
+        # stage takes the token ids only for their length, computing the RoPE tables' slices inside)
+        (call,) = [n for n in st.gm.graph.nodes if n.op == "call_module" and str(n.target).startswith("ckpt_")]
+        region_inputs = sum(info(a).tensor.nbytes for a in call.all_input_nodes if info(a).tensor is not None)
+        assert saved_bytes(st.gm, inputs) == region_inputs <= sum(t.numel() * t.element_size() for t in inputs)
+
+
+def test_a_region_returns_no_value_computed_from_weights_alone():
+    """A weight's cast inside a region that a later stage reads (FSDP's bf16 norm weight cast to fp32)
+    or a buffer's slice (the RoPE tables cut to the sequence) is recomputed by the stage that reads it,
+    not returned and sent: a weight's gradient would then reach it only through the send, which
+    torch's split backward never follows (run --check under zero-bubble found
+    layers.2.attention_norm.weight without a gradient)."""
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    plan = Plan(pp=2, tp=2, dp=2, fsdp=True, autocast="bf16", checkpoint="stage", schedule="zero-bubble",
+                stages_per_rank=2)
+    program = compile_loaded(loaded, plan).program
+    recomputed = 0
+    for _, _, region in ckpt_calls(program):
+        graph = region.inner.graph
+        from_inputs: set = set()
+        for node in graph.nodes:  # tensors computed from the region's inputs (not just their sizes)
+            if info(node).value == "scalar":
+                continue
+            if node.op == "placeholder" or any(a in from_inputs for a in node.all_input_nodes):
+                from_inputs.add(node)
+        (outputs,) = [n.args[0] for n in graph.nodes if n.op == "output"]
+        assert all(o in from_inputs for o in outputs), [o.name for o in outputs if o not in from_inputs]
+        assert all(n.users for n in graph.nodes if n.op != "output"), "nothing dead is left in the region"
+        # the regions that read a weight's cast compute it from the weight (nor is it a kept input)
+        recomputed += sum(1 for n in graph.nodes if n.op == "call_method" and n.target == "to"
+                          and all(a.op == "get_attr" for a in n.all_input_nodes))
+    assert recomputed >= 1
 
 
 def ckpt_calls(program):

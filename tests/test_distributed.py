@@ -31,6 +31,10 @@ CASES = [
     # rank; torch's split backward (input gradients, weight gradients later) on stages cut mid-block;
     # plain dp without DDP (autograd.grad fires none of its hooks): gradients averaged after the step
     ("gpt.py", Plan(dp=2, pp=2, schedule="zbv", stages_per_rank=2)),
+    # zero bubble under FSDP in bf16 with whole-stage recompute at tp 2: the cut falls after a norm weight's
+    # fp32 cast, which the next stage recomputes from its own copy (sent, it lost its weight gradient)
+    ("llama.py", Plan(dp=2, pp=2, tp=2, schedule="zero-bubble", stages_per_rank=2, fsdp=True, autocast="bf16",
+                      checkpoint="stage")),
     # tensor x pipeline with activation checkpointing: tests/test_weights.py's run from a weights file
     # data parallel: DDP over the dp axis, each replica its share of the batch, gradients averaged
     # (tied embeddings synced per replica: test_parallelize's FSDP dp2 x pp2 x tp2 gpt)

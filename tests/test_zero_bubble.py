@@ -78,10 +78,13 @@ CASES = [
     ("last_input.py", Plan(pp=2, schedule="zbv", stages_per_rank=2)),
     # long skip connections: a stage sends a tensor its own next convolution saved for its weight gradient
     ("unet.py", Plan(pp=2, schedule="dualpipev", stages_per_rank=2)),
+    # both backwards recompute each selective region: torch's selective checkpoint hands out what it
+    # kept once, so the second would fail (ops/activation_checkpoint.py gives it out again)
+    ("llama.py", Plan(pp=2, schedule="zero-bubble", stages_per_rank=2, checkpoint="selective")),
 ]
 
 
-@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n.removesuffix('.py')}-{p.schedule}" for n, p in CASES])
+@pytest.mark.parametrize("name, plan", CASES, ids=[f"{n.removesuffix('.py')}-{p.schedule}-{p.checkpoint}" for n, p in CASES])
 def test_split_backward_matches_untouched_model(name, plan):
     path = EXAMPLES / name if (EXAMPLES / name).exists() else MODELS / name
     _, cmp = check_locally(load_model(str(path)), plan)

@@ -34,7 +34,7 @@ DEFAULT_BACKEND = "inductor"
 
 def apply_compile(modules: Iterable[nn.Module], backend: str = DEFAULT_BACKEND) -> None:
     """Compile every module of `modules` in place (`nn.Module.compile`)."""
-    from ..ops.tp import disable_for_compile
+    from ..ops.eager import disable_for_compile
 
     disable_for_compile()
     for module in modules:

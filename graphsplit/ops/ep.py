@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .tp import _eager
+from .eager import eager as _eager
 
 EP_COMM_ATTR = "ep_comm"
 

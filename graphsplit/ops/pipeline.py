@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .eager import eager
+
 
 class _DenseGrad(torch.autograd.Function):
     @staticmethod
@@ -48,6 +50,7 @@ class _Sent(torch.autograd.Function):
 
 
 @torch.fx.wrap
+@eager  # compiled, AOT autograd would return it as a view of `x` (another output): not detachable
 def sent(x: torch.Tensor) -> torch.Tensor:
     """`x` contiguous, as a tensor object of its own (see the module docstring)."""
     return _Sent.apply(x)

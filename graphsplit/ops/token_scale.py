@@ -18,7 +18,7 @@ import torch.fx
 import torch.nn as nn
 
 from ..errors import GraphsplitError
-from .tp import _eager
+from .eager import eager as _eager
 
 SCALE_ATTR = "token_scale"  # the attribute of a graph module that holds its factors
 

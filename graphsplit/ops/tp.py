@@ -32,48 +32,14 @@ The communicator (`TPComm`, its links and binding) is ops/tp_comm.py's.
 from __future__ import annotations
 
 import contextlib
-import functools
-from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.fx
 
 from ..ir.optable import OpKind, register_function_kind
+from .eager import eager as _eager
 from .tp_comm import TPComm
-
-# --compile: a collective is a graph break, not something dynamo traces into: its communicator is
-# Python (a process group, or the local backend's threads), and the compiled pieces between
-# collectives are where the work is. `torch.compiler.disable` imports torch._dynamo (seconds), so
-# each collective is disabled when first called or when stages are compiled (`disable_for_compile`),
-# not when this module is imported by every command.
-_LAZY: list[Any] = []
-
-
-def _eager(fn: Any) -> Any:
-    disabled: Any = None
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        nonlocal disabled
-        if disabled is None:
-            disabled = torch.compiler.disable(fn)
-        return disabled(*args, **kwargs)
-
-    def arm() -> None:
-        nonlocal disabled
-        if disabled is None:
-            disabled = torch.compiler.disable(fn)
-
-    _LAZY.append(arm)
-    return call
-
-
-def disable_for_compile() -> None:
-    """Make every collective a graph break before dynamo first traces a stage (it then finds each
-    one already disabled, never the lazy set-up)."""
-    for arm in _LAZY:
-        arm()
 
 
 class _CopyToTP(torch.autograd.Function):

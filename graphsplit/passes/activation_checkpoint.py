@@ -45,12 +45,12 @@ from fnmatch import fnmatchcase
 
 import torch.fx as fx
 
-from ..analysis.recompute import mutates
+from ..analysis.recompute import mutates, recomputable
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, NodeInfo, block_of, info
 from ..ir.optable import OpKind
 from ..ops.activation_checkpoint import CheckpointRegion
-from ..plan import Plan
+from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .manager import PassInput, PassResults
 
 _UNPLACED = ("placeholder", "get_attr", "output")
@@ -199,21 +199,27 @@ def _no_containers_leave(region: list[fx.Node]) -> bool:
     members = set(region)
     return all(info(n).value != "container" for n in region if any(u not in members for u in n.users))
 
-def _wrap(gm: fx.GraphModule, found: Region, index: int) -> None:
+def _wrap(gm: fx.GraphModule, found: Region, index: int, recomp: set[fx.Node], backward_twice: bool) -> None:
     region = found.nodes
     members = set(region)
+    # tensors the region reads that come from weights and buffers alone (a RoPE table cut to the
+    # sequence, a weight's cast) are computed inside it from them: not kept as region inputs
+    pulled = _recomputed_inputs(region, members, recomp)
     inputs: list[fx.Node] = []
-    for n in region:
+    for n in pulled + region:
         for a in n.all_input_nodes:
-            if a not in members and a.op != "get_attr" and a not in inputs:
+            if a not in members and a not in pulled and a.op != "get_attr" and a not in inputs:
                 inputs.append(a)
     leaving = [n for n in region if any(u not in members for u in n.users)]
-    # A size used outside is recomputed outside from the tensor it reads (which leaves the
-    # region instead): later stages recompute sizes from tensors, never receive them.
-    scalars = [n for n in leaving if info(n).value == "scalar"]
-    needed = _scalar_chain(scalars, members)
+    # What a stage could compute for itself (analysis/recompute.py) is recomputed outside, never
+    # returned: a size from the tensor it reads (which leaves the region instead), a cast or
+    # transpose of a weight from the weight. Later stages then recompute them too, never receive
+    # them: a weight's value sent to the next stage would reach its gradient only through the
+    # send, which torch's split backward (zero-bubble schedules) never follows.
+    own = [n for n in leaving if n in recomp]
+    needed = _recomputed_chain(own, members, recomp)
     roots = [a for n in needed for a in n.all_input_nodes if a in members and a not in needed]
-    outputs = [n for n in region if (n in leaving and n not in scalars) or n in roots]
+    outputs = [n for n in region if (n in leaving and n not in own) or n in roots]
     outputs = list(dict.fromkeys(outputs))
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -226,11 +232,17 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int) -> None:
             env[m] = sub.node_copy(m)
         return env[m]
 
-    for n in region:
+    for n in pulled + region:
         env[n] = sub.node_copy(n, get)
     sub.output(tuple(env[o] for o in outputs))
+    for n in reversed(region):  # recomputed outside only: not computed in here as well
+        if n in recomp and not env[n].users:
+            sub.erase_node(env[n])
+    for n in list(sub.nodes):
+        if n.op == "get_attr" and not n.users:  # nor its weight held by this stage for nothing
+            sub.erase_node(n)
     name = f"ckpt_{index}"
-    gm.add_submodule(name, CheckpointRegion(fx.GraphModule(gm, sub, class_name="Region"), found.selective))
+    gm.add_submodule(name, CheckpointRegion(fx.GraphModule(gm, sub, class_name="Region"), found.selective, backward_twice))
     stage = info(region[0]).stage
     with gm.graph.inserting_before(region[0]):
         call = gm.graph.call_module(name, tuple(inputs))
@@ -240,6 +252,8 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int) -> None:
     call.meta[META_KEY].extra.update(
         region=[n.name for n in region], unit=found.unit, policy="selective" if found.selective else "full",
         modules=list(dict.fromkeys(info(n).module for n in region)))
+    for a in {a for n in needed for a in n.all_input_nodes if a.op == "get_attr"}:
+        call.prepend(a)  # the weights the outside chain reads, defined before it
     with gm.graph.inserting_before(call.next):  # in order, right after the call
         reads = []
         for i, o in enumerate(outputs):
@@ -248,7 +262,7 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int) -> None:
             reads.append(r)
     outside = dict(zip(outputs, reads))
     with gm.graph.inserting_before((reads[-1] if reads else call).next):  # keeps the copies in order
-        for n in needed:  # the size chain, again, on the region's outputs
+        for n in needed:  # the recomputed chain, again, on the region's outputs
             copy = gm.graph.node_copy(n, lambda a: outside.get(a, a))
             copy.meta = {META_KEY: NodeInfo(**{**info(n).__dict__})}
             outside[n] = copy
@@ -256,18 +270,35 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int) -> None:
         o.replace_all_uses_with(r, delete_user_cb=lambda u: u not in members)
     for n in reversed(region):
         gm.graph.erase_node(n)
+    for n in reversed(pulled):  # computed in the region now, and read nowhere else
+        if not n.users:
+            gm.graph.erase_node(n)
 
 
-def _scalar_chain(scalars: list[fx.Node], members: set[fx.Node]) -> list[fx.Node]:
-    """The region's scalar nodes that `scalars` are computed from, in graph order."""
+def _recomputed_inputs(region: list[fx.Node], members: set[fx.Node], recomp: set[fx.Node]) -> list[fx.Node]:
+    """The tensors outside the region, computed from weights, buffers and sizes alone, that it reads
+    (and the ones they are computed from), in graph order."""
     found: set[fx.Node] = set()
-    todo = list(scalars)
+    todo = [a for n in region for a in n.all_input_nodes]
+    while todo:
+        a = todo.pop()
+        if a in found or a in members or a not in recomp or a.op == "get_attr" or info(a).value != "tensor":
+            continue
+        found.add(a)
+        todo.extend(a.all_input_nodes)
+    return [n for n in region[0].graph.nodes if n in found]
+
+
+def _recomputed_chain(leaving: list[fx.Node], members: set[fx.Node], recomp: set[fx.Node]) -> list[fx.Node]:
+    """The region's recomputable nodes that `leaving` are computed from, in graph order."""
+    found: set[fx.Node] = set()
+    todo = list(leaving)
     while todo:
         n = todo.pop()
         if n in found:
             continue
         found.add(n)
-        todo.extend(a for a in n.all_input_nodes if a in members and info(a).value == "scalar")
+        todo.extend(a for a in n.all_input_nodes if a in members and a in recomp)
     return [n for n in next(iter(members)).graph.nodes if n in found]
 
 
@@ -284,6 +315,6 @@ def checkpoint_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tu
         return gm, None
     found = regions(gm, plan)
     for i, region in enumerate(found):
-        _wrap(gm, region, i)
+        _wrap(gm, region, i, recomputable(gm.graph), plan.schedule in SPLIT_BACKWARD_SCHEDULES)
     gm.recompile()
     return gm, CheckpointRegions(tuple(tuple(n.name for n in r.nodes) for r in found))
