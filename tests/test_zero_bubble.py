@@ -116,3 +116,17 @@ def test_interleaved_schedules_run_micro_batch_counts_that_are_not_a_multiple_of
         cmp = run_training(str(EXAMPLES / "mlp.py"), plan, RunOptions(steps=1, check=True, timeout_s=240),
                            echo=lines.append)
         assert cmp is not None and cmp.ok, "\n".join(lines)
+
+
+def test_a_value_computed_from_weights_alone_is_never_sent_under_split_backward():
+    """`pos` embeds arange: sent by a stage after the first, its weight's gradient would come only
+    through the send, which torch's weight backward never follows (pos.weight trained without one).
+    The automatic cut avoids it; a cut the user names there is refused in one line."""
+    model = load_model(str(MODELS / "weight_sent.py"))
+    _, cmp = check_locally(model, Plan(pp=2, schedule="zbv", stages_per_rank=2))
+    assert cmp.ok, cmp.failures
+    with pytest.raises(GraphsplitError, match=r"stage 1 sends pos \(module pos\), computed from its weights alone"):
+        check_locally(model, Plan(pp=2, schedule="zbv", stages_per_rank=2, split_at=("pos", "mid", "out")))
+    # other schedules send it (its gradient flows back through the send)
+    _, cmp = check_locally(model, Plan(pp=2, schedule="interleaved-1f1b", stages_per_rank=2, split_at=("pos", "mid", "out")))
+    assert cmp.ok, cmp.failures

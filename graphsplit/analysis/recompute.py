@@ -9,6 +9,7 @@ value some op writes in place (ir/aliasing.py): it is computed once, and sent.
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
 from ..ir.aliasing import Storages
@@ -48,3 +49,50 @@ def mutates(node: fx.Node, name: str) -> bool:
     if schema is not None and schema.is_mutable:
         return True
     return name.endswith("_") and not name.endswith("__")
+
+
+def from_weights_alone(graph: fx.Graph) -> set[fx.Node]:
+    """Tensors computed from trainable weights and no input tensor (only sizes of inputs) that a
+    stage cannot recompute (a module's call, such as a position embedding of `arange`). Sent to a
+    later stage, such a value's gradient reaches its weights only through the send: torch's split
+    backward (zero-bubble schedules) computes weight gradients from the stage inputs' graph and
+    never follows it."""
+    gm = graph.owning_module
+    trainable: dict[fx.Node, bool] = {}
+    from_input: set[fx.Node] = set()
+    found: set[fx.Node] = set()
+    recomp = recomputable(graph)
+    for node in graph.nodes:
+        if node.op == "output":
+            continue
+        value = info(node).value
+        if node.op == "placeholder":
+            if value == "tensor":
+                from_input.add(node)
+            continue
+        if node.op == "get_attr":
+            p = _attr(gm, str(node.target))
+            trainable[node] = isinstance(p, torch.nn.Parameter) and p.requires_grad
+            continue
+        if value == "scalar":
+            continue
+        if any(a in from_input for a in node.all_input_nodes):
+            from_input.add(node)
+            continue
+        weights = any(trainable.get(a, False) for a in node.all_input_nodes)
+        if node.op == "call_module" and gm is not None:
+            weights = weights or any(p.requires_grad for p in gm.get_submodule(str(node.target)).parameters())
+        if weights:
+            trainable[node] = True
+            if node not in recomp:
+                found.add(node)
+    return found
+
+
+def _attr(gm: fx.GraphModule | None, target: str) -> object:
+    if gm is None:
+        return None
+    obj: object = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj

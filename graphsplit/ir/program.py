@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
-from ..analysis.recompute import recomputable
+from ..analysis.recompute import from_weights_alone, recomputable
 from ..errors import GraphsplitError
 from ..ops.pipeline import dense_grad
 from ..ops.pipeline import sent as sent_alias
@@ -259,6 +259,8 @@ def build_program(
         vals = sorted((v for v, last in last_need.items() if owner[v] <= b < last), key=order.__getitem__)
         boundaries.append(Boundary(b, [v.name for v in vals], [info(v).tensor for v in vals]))
     by_name = {n.name: n for n in nodes}
+    if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
+        _refuse_weights_sent(gm, owner, last_need, plan.schedule)
 
     # 4. One graph per stage.
     canon_p = canonical_names(gm, params=True)
@@ -360,3 +362,19 @@ def _drop_unused_scalars(graph: fx.Graph) -> None:
     for node in list(graph.nodes):
         if node.op == "get_attr" and not node.users:
             graph.erase_node(node)
+
+
+def _refuse_weights_sent(gm: fx.GraphModule, owner: dict[fx.Node, int], last_need: dict[fx.Node, int],
+                         schedule: str) -> None:
+    """Under torch's split backward a stage after the first finds its weight gradients from the
+    graph between its inputs and outputs; a value it sends that is computed from its weights alone
+    (analysis/recompute.py) is outside that graph, and those weights would train without gradients."""
+    alone = from_weights_alone(gm.graph)
+    for v, last in last_need.items():
+        if v in alone and 0 < owner[v] < last:
+            module = info(v).module or v.name
+            raise GraphsplitError(
+                f"stage {owner[v]} sends {v.name} (module {module}), computed from its weights alone: under "
+                f"{schedule!r} those weights would get no gradient (torch's split backward never follows a send); "
+                f"cut elsewhere (--split-at) or use interleaved-1f1b"
+            )

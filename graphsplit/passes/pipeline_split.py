@@ -6,7 +6,10 @@ the bytes it sends to the next one, so equal-cost cuts prefer narrow places
 (between blocks, not inside them). `Plan.split_at` module names override it.
 
 A cut is impossible where a container of tensors (a tuple from `split`, an
-LSTM's state) is live across it: only tensors cross. Scalars (sizes, ints) may
+LSTM's state) is live across it: only tensors cross. Under the zero-bubble
+schedules neither may a value computed from weights alone (a position
+embedding of `arange`): torch's split backward would leave its weights
+without gradients. Scalars (sizes, ints) may
 be live across a cut: the consuming stage recomputes them (see ir/program.py).
 
 Writes `NodeInfo.stage` on placeholders and computing nodes; `get_attr` nodes
@@ -20,10 +23,11 @@ import torch.fx as fx
 
 from ..analysis.balance import balanced_cuts
 from ..analysis.cost import boundary_cost, node_cost
-from ..analysis.recompute import recomputable
+from ..analysis.recompute import from_weights_alone, recomputable
 from ..errors import GraphsplitError
 from ..ir.aliasing import Storages
 from ..ir.meta import info
+from ..plan import SPLIT_BACKWARD_SCHEDULES
 from .manager import PassInput, PassResults
 
 _UNPLACED = ("placeholder", "get_attr", "output")
@@ -34,8 +38,10 @@ def schedulable(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if n.op not in _UNPLACED]
 
 
-def liveness(gm: fx.GraphModule) -> tuple[list[fx.Node], np.ndarray, np.ndarray]:
-    """For each cut k (before seq[k]): bytes of tensors live across it, and whether it is blocked."""
+def liveness(gm: fx.GraphModule, blocking: set[fx.Node] | frozenset[fx.Node] = frozenset()
+             ) -> tuple[list[fx.Node], np.ndarray, np.ndarray]:
+    """For each cut k (before seq[k]): bytes of tensors live across it, and whether it is blocked
+    (a container, or a value of `blocking`, is live across it)."""
     seq = schedulable(gm)
     n = len(seq)
     pos = {node: i for i, node in enumerate(seq)}
@@ -69,7 +75,10 @@ def liveness(gm: fx.GraphModule) -> tuple[list[fx.Node], np.ndarray, np.ndarray]
         ni = info(node)
         if node in recomp:
             continue
-        if ni.value == "tensor":
+        if node in blocking:
+            blocked[start] += 1
+            blocked[end + 1] -= 1
+        elif ni.value == "tensor":
             live[start] += ni.out_bytes
             live[end + 1] -= ni.out_bytes
             if storages.is_written(node):
@@ -148,7 +157,11 @@ def _explicit_cuts(gm: fx.GraphModule, seq: list[fx.Node], blocked: np.ndarray, 
 
 def pipeline_split_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:
     stages = inp.plan.num_stages
-    seq, live, blocked = liveness(gm)
+    # under split backward a value computed from weights alone must not be sent: the automatic cut
+    # avoids it; a cut the user chose is refused by ir/program.py, naming the value
+    automatic = inp.fixed_cuts is None and not inp.plan.split_at
+    split_backward = inp.plan.schedule in SPLIT_BACKWARD_SCHEDULES
+    seq, live, blocked = liveness(gm, from_weights_alone(gm.graph) if split_backward and automatic else frozenset())
     n = len(seq)
     valid = np.zeros(n + 1, dtype=bool)
     valid[1:n] = ~blocked[1:n]
