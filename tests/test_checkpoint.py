@@ -113,7 +113,8 @@ def test_a_region_returns_no_value_computed_from_weights_alone():
                 from_inputs.add(node)
         (outputs,) = [n.args[0] for n in graph.nodes if n.op == "output"]
         assert all(o in from_inputs for o in outputs), [o.name for o in outputs if o not in from_inputs]
-        assert all(n.users for n in graph.nodes if n.op != "output"), "nothing dead is left in the region"
+        # nor computed in the region for nothing, nor a weight held for it (unused sizes the model reads stay)
+        assert all(n.users for n in graph.nodes if n.op == "get_attr" or info(n).value == "tensor")
         # the regions that read a weight's cast compute it from the weight (nor is it a kept input)
         recomputed += sum(1 for n in graph.nodes if n.op == "call_method" and n.target == "to"
                           and all(a.op == "get_attr" for a in n.all_input_nodes))

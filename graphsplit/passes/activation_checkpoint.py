@@ -235,8 +235,8 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int, recomp: set[fx.Node], b
     for n in pulled + region:
         env[n] = sub.node_copy(n, get)
     sub.output(tuple(env[o] for o in outputs))
-    for n in reversed(region):  # recomputed outside only: not computed in here as well
-        if n in recomp and not env[n].users:
+    for n in reversed(needed):  # recomputed outside only: not computed in here as well
+        if not env[n].users:
             sub.erase_node(env[n])
     for n in list(sub.nodes):
         if n.op == "get_attr" and not n.users:  # nor its weight held by this stage for nothing
@@ -252,8 +252,9 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int, recomp: set[fx.Node], b
     call.meta[META_KEY].extra.update(
         region=[n.name for n in region], unit=found.unit, policy="selective" if found.selective else "full",
         modules=list(dict.fromkeys(info(n).module for n in region)))
-    for a in {a for n in needed for a in n.all_input_nodes if a.op == "get_attr"}:
-        call.prepend(a)  # the weights the outside chain reads, defined before it
+    top = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for a in {a for n in needed for a in n.all_input_nodes if a.op == "get_attr"} - {top}:
+        top.prepend(a)  # the weights the outside chain reads, defined before any use (they read nothing)
     with gm.graph.inserting_before(call.next):  # in order, right after the call
         reads = []
         for i, o in enumerate(outputs):
