@@ -155,6 +155,12 @@ def published() -> None:
                   f"{own.mfu * hw.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s per GPU, step {own.step_seconds:.1f} s, "
                   f"{own.memory['total'] / 2**30:.1f} GiB; {'at least as fast' if own.step_seconds <= best.step_seconds else 'SLOWER'}")
             print(f"    time: {breakdown(own)}")
+            zb = next((e for e in result.plans if e.plan.schedule in ("zero-bubble", "zbv", "dualpipev")), None)
+            if zb is not None:  # why the search's zero-bubble plans lose: see the refusal in plan.py
+                p = zb.plan
+                print(f"    best zero-bubble plan: tp{p.tp} pp{p.pp} dp{p.dp} {label(p)}: "
+                      f"{zb.mfu * hw.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s per GPU, step {zb.step_seconds:.1f} s "
+                      "(with FSDP it would be refused: zero-bubble under --compile with FSDP, bf16 and tp > 1)")
         else:
             print(f"    planner's own search ({took:.1f} s): nothing fits")
 

@@ -382,3 +382,21 @@ def test_more_micro_batches_than_samples_is_refused_not_priced_at_zero(gpt):
     _, profile = gpt
     with pytest.raises(GraphsplitError, match="16 micro-batches per replica but each of dp=1 replicas has 8 sample"):
         predict(profile, Plan(pp=2, microbatches=16))
+
+
+def test_zero_bubble_schedules_are_searched_and_a_chosen_one_trains_the_model(llama):
+    """The search proposes the zero-bubble schedules (priced from torch's own action order, their dp
+    collectives not overlapped); where one is the best of its shape it runs and equals the untouched
+    model (each schedule the planner picks runs under --check)."""
+    from graphsplit.launch.parity import check_locally
+
+    loaded, profile = llama
+    result = search(profile, 4, 80 * 2**30, load_hardware("h100"))
+    chosen = [e.plan for e in result.plans if e.plan.schedule in ("zero-bubble", "zbv", "dualpipev")]
+    assert chosen, "no zero-bubble plan among the fitting ones"
+    plan = next(p for p in chosen if not p.compile)
+    same_shape = [e for e in result.plans if (e.plan.pp, e.plan.tp, e.plan.dp) == (plan.pp, plan.tp, plan.dp)]
+    bubbles = {e.plan.schedule: e.bubble for e in same_shape}
+    assert bubbles[plan.schedule] < bubbles.get("1f1b", 1.0)
+    _, cmp = check_locally(loaded, plan)
+    assert cmp.ok, (plan, cmp.failures)

@@ -24,7 +24,8 @@ matmul) and recompute, every op priced by a roofline against the hardware
 collectives of a micro-batch on the tp group's link; the pipeline's sends; the
 schedule's bubble; expert parallelism's all-to-alls (each micro-batch's routed rows out and back,
 forward and backward, not overlapped); the dp gradient all-reduce (DDP) or all-gather + reduce-scatter
-(FSDP) on the dp group's link, overlapped with the last micro-batch's backward; and
+(FSDP) on the dp group's link, overlapped with the last micro-batch's backward (not under the
+zero-bubble schedules, which average after their last weight backward); and
 the optimizer's pass over its state.
 """
 
@@ -37,7 +38,7 @@ import numpy as np
 
 from ..plan import V_SCHEDULES, Plan
 from .hardware import Hardware
-from .schedules import bubble_fraction, in_flight, last_stage_in_flight
+from .schedules import ORDERED_SCHEDULES, bubble_fraction, in_flight, last_stage_in_flight
 
 FP32 = 4
 ADAMW_STATES = 2  # exp_avg, exp_avg_sq
@@ -182,7 +183,10 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         dp_comm = ring_seconds(grads - experts, dp, dp_bw, dp_lat, 2) + expert_comm
     else:
         dp_comm = 0.0
-    exposed_dp = max(0.0, dp_comm - 2 * bottleneck / 3)  # overlapped with the last micro-batch's backward
+    # overlapped with the last micro-batch's backward; under the zero-bubble schedules the gradients are
+    # averaged after the step (runtime/grad_average.py) or reduce-scattered after the last weight backward
+    overlap = 0.0 if plan.schedule in ORDERED_SCHEDULES else 2 * bottleneck / 3
+    exposed_dp = max(0.0, dp_comm - overlap)
     opt_bytes = grads * (7 if optimizer == "adamw" else 3) / (dp if plan.fsdp else 1)
     optimizer_seconds = opt_bytes / (hw.memory_bandwidth * hw.memory_efficiency) * share
     step = pipeline + exposed_dp + optimizer_seconds

@@ -29,11 +29,15 @@ from .estimate import Estimate, estimate
 from .hardware import Hardware
 from .parallel import Workers
 from .profile import build_all_tables
+from .schedules import ORDERED_SCHEDULES
 from .stages import plan_stages
 
 SCHEDULE_CHOICES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
                                                  ("interleaved-1f1b", 4), ("interleaved-1f1b", 8),
-                                                 ("looped-bfs", 2))
+                                                 ("looped-bfs", 2), ("zero-bubble", 2), ("zbv", 2), ("dualpipev", 2))
+# the zero-bubble schedules are priced from torch's own action order (planner/schedules.py), which
+# torch builds in Python: tried up to pp 16, where building it stays well under a second
+ZERO_BUBBLE_MAX_PP = 16
 CHECKPOINT_CHOICES = ("none", "selective", "first:1", "first:2", "blocks", "every:2", "every:4", "stage")
 AUTOCAST_CHOICES: tuple[str | None, ...] = (None, "bf16", "fp16")
 # torch.compile of each stage (Plan.compile): elementwise ops fused between the matmuls (stages.fused_seconds)
@@ -94,6 +98,12 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                 if v > 1 and not rounds_fit(schedule, pp, m):
                     left_out["an interleaved schedule needs micro-batches its rounds divide"] += 1
                     continue
+                if schedule in ORDERED_SCHEDULES and pp > ZERO_BUBBLE_MAX_PP:
+                    left_out[f"zero-bubble schedules are tried up to pp {ZERO_BUBBLE_MAX_PP}"] += 1
+                    continue
+                if schedule == "dualpipev" and m < pp * v:
+                    left_out["dualpipev needs a micro-batch per stage"] += 1
+                    continue
                 checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
                 # the three largest degrees: most of the expert weights' memory saved, the all-to-all
                 # growing slowly with ep (the search stays seconds, not minutes, on 256 experts)
@@ -101,9 +111,12 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                 sharding = [(False, 1), *([(True, 1)] if dp > 1 else []), *((f, e) for e in eps for f in (False, True))]
                 for checkpoint, autocast, (fsdp, ep), compiled, sp in itertools.product(
                         checkpoints, AUTOCAST_CHOICES, sharding, COMPILE_CHOICES, (False, True) if tp > 1 else (False,)):
-                    yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, ep=ep, microbatches=m if pp > 1 else None,
-                               schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
-                               compile=compiled, sequence_parallel=sp)
+                    try:
+                        yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, ep=ep, microbatches=m if pp > 1 else None,
+                                   schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
+                                   compile=compiled, sequence_parallel=sp)
+                    except GraphsplitError as exc:  # a combination the program refuses (plan.py says why)
+                        left_out[str(exc).split(": ", 1)[-1]] += 1
 
 
 def microbatch_counts(per_replica: int, pp: int) -> list[int]:
