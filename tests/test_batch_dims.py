@@ -137,3 +137,43 @@ def test_flux_position_ids_have_no_batch_dim():
     program = compile_loaded(zoo.loaded(zoo.BY_NAME["Flux"]), Plan(pp=2)).program
     assert program.batch.inputs == {"hidden_states": 0, "encoder_hidden_states": 0, "pooled_projections": 0,
                                     "timestep": 0, "img_ids": None, "txt_ids": None}
+
+
+def _mixers(path):
+    """Every (graph node, why) that mixes each dim of each input, and whether a buffer fixes it."""
+    from graphsplit.analysis.batch import discover
+
+    from .conftest import traced_once
+
+    loaded, traced = traced_once(path)
+    flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
+
+    def loss(raw, target):
+        return loaded.loss_fn(traced.unflatten_output(raw), target)
+
+    found = discover(traced.gm, traced.input_names, flat, lambda raw: list(raw) if isinstance(raw, tuple | list) else [raw],
+                     loss, loaded.target)
+    return traced.gm, found.mixers
+
+
+def test_the_nodes_that_mix_the_sequence_are_named():
+    """What context parallelism will read: the Llama example's tokens are mixed across the sequence
+    only inside its attention calls (SDPA, 4 layers) and line up with its RoPE tables; the GPT
+    example's by the matmuls and softmax of its hand-written attention, the token dim by nothing."""
+    from .conftest import EXAMPLES
+
+    gm, mixers = _mixers(EXAMPLES / "llama.py")
+    (batch, sequence) = mixers["idx"]
+    assert batch == ((), False)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    by, fixed = sequence
+    assert fixed and by, sequence
+    assert {nodes[name].target for name, _ in by} == {torch.nn.functional.scaled_dot_product_attention}
+    assert len({name for name, _ in by}) == 4
+
+    gm, mixers = _mixers(EXAMPLES / "gpt.py")
+    by, fixed = mixers["idx"][1]
+    assert fixed and mixers["idx"][0] == ((), False)
+    targets = {str(getattr(nodes_t, "__name__", nodes_t)) for nodes_t in
+               ({n.name: n for n in gm.graph.nodes}[name].target for name, _ in by)}
+    assert "scaled_dot_product_attention" not in targets and {"matmul", "softmax"} <= targets, targets

@@ -17,6 +17,10 @@ class Atoms:
         self.origin: list[int | None] = []  # the atom it was split from
         self.children: dict[int, tuple[int, ...]] = {}
         self.coupled: dict[int, str] = {}  # atom -> why (first reason), resolved through find()
+        # root -> every (graph node, why) that coupled it, in the order the ops ran: which nodes mix a
+        # dim (context parallelism may cut the sequence only where attention alone mixes it)
+        self.mixers: dict[int, list[tuple[str, str]]] = {}
+        self.at = ""  # the graph node running now ("" in the loss)
         # mixed only by indexing with computed indices (a mixture of experts routes each token's row out
         # and back): per-row in every model seen, but not provable from shapes: the batch when no
         # other dim is, said as assumed
@@ -48,9 +52,16 @@ class Atoms:
             for reasons in (self.coupled, self.routed):
                 if rb in reasons:
                     reasons.setdefault(ra, reasons.pop(rb))
+            if rb in self.mixers:
+                self.mixers.setdefault(ra, []).extend(self.mixers.pop(rb))
 
     def couple(self, a: int, why: str, routed: bool = False) -> None:
         (self.routed if routed else self.coupled).setdefault(self.find(a), why)
+        self.mixers.setdefault(self.find(a), []).append((self.at, why))
+
+    def mixed_by(self, a: int) -> list[tuple[str, str]]:
+        """Every (graph node, why) that coupled atom `a`'s class ("" as the node: the loss)."""
+        return list(self.mixers.get(self.find(a), []))
 
     def routed_by(self, a: int) -> str | None:
         return self.routed.get(self.find(a))

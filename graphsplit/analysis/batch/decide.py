@@ -29,6 +29,9 @@ class Decision:
     size: int  # the example's batch size (0: no batch)
     unproven: list[str] = field(default_factory=list)  # ops assumed to keep samples apart
     why_none: str = ""  # with no batch: why dim 0 of the first input is not one
+    # per input name, per dim: every (graph node, why) that mixes it ("" as the node: the loss), and
+    # whether it lines up with a weight's or buffer's dim (a position table): where a sequence may be cut
+    mixers: dict[str, tuple[tuple[tuple[tuple[str, str], ...], bool], ...]] = field(default_factory=dict)
 
 
 class ModelDidNotRun(Exception):
@@ -81,10 +84,12 @@ class _Runner(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self.node = n
+        self.discovery.atoms.at = n.name
         try:
             return super().run_node(n)
         finally:
             self.node = None
+            self.discovery.atoms.at = ""
 
 
 def _frame_source() -> str | None:
@@ -142,6 +147,8 @@ def discover(
                 loss_failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                 target_atoms = [None] * len(target_atoms)
     decision = _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared)
+    decision.mixers = {name: tuple((tuple(d.atoms.mixed_by(a)), d.atoms.fixed[d.atoms.find(a)]) if a >= 0 else ((), False)
+                                   for a in found) for name, found in input_atoms.items()}
     if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
         leaves = pytree.tree_leaves(meta_target)
         decision.target = tuple(next((k for k, s in enumerate(t.shape) if s == decision.size), None)
