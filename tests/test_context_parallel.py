@@ -83,3 +83,75 @@ def test_unbound_attention_is_the_models_own():
     q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
     torch.testing.assert_close(cp_attention(q, k, v, CPComm(2), is_causal=True),
                                F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def _rewritten(path):
+    """The model's traced graph with context parallelism's rewrite, after the check that only
+    attention mixes its sequence; and the loaded model file."""
+    from graphsplit.analysis.batch import discover
+    from graphsplit.compile import trace_loaded
+    from graphsplit.loader import load_model
+    from graphsplit.passes.context_parallel import check_sequence_mixers, context_parallel_rewrite
+    from graphsplit.runtime.materialize import model_tensors
+
+    loaded = load_model(str(path))
+    traced = trace_loaded(loaded)
+    flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
+    found = discover(traced.gm, traced.input_names, flat, lambda raw: list(raw) if isinstance(raw, tuple | list) else [raw],
+                     lambda raw, target: loaded.loss_fn(traced.unflatten_output(raw), target), loaded.target)
+    (by, _fixed) = found.mixers[traced.input_names[0]][1]
+    check_sequence_mixers(traced.gm, by)
+    gm = context_parallel_rewrite(traced.gm, CP)
+    model = loaded.build("cpu", seed=0)  # the traced graph holds meta tensors: run it on the model's own
+    tensors = model_tensors(model)
+    return loaded, lambda *inputs: traced.unflatten_output(torch.func.functional_call(gm, tensors, inputs)), gm, model
+
+
+def _model_worker(rank: int, port: int, path: str, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=CP, timeout=timedelta(seconds=60))
+    try:
+        loaded, run, gm, model = _rewritten(path)
+        gm.get_submodule("cp_comm").bind(dist.group.WORLD)
+        (idx,) = loaded.args
+        logits = run(shard_sequence(idx, 1, rank, CP))
+        loss = loaded.loss_fn(logits, shard_sequence(loaded.target, 1, rank, CP))
+        loss.backward()
+        grads = {}
+        for name, p in model.named_parameters():  # data-parallel ranks: their mean, as DDP takes it
+            dist.all_reduce(p.grad)
+            grads[name] = p.grad / CP
+        out[rank] = (logits.detach(), grads)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_the_llama_example_with_its_sequence_cut_in_two_equals_the_whole_model():
+    """Context parallelism's rewrite of the Llama example (SDPA, RoPE tables sliced to the sequence)
+    run on two processes, each its load-balanced half of every sequence: the logits put back in order
+    equal the whole model's, and the ranks' mean gradient (equal token counts: the mean of their token
+    means is the whole loss) equals the whole model's gradient."""
+    from .conftest import EXAMPLES
+
+    path = EXAMPLES / "llama.py"
+    out = mp.Manager().dict()
+    mp.spawn(_model_worker, args=(_free_port(), str(path), out), nprocs=CP, join=True)
+    loaded, run, _, model = _rewritten(path)  # unbound: the model's own computation
+    (idx,) = loaded.args
+    logits = run(idx)
+    loaded.loss_fn(logits, loaded.target).backward()
+    torch.testing.assert_close(unshard_sequence([out[r][0] for r in range(CP)], 1), logits.detach(), rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(out[0][1][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_sequence_mixed_outside_attention_is_refused_naming_the_module():
+    """The GPT example's hand-written attention (matmuls and softmax over the sequence) is not an SDPA
+    call context parallelism can gather at: refused in one line, not cut silently."""
+    from graphsplit.errors import GraphsplitError
+
+    from .conftest import EXAMPLES
+
+    with pytest.raises(GraphsplitError, match=r"--cp: the sequence is mixed outside attention \(_?softmax along it in module h\.0\.attn at gpt\.py:43"):
+        _rewritten(EXAMPLES / "gpt.py")

@@ -147,3 +147,20 @@ def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: CPComm
         outs.append(F.scaled_dot_product_attention(part, keys[..., :seen, :], values[..., :seen, :], attn_mask=mask,
                                                    dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa))
     return torch.cat(outs, -2)
+
+
+@torch.fx.wrap
+def cp_positions(length: int, comm: CPComm, device: Any = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`arange(length)` for this rank's shard of `length` tokens: the global positions it holds."""
+    if not comm.bound:
+        return torch.arange(length, device=device, dtype=dtype)
+    return shard_positions(length * comm.cp, comm.rank, comm.cp).to(device=device, dtype=dtype or torch.long)
+
+
+@torch.fx.wrap
+def cp_take(table: torch.Tensor, dim: int, length: int, comm: CPComm) -> torch.Tensor:
+    """`table` sliced to the first `length` entries along `dim`, for this rank's shard: the entries
+    at the global positions it holds (a RoPE table, a position embedding, a position-id buffer)."""
+    if not comm.bound:
+        return table.narrow(dim, 0, length)
+    return table.index_select(dim, cp_positions(length, comm, table.device))
