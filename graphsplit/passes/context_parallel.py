@@ -29,6 +29,8 @@ from ..ir.meta import info, module_path
 from ..ops.cp import CP_COMM_ATTR, CPComm, cp_attention, cp_positions, cp_take
 
 SDPA_ARGS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+# the spellings of SDPA in a graph: fx's (F.scaled_dot_product_attention) and torch.export's (ATen)
+SDPA = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 
 
 def check_sequence_mixers(gm: fx.GraphModule, mixers: Sequence[tuple[str, str]]) -> None:
@@ -37,7 +39,7 @@ def check_sequence_mixers(gm: fx.GraphModule, mixers: Sequence[tuple[str, str]])
     nodes = {n.name: n for n in gm.graph.nodes}
     for name, why in mixers:
         node = nodes.get(name)
-        if name == "" or (node is not None and node.target is F.scaled_dot_product_attention):
+        if name == "" or (node is not None and node.target in SDPA):
             continue
         module = (info(node).module or module_path(node)) if node is not None else ""
         source = info(node).source if node is not None else None
@@ -70,7 +72,7 @@ def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target is F.scaled_dot_product_attention:
+        if node.target in SDPA:
             q, k, v, *rest = node.args
             kwargs = dict(zip(SDPA_ARGS, rest), **node.kwargs)
             node.target, node.args, node.kwargs = cp_attention, (q, k, v, comm), kwargs
