@@ -34,6 +34,14 @@ pipeline_split). A region becomes one `CheckpointRegion` submodule called as
 `ckpt_N` and its outputs are read back with getitem, so stage code shows
 where recomputation happens. Results are bit-identical in fp32: the same ops
 run on the same values, twice.
+
+Values computed from weights, buffers and sizes alone (analysis/recompute.py: a
+RoPE table cut to the sequence, a weight's cast) never enter or leave a region as
+such: a region computes the ones it reads from the weights, and the ones read
+after it are computed again where they are read. So a region keeps none of them
+for backward, and no stage sends one (under the zero-bubble schedules a weight's
+value sent on would reach its gradient only through the send, which torch's split
+weight backward never follows).
 """
 
 from __future__ import annotations
