@@ -137,9 +137,11 @@ def test_the_llama_example_with_its_sequence_cut_in_two_equals_the_whole_model()
     path = EXAMPLES / "llama.py"
     out = mp.Manager().dict()
     mp.spawn(_model_worker, args=(_free_port(), str(path), out), nprocs=CP, join=True)
-    loaded, run, _, model = _rewritten(path)  # unbound: the model's own computation
-    (idx,) = loaded.args
-    logits = run(idx)
+    from graphsplit.loader import load_model
+
+    loaded = load_model(str(path))  # the untouched model on the whole batch
+    model = loaded.build("cpu", seed=0)
+    logits = model(*loaded.args)
     loaded.loss_fn(logits, loaded.target).backward()
     torch.testing.assert_close(unshard_sequence([out[r][0] for r in range(CP)], 1), logits.detach(), rtol=1e-5, atol=1e-5)
     for name, p in model.named_parameters():

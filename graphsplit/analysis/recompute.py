@@ -9,7 +9,6 @@ value some op writes in place (ir/aliasing.py): it is computed once, and sent.
 
 from __future__ import annotations
 
-import torch
 import torch.fx as fx
 
 from ..ir.aliasing import Storages
@@ -58,7 +57,8 @@ def from_weights_alone(graph: fx.Graph) -> set[fx.Node]:
     backward (zero-bubble schedules) computes weight gradients from the stage inputs' graph and
     never follows it."""
     gm = graph.owning_module
-    trainable: dict[fx.Node, bool] = {}
+    trainable = {name for name, p in gm.named_parameters() if p.requires_grad} if gm is not None else set()
+    weighted: set[fx.Node] = set()  # computed from trainable weights
     from_input: set[fx.Node] = set()
     found: set[fx.Node] = set()
     recomp = recomputable(graph)
@@ -71,28 +71,17 @@ def from_weights_alone(graph: fx.Graph) -> set[fx.Node]:
                 from_input.add(node)
             continue
         if node.op == "get_attr":
-            p = _attr(gm, str(node.target))
-            trainable[node] = isinstance(p, torch.nn.Parameter) and p.requires_grad
+            if str(node.target) in trainable:
+                weighted.add(node)
             continue
         if value == "scalar":
             continue
         if any(a in from_input for a in node.all_input_nodes):
             from_input.add(node)
             continue
-        weights = any(trainable.get(a, False) for a in node.all_input_nodes)
-        if node.op == "call_module" and gm is not None:
-            weights = weights or any(p.requires_grad for p in gm.get_submodule(str(node.target)).parameters())
-        if weights:
-            trainable[node] = True
+        if any(a in weighted for a in node.all_input_nodes) or (node.op == "call_module" and gm is not None and any(
+                p.requires_grad for p in gm.get_submodule(str(node.target)).parameters())):
+            weighted.add(node)
             if node not in recomp:
                 found.add(node)
     return found
-
-
-def _attr(gm: fx.GraphModule | None, target: str) -> object:
-    if gm is None:
-        return None
-    obj: object = gm
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-    return obj

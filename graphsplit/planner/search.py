@@ -4,7 +4,7 @@ Candidates: tp within a node (dividing the devices and the model's heads),
 pp up to the model's places to cut, dp the rest; DDP or FSDP, or for a mixture of experts DDP with
 expert parallelism over ep of the dp ranks (ep dividing the experts; with DDP or FSDP for the rest); micro-batch counts
 that divide each replica's batch; the schedules torch.distributed.pipelining
-runs (interleaved ones with 2 or 4 stages per rank); checkpoint none, selective,
+runs (interleaved ones with 2, 4 or 8 stages per rank; the zero-bubble ones up to pp 16); checkpoint none, selective,
 blocks, every:2, every:4 or stage; autocast none, bf16 or fp16 (fp16 only on hardware without bf16:
 elsewhere it prices as bf16 and needs a loss scaler); each stage under torch.compile
 or eager. Nothing is compiled per candidate: each is priced from the profile's per-op sums (profile.py), so the
