@@ -41,6 +41,9 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ep", type=int, default=None,
                      help="Expert-parallel ranks, drawn from --dp (default --dp = --ep): each mixture-of-experts "
                           "layer's experts placed whole on them, tokens exchanged by all-to-alls."),
+        click.option("--cp", type=int, default=None,
+                     help="Context-parallel ranks, drawn from --dp (default --dp = --cp): each sample's sequence "
+                          "cut across them (load-balanced), keys and values gathered at every attention call."),
         click.option("--fsdp", is_flag=True, default=None,
                      help="Shard parameters, gradients and optimizer state over the dp replicas (FSDP2, ZeRO-3)."),
         click.option("--sync-bn", "sync_bn", is_flag=True, default=None,
@@ -72,7 +75,7 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "ep", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank",
+_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "ep", "cp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank",
               "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "compile")
 
 
@@ -89,8 +92,8 @@ def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
         given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])
     if "split_at" in given:
         given["split_at"] = _split_points(given["split_at"])
-    if given.get("ep", 1) > 1 and "dp" not in given:  # expert-parallel ranks are data-parallel ones
-        given["dp"] = given["ep"]
+    if "dp" not in given and max(given.get("ep", 1), given.get("cp", 1)) > 1:  # ep and cp ranks are dp ones
+        given["dp"] = max(given.get("ep", 1), given.get("cp", 1))
     if given.get("schedule") in MULTI_STAGE_SCHEDULES and "stages_per_rank" not in given:
         given["stages_per_rank"] = 2
     return Plan(**given), bool(given)

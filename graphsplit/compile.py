@@ -11,6 +11,8 @@ The passes, in the order they run (each in graphsplit/passes/):
 - tensor_parallel/: shard linears and embeddings, insert the tp collectives;
 - vocab_parallel_loss.py: keep vocab-sharded logits sharded into a cross-entropy;
 - autocast.py: matmuls in bf16 / fp16, norms, softmax and the loss in fp32;
+- context_parallel.py: with --cp, each rank's shard of the sequence; keys and values gathered at
+  every attention call, positions made global;
 - pipeline_split.py: assign every node to a pipeline stage;
 - activation_checkpoint.py: wrap regions of each stage in activation checkpointing.
 """
@@ -30,12 +32,14 @@ from .analysis.batch import find_batch_dims
 from .analysis.loss_reduction import TokenMeans
 from .analysis.shapes import annotate
 from .errors import GraphsplitError
-from .ir.batch import BatchDims
+from .ir.batch import BatchDims, SequenceDims
 from .ir.program import Program, build_program
 from .ir.trace import trace_model
 from .ir.traced import Traced
+from .ops.cp import shard_tree, shard_values
 from .passes.activation_checkpoint import checkpoint_pass
 from .passes.autocast import autocast_pass
+from .passes.context_parallel import check_sequence_mixers, context_parallel_pass
 from .passes.expert_parallel import ExpertParallelResult, expert_parallel_pass
 from .passes.grad_mode import grad_mode_pass
 from .passes.manager import LossInput, Pass, PassInput, run_passes
@@ -55,6 +59,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("tensor_parallel", tensor_parallel_pass),
     ("vocab_parallel_loss", vocab_parallel_loss_pass),
     ("autocast", autocast_pass),
+    ("context_parallel", context_parallel_pass),
     ("pipeline_split", pipeline_split_pass),
     ("checkpoint", checkpoint_pass),
 )
@@ -132,6 +137,27 @@ def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas
     return tuple(split_microbatches(tuple(flat), replicas * n, dims)[0])
 
 
+def require_sequence(traced: Traced, plan: Plan, batch: BatchDims) -> SequenceDims:
+    """--cp: the sequence the plan cuts, checked: attention calls alone mix it, every value holding it
+    holds it as a dim of its own, and it divides into 2 x cp equal chunks (the load-balanced cut)."""
+    seq = batch.sequence
+    if seq is None:
+        raise GraphsplitError(f"--cp {plan.cp}: no input has a dim that an attention call "
+                              "(F.scaled_dot_product_attention) mixes, so there is no sequence to cut; drop --cp")
+    check_sequence_mixers(traced.gm, seq.mixers)
+    if seq.merged:
+        raise GraphsplitError(f"--cp {plan.cp}: {seq.merged[0]} holds the sequence merged with another dim; context "
+                              "parallelism cuts values that hold it as a dim of its own; drop --cp")
+    if seq.length % (2 * plan.cp):
+        where = next((f"input {n!r} dim {d}" for n, d in seq.inputs.items() if d is not None), "the inputs")
+        fits = [c for c in divisors(seq.length // 2) if c > 1] if seq.length % 2 == 0 else []
+        raise GraphsplitError(
+            f"--cp {plan.cp}: the sequence of {seq.length} tokens ({where}) cannot be cut into {2 * plan.cp} equal "
+            f"chunks (two per rank, balanced for causal attention); give a sequence length divisible by {2 * plan.cp}"
+            + (f", or --cp {', '.join(map(str, fits))}" if fits else ""))
+    return seq
+
+
 def find_batch(traced: Traced, flat: tuple[Any, ...], loss_fn: Any, target: Any,
                declared: dict[str, int | None] | None = None) -> BatchDims:
     """Where each input, the target and each output hold the batch (analysis/batch/)."""
@@ -206,9 +232,13 @@ def compile_program(
     traced = traced.copy() if traced is not None else trace_model(model, args, kwargs, source)
     timings["trace"] = time.perf_counter() - start
     flat = traced.flatten_inputs(args, kwargs)
-    replicas = plan.dp if global_batch else 1
+    replicas = plan.sample_replicas if global_batch else 1
+    if plan.cp > 1 and not global_batch:
+        raise GraphsplitError("--cp with parallelize() inside a rank is not supported yet: each rank would need "
+                              "its shard of the sequence; use `graphsplit run` or drop cp")
     start = time.perf_counter()
     batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
+    sequence = require_sequence(traced, plan, batch_dims) if plan.cp > 1 else None
     symbolic = export_batch_dims(traced, flat, batch_dims)
     if symbolic is not None:
         traced = trace_model(model, args, kwargs, source, batch_dims=symbolic)
@@ -218,13 +248,17 @@ def compile_program(
     if batch % replicas == 0:
         plan = plan.for_batch(batch // replicas)  # default micro-batches that divide this batch
     # Stages see micro-batches: analyze (shapes, bytes, FLOPs) at that size.
-    pieces = plan.num_microbatches * (plan.dp if global_batch else 1)
-    micro = first_microbatch(traced, flat, plan, plan.dp if global_batch else 1, batch_dims)
+    pieces = plan.num_microbatches * replicas
+    micro = first_microbatch(traced, flat, plan, replicas, batch_dims)
+    if sequence is not None:  # stages see one cp rank's shard of each sequence
+        micro = tuple(shard_values(micro, sequence.input_dims(traced.input_names), 0, plan.cp))
     start = time.perf_counter()
     annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
     timings["analyze"] = time.perf_counter() - start
     micro_target = (split_microbatches(target, pieces, batch_dims.target_dims(target))[0]
                     if target is not None else None)
+    if sequence is not None and micro_target is not None:
+        micro_target = shard_tree(micro_target, sequence.target, 0, plan.cp)
     loss = LossInput(loss_fn, micro_target, traced.out_spec) if loss_fn is not None else None
     run = run_passes(traced.gm, PassInput(plan, tuple(micro), fixed_cuts, loss), PASSES)
     timings.update({f"pass:{k}": v for k, v in run.timings.items()})

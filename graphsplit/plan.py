@@ -76,7 +76,8 @@ def divisors(n: int) -> list[int]:
 class Plan:
     """How to parallelize a model.
 
-    pp: pipeline ranks. ep: expert-parallel ranks (whole experts per rank, drawn from dp). sequence_parallel: Megatron's sequence parallelism on top of
+    pp: pipeline ranks. ep: expert-parallel ranks (whole experts per rank, drawn from dp). cp: context-parallel
+    ranks (each sample's sequence cut across them, drawn from dp). sequence_parallel: Megatron's sequence parallelism on top of
     tp (norms, dropout and residual adds on 1/tp of the sequence). stages_per_rank: virtual stages each pp rank holds
     (2 or more needs an interleaved schedule). microbatches: how many pieces
     the batch is cut into (default: the number of stages). split_at: module
@@ -96,6 +97,10 @@ class Plan:
     # expert parallelism: each mixture-of-experts layer's experts placed whole on ep ranks drawn
     # from the dp ranks (ep divides dp; each group of ep consecutive dp ranks exchanges tokens)
     ep: int = 1
+    # context parallelism: one sample's sequence cut across cp ranks drawn from the dp ranks (cp
+    # divides dp; each group of cp consecutive dp ranks holds the same samples, a load-balanced
+    # shard of each sequence, and gathers keys and values at every attention call: ops/cp.py)
+    cp: int = 1
     sync_bn: bool = False  # BatchNorm statistics over all dp replicas (one all-reduce per layer)
     # Megatron's sequence parallelism: between a row-parallel output and the next column-parallel
     # input (norms, dropout, residual adds) activations are split over tp on the sequence dim
@@ -111,13 +116,18 @@ class Plan:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("pp", "tp", "dp", "ep", "stages_per_rank"):
+        for name in ("pp", "tp", "dp", "ep", "cp", "stages_per_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise _fail(name, f"must be a positive integer, got {value!r}")
         if self.ep > 1 and self.dp % self.ep:
             raise _fail("ep", f"expert-parallel ranks are drawn from the data-parallel ones, so ep must divide dp; "
                               f"got ep={self.ep} with dp={self.dp}; give --dp {self.ep} (or a multiple of it)")
+        if self.cp > 1 and self.dp % self.cp:
+            raise _fail("cp", f"context-parallel ranks are drawn from the data-parallel ones, so cp must divide dp; "
+                              f"got cp={self.cp} with dp={self.dp}; give --dp {self.cp} (or a multiple of it)")
+        if self.cp > 1 and self.ep > 1:
+            raise _fail("cp", "context and expert parallelism together are not supported yet; drop --cp or --ep")
         if not isinstance(self.sequence_parallel, bool):
             raise _fail("sequence_parallel", f"must be true or false, got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp < 2:
@@ -214,6 +224,12 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.dp * self.pp * self.tp
+
+    @property
+    def sample_replicas(self) -> int:
+        """How many ways the samples of a global batch are shared: dp, less the cp ranks that share samples
+        (each cp group of dp ranks holds the same samples, a shard of every sequence)."""
+        return self.dp // self.cp
 
     @property
     def num_microbatches(self) -> int:

@@ -185,6 +185,10 @@ class LocalProgram:
         if plan.ep > 1:
             raise GraphsplitError("the local backend runs dp replicas one after the other, and expert parallelism "
                                   "exchanges their tokens at once; check --ep with graphsplit run --check (real processes)")
+        if plan.cp > 1:
+            raise GraphsplitError("the local backend runs dp replicas one after the other, and context parallelism "
+                                  "gathers their keys and values at once; check --cp with graphsplit run --check "
+                                  "(real processes)")
         self.program = program
         self.hub = ThreadHub(plan.tp) if plan.tp > 1 else None
         self.ranks: list[LocalPipeline] = []

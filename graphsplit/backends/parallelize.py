@@ -2,6 +2,7 @@
 `parallelize_*` functions read:
 
     apply_tp        the graphs' tp communicators bound to the mesh's tp group
+    apply_cp        context parallelism: the graphs' attention exchanges bound to the cp group
     apply_ep        expert parallelism: the graphs' token exchanges bound to the ep group, and the
                     averager of the expert weights' gradients (DDP leaves them alone)
     apply_sync_bn   synchronized BatchNorm layers bound to the dp group
@@ -32,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ..errors import GraphsplitError
 from ..ir.program import Program
+from ..ops.cp import CPComm
 from ..ops.ep import EPComm
 from ..ops.sync_bn import bind_dp_group
 from ..ops.tp_comm import TPComm, bind_tp_group
@@ -84,6 +86,28 @@ def apply_ep(program: Program, modules: Mapping[int, nn.Module], mesh: DeviceMes
             if isinstance(sub, EPComm):
                 sub.bind(mine)
     return ExpertGradAverager(expert_parameters(program, modules), replicas, plan.dp, mine)
+
+
+def apply_cp(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> None:
+    """Context parallelism: the graphs' attention exchanges bound to this rank's context-parallel group
+    (cp consecutive dp ranks at one (pp, tp) place: they hold the same samples, each its shard of
+    every sequence). Every rank calls `new_group` for every group, in one order."""
+    if plan.cp == 1:
+        return
+    grid = mesh.mesh  # global ranks, shape (dp, pp, tp)
+    me = dist.get_rank()
+    mine: dist.ProcessGroup | None = None
+    for p in range(grid.shape[1]):
+        for t in range(grid.shape[2]):
+            for first in range(0, plan.dp, plan.cp):
+                ranks = [int(grid[d, p, t]) for d in range(first, first + plan.cp)]
+                group = dist.new_group(ranks)
+                if me in ranks:
+                    mine = group
+    for module in modules:
+        for sub in module.modules():
+            if isinstance(sub, CPComm):
+                sub.bind(mine)
 
 
 def expert_parameters(program: Program, modules: Mapping[int, nn.Module]) -> list[nn.Parameter]:
@@ -274,6 +298,7 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     loss_graphs = [program.loss_gm] if program.loss_gm is not None else []
     output_comm = apply_tp([*modules.values(), *loss_graphs], mesh, plan)
     apply_sync_bn(modules.values(), mesh, plan)
+    apply_cp(modules.values(), mesh, plan)
     if plan.compile:  # before FSDP and DDP wrap the modules, as torchtitan orders them
         apply_compile(modules.values())
     experts = apply_ep(program, modules, mesh)

@@ -19,6 +19,22 @@ Dim = int | None
 
 
 @dataclass(frozen=True)
+class SequenceDims:
+    """Where each input, target leaf and output leaf holds the sequence that attention calls mix: what
+    context parallelism cuts (None: that value has no sequence and goes whole to every cp rank)."""
+
+    inputs: dict[str, Dim]
+    target: tuple[Dim, ...]
+    outputs: tuple[Dim, ...]
+    length: int
+    mixers: tuple[tuple[str, str], ...]  # every (graph node, why) that mixes it ("" as the node: the loss)
+    merged: tuple[str, ...] = ()  # values that hold it merged with another dim ("output 0 dim 0"): not cut
+
+    def input_dims(self, names: Sequence[str]) -> list[Dim]:
+        return [self.inputs.get(n) for n in names]
+
+
+@dataclass(frozen=True)
 class BatchDims:
     inputs: dict[str, Dim]  # by the traced input's name
     target: tuple[Dim, ...] = ()  # per leaf of the target
@@ -26,6 +42,7 @@ class BatchDims:
     size: int = 0  # the example's batch (0: no input carries one)
     how: str = "found"  # "found" in the graph, or "batch_dims()" (the model file's)
     notes: tuple[str, ...] = field(default=())  # what was assumed, what couples the batch
+    sequence: SequenceDims | None = None  # the sequence attention mixes, where found (context parallelism)
 
     @classmethod
     def leading(cls, names: Sequence[str], flat: Sequence[Any]) -> BatchDims:

@@ -238,7 +238,7 @@ def run_training(
             return None
         here = f" ({opts.nodes.per_node} on this node, node {opts.nodes.rank} of {opts.nodes.count})" \
             if opts.nodes is not None and opts.nodes.count > 1 else ""
-        echo(f"launching {plan.world_size} processes{here}: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''}{f' (ep={plan.ep})' if plan.ep > 1 else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
+        echo(f"launching {plan.world_size} processes{here}: dp={plan.dp}{' (fsdp)' if plan.fsdp else ''}{f' (ep={plan.ep})' if plan.ep > 1 else ''}{f' (cp={plan.cp})' if plan.cp > 1 else ''} x pp={plan.pp} x tp={plan.tp} ({plan.num_stages} stages, {plan.schedule}, "
              f"{plan.num_microbatches} micro-batch{'es' if plan.num_microbatches > 1 else ''})")
         if note := underfilled_note(plan):
             echo(f"note: {note}")
@@ -275,11 +275,13 @@ def _check_data(loaded: LoadedModel, plan: Plan, opts: RunOptions, echo: Callabl
     example = (loaded.args, loaded.kwargs)
     if loaded.train_data is not None:
         source = DataSource("train_data", loaded.train_data, example, plan.seed)
-        next(source.global_batches(plan.dp, start))
+        replicas = plan.sample_replicas
+        next(source.global_batches(replicas, start))
         kind = f"a dataset of {len(source.source)} samples" if is_dataset(source.source) else "batches"
-        echo(f"data: train_data() gives {kind}; global batch {source.rows}, each of {plan.dp} dp replica(s) "
-             f"trains on {source.rows // plan.dp}" + (f"; resuming at batch {start}" if start else ""))
+        shared = f" (each shared by {plan.cp} cp ranks, one shard of every sequence each)" if plan.cp > 1 else ""
+        echo(f"data: train_data() gives {kind}; global batch {source.rows}, each of {replicas} {'dp' if plan.cp == 1 else 'sample'} replica(s){shared} "
+             f"trains on {source.rows // replicas}" + (f"; resuming at batch {start}" if start else ""))
     if opts.eval_every:
         assert loaded.eval_data is not None
-        next(DataSource("eval_data", loaded.eval_data, example, plan.seed, shuffle=False).global_batches(plan.dp, cycle=False))
+        next(DataSource("eval_data", loaded.eval_data, example, plan.seed, shuffle=False).global_batches(plan.sample_replicas, cycle=False))
     return start

@@ -31,6 +31,7 @@ from ..plan import Plan
 from ..runtime.microbatch import (
     batch_size,
     join_outputs,
+    join_sequence,
     stage_output_dims,
 )
 from ..runtime.training import OptimConfig, default_loss, default_target
@@ -156,9 +157,10 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
             if r.tp_rank == 0:
                 replica_outputs[r.dp_rank] = r.output
     output = None
-    if replica_outputs:  # each dp replica computed its share of the batch
-        output = program.unflatten_output(join_outputs([replica_outputs[d] for d in sorted(replica_outputs)],
-                                                       stage_output_dims(program)))
+    if replica_outputs:  # each dp replica computed its share of the batch (cp ranks: a shard of its sequences)
+        shares = [join_sequence(program, [replica_outputs[d] for d in range(first, first + plan.cp)])
+                  for first in range(0, plan.dp, plan.cp)]
+        output = program.unflatten_output(join_outputs(shares, stage_output_dims(program)))
     cmp = compare(loss, output, {}, first, atol=LOW_PRECISION_ATOL if low else ATOL)
     for r in ranks if grads else ():
         def shard(name: str, full: torch.Tensor, tp_rank: int = r.tp_rank, ep_rank: int = r.dp_rank % plan.ep) -> torch.Tensor:
@@ -290,8 +292,10 @@ def check_run(program: Program, folder: Path, reference: ReferenceRun, echo: Cal
     loss = next(r.loss for r in ranks if r.loss is not None)
     cmp.notes.extend(check_notes(reference.batch, randoms or RandomOps(), plan))
     echo(f"check: untouched model in one process {reference.batch.describe()} vs graphsplit "
-         f"dp={plan.dp}{' (fsdp)' if plan.fsdp else ''} pp={plan.pp} tp={plan.tp}, "
-         f"{plan.dp * plan.num_microbatches} micro-batch{'es' if plan.dp * plan.num_microbatches > 1 else ''}")
+         f"dp={plan.dp}{' (fsdp)' if plan.fsdp else ''}{f' (cp={plan.cp})' if plan.cp > 1 else ''} pp={plan.pp} "
+         f"tp={plan.tp}, {plan.sample_replicas * plan.num_microbatches} micro-batch"
+         f"{'es' if plan.sample_replicas * plan.num_microbatches > 1 else ''}"
+         + (f", each sequence cut over {plan.cp} ranks" if plan.cp > 1 else ""))
     for note in cmp.notes:
         echo(f"  note: {note}")
     echo(f"  loss step {first_step:<4}{float(first.loss):.6f} (reference) vs {float(loss):.6f}")

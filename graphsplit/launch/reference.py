@@ -127,7 +127,7 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
     if train_data:
         assert loaded.train_data is not None
         source = DataSource("train_data", loaded.train_data, (loaded.args, loaded.kwargs), plan.seed, program=program)
-        batches: Iterator[Batch] = source.global_batches(plan.dp, data_start)
+        batches: Iterator[Batch] = source.global_batches(plan.sample_replicas, data_start)
     else:
         batches = itertools.repeat(Batch(loaded.args, loaded.kwargs, loaded.target))
     cut = reference_batch(model, plan)
@@ -172,7 +172,7 @@ def reference_eval(model: nn.Module, loaded: LoadedModel, plan: Plan, program: P
                         program=program)
     means = []
     with torch.no_grad():
-        for batch in source.global_batches(plan.dp, cycle=False):
+        for batch in source.global_batches(plan.sample_replicas, cycle=False):
             target = batch.target if batch.target is not None else _stand_in(program, batch)
             pieces = reference_batch(model, plan).pieces
             in_dims = call_dims(program, batch.args, batch.kwargs) if program is not None else None

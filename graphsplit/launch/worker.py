@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ..backends.torch_distributed import DistributedPipeline
     from ..ir.program import Program
     from ..loader import LoadedModel
+    from ..runtime.data import Batch
     from ..runtime.fast_init import FastInit
     from ..runtime.training import OptimConfig
 
@@ -225,17 +226,13 @@ def _train_batches(spec: RunSpec, loaded: LoadedModel, program: Program, dp_rank
     from ..runtime.training import default_target
 
     plan = program.plan
-
-    def prepared(batch: Batch) -> tuple[tuple[torch.Tensor, ...], Any]:
-        inputs = program.traced.flatten_inputs(batch.args, batch.kwargs)
-        target = batch.target if batch.target is not None else default_target(inputs, batch_size(program, inputs))
-        return to_device(inputs, device), to_device(target, device)
+    replicas, replica = plan.sample_replicas, dp_rank // plan.cp  # cp ranks share their samples
 
     if spec.train_data:
         assert loaded.train_data is not None
         source = DataSource("train_data", loaded.train_data, (loaded.args, loaded.kwargs), plan.seed, program=program)
-        for batch in source.batches(plan.dp, dp_rank, position):
-            yield prepared(batch)
+        for batch in source.batches(replicas, replica, position):
+            yield _prepared(program, batch, dp_rank, device)
         return
     target = loaded.target if loaded.target is not None else None
     whole = Batch(loaded.args, loaded.kwargs, target)
@@ -243,28 +240,36 @@ def _train_batches(spec: RunSpec, loaded: LoadedModel, program: Program, dp_rank
         flat = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
         whole.target = default_target(flat, batch_size(program, flat))
     dims = batch_tree_dims(program, whole.args, whole.kwargs, whole.target)
-    share = Batch.from_tree(split_microbatches(whole.tree(), plan.dp, dims)[dp_rank]) if plan.dp > 1 else whole
-    fixed = prepared(share)
+    share = Batch.from_tree(split_microbatches(whole.tree(), replicas, dims)[replica]) if replicas > 1 else whole
+    fixed = _prepared(program, share, dp_rank, device)
     while True:
         yield fixed
+
+
+def _prepared(program: Program, batch: Batch, dp_rank: int, device: torch.device) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """(flat inputs, target) of one sample replica's batch on `device`, each sequence cut to this
+    rank's shard under context parallelism."""
+    from ..runtime.microbatch import batch_size, sequence_share
+    from ..runtime.training import default_target
+
+    inputs = program.traced.flatten_inputs(batch.args, batch.kwargs)
+    target = batch.target if batch.target is not None else default_target(inputs, batch_size(program, inputs))
+    inputs, target = sequence_share(program, inputs, target, dp_rank % program.plan.cp)
+    return to_device(inputs, device), to_device(target, device)
 
 
 def _evaluate(loaded: LoadedModel, program: Program, pipe: DistributedPipeline, dp_rank: int,
               device: torch.device) -> float | None:
     """The mean loss over one pass of eval_data() (every rank runs it; the last stage gets the number)."""
     from ..runtime.data import DataSource
-    from ..runtime.microbatch import batch_size
-    from ..runtime.training import default_target
 
     assert loaded.eval_data is not None
     plan = program.plan
     source = DataSource("eval_data", loaded.eval_data, (loaded.args, loaded.kwargs), plan.seed, shuffle=False,
                         program=program)
     total, count = 0.0, 0
-    for batch in source.batches(plan.dp, dp_rank, cycle=False):
-        inputs = program.traced.flatten_inputs(batch.args, batch.kwargs)
-        target = batch.target if batch.target is not None else default_target(inputs, batch_size(program, inputs))
-        loss = pipe.evaluate(to_device(inputs, device), to_device(target, device))
+    for batch in source.batches(plan.sample_replicas, dp_rank // plan.cp, cycle=False):
+        loss = pipe.evaluate(*_prepared(program, batch, dp_rank, device))
         count += 1
         if loss is not None:
             total += float(loss)

@@ -24,12 +24,14 @@ would keep two chunks at a time at the cost of 2N-1 steps. Unbound (the meta ana
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 
 from .eager import eager as _eager
 
@@ -88,6 +90,20 @@ def unshard_sequence(shards: list[torch.Tensor], dim: int) -> torch.Tensor:
     order = _chunk_order(cp)
     by_place = [chunks[order.index(c)] for c in range(2 * cp)]
     return torch.cat(by_place, dim)
+
+
+def shard_values(values: Sequence[Any], dims: Sequence[int | None], rank: int, cp: int) -> list[Any]:
+    """Each tensor of `values` cut to rank `rank`'s shard along its dim in `dims` (None: whole)."""
+    return [shard_sequence(v, d, rank, cp) if isinstance(v, torch.Tensor) and d is not None else v
+            for v, d in zip(values, dims)]
+
+
+def shard_tree(tree: Any, dims: Sequence[int | None], rank: int, cp: int) -> Any:
+    """`shard_values` over a tree's leaves (a target), `dims` one per leaf."""
+    leaves, spec = pytree.tree_flatten(tree)
+    if len(dims) != len(leaves):  # a stand-in target the analysis did not see: no sequence in it
+        return tree
+    return pytree.tree_unflatten(shard_values(leaves, dims, rank, cp), spec)
 
 
 class _GatherSequence(torch.autograd.Function):

@@ -12,7 +12,9 @@ and each attention call gathers the whole sequence's keys and values. Every othe
 tokens one by one: batch discovery names each graph node that mixes a dim (Decision.mixers), and a
 sequence mixed by anything but the attention calls is refused naming the node's module.
 
-Not yet wired to `--cp` (the plan, the data cut, the check): see docs/status.md.
+It runs after tensor parallelism (whose attention rule reads the SDPA calls) and autocast, before
+the pipeline split; compile.py checks the sequence's mixers first (`check_sequence_mixers`) and
+analyzes the graph at one rank's shard of the sequence.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from ..errors import GraphsplitError
 from ..ir.meta import info, module_path
 from ..ops.cp import CP_COMM_ATTR, CPComm, cp_attention, cp_positions, cp_take
+from .manager import PassInput, PassResults
 
 SDPA_ARGS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 # the spellings of SDPA in a graph: fx's (F.scaled_dot_product_attention) and torch.export's (ATen)
@@ -95,3 +98,10 @@ def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
     graph.lint()
     gm.recompile()
     return gm
+
+
+def context_parallel_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:
+    """With --cp: `context_parallel_rewrite` (the checks on the sequence ran in compile.py)."""
+    if inp.plan.cp == 1:
+        return gm, None
+    return context_parallel_rewrite(gm, inp.plan.cp), None

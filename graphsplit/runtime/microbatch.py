@@ -128,6 +128,44 @@ def batch_tree_dims(program: Program, args: tuple[Any, ...], kwargs: dict[str, A
     return [*call_dims(program, args, kwargs), *program.batch.target_dims(target)]
 
 
+def sequence_share(program: Program, inputs: Sequence[Any], target: Any, cp_rank: int) -> tuple[tuple[Any, ...], Any]:
+    """Context parallelism: cp rank `cp_rank`'s load-balanced shard of every sequence in (flat inputs,
+    target), one sample replica's share; unchanged without cp."""
+    seq, cp = program.batch.sequence, program.plan.cp
+    if cp == 1 or seq is None:
+        return tuple(inputs), target
+    from ..ops.cp import shard_tree, shard_values
+
+    return (tuple(shard_values(inputs, seq.input_dims(program.traced.input_names), cp_rank, cp)),
+            shard_tree(target, seq.target, cp_rank, cp))
+
+
+def join_sequence(program: Program, shards: list[Any]) -> Any:
+    """The last stage's raw output over whole sequences from each cp rank's (rank order): sequence-
+    holding tensors put back in global order, the rest (a scalar: the model's own mean loss) as
+    `join_outputs` joins equal pieces."""
+    seq = program.batch.sequence
+    if len(shards) == 1 or seq is None:
+        return shards[0]
+    from ..ops.cp import unshard_sequence
+
+    dims: dict[int, int | None] = {}
+    for k, (what, i) in enumerate(program.output_leaves):
+        if what == "tensor":
+            dims.setdefault(i, seq.outputs[k] if k < len(seq.outputs) else None)
+    flat = [pytree.tree_flatten(s) for s in shards]
+    joined = []
+    for i, leaves in enumerate(zip(*(f[0] for f in flat))):
+        dim = dims.get(i)
+        if isinstance(leaves[0], torch.Tensor) and dim is not None:
+            joined.append(unshard_sequence(list(leaves), dim))
+        elif isinstance(leaves[0], torch.Tensor) and leaves[0].dim() == 0:
+            joined.append(torch.stack(leaves).mean(0))  # a mean over equal shards
+        else:
+            joined.append(leaves[0])
+    return pytree.tree_unflatten(joined, flat[0][1])
+
+
 def gather_outputs(program: Program, output: Any, comm: Any) -> Any:
     """The last stage's raw output with vocab-sharded tensors gathered (for checks and display)."""
     if not program.sharded_outputs or output is None:

@@ -12,8 +12,9 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ...errors import GraphsplitError
-from ...ir.batch import BatchDims
+from ...ir.batch import BatchDims, SequenceDims
 from ...ir.meta import SourceLine, info
+from ...ir.optable import OpKind, classify
 from .mode import Discovery
 from .rules import RULES, pointwise
 
@@ -32,6 +33,7 @@ class Decision:
     # per input name, per dim: every (graph node, why) that mixes it ("" as the node: the loss), and
     # whether it lines up with a weight's or buffer's dim (a position table): where a sequence may be cut
     mixers: dict[str, tuple[tuple[tuple[tuple[str, str], ...], bool], ...]] = field(default_factory=dict)
+    sequence: SequenceDims | None = None  # the dims attention calls mix (`_sequence`)
 
 
 class ModelDidNotRun(Exception):
@@ -149,6 +151,7 @@ def discover(
     decision = _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared)
     decision.mixers = {name: tuple((tuple(d.atoms.mixed_by(a)), d.atoms.fixed[d.atoms.find(a)]) if a >= 0 else ((), False)
                                    for a in found) for name, found in input_atoms.items()}
+    decision.sequence = _sequence(d, gm, input_names, input_atoms, target_atoms, outputs)
     if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
         leaves = pytree.tree_leaves(meta_target)
         decision.target = tuple(next((k for k, s in enumerate(t.shape) if s == decision.size), None)
@@ -156,6 +159,47 @@ def discover(
         decision.unproven.append(f"the loss did not run on meta ({loss_failed}): the target cut along its dim of "
                                  "the batch's size")
     return decision
+
+
+def _sequence(d: Discovery, gm: fx.GraphModule, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
+              target_atoms: list[tuple[int, ...] | None], outputs: list[Any]) -> SequenceDims | None:
+    """The class of the input dims an attention call (SDPA) mixes, and where every input, target leaf
+    and output holds it. With no attention call, the mixed dim a position table lines up with (its
+    mixers then name what --cp cannot cut); None when neither is found."""
+    atoms = d.atoms
+    attention = {n.name for n in gm.graph.nodes if n.op == "call_function" and classify(n, gm) == OpKind.ATTENTION}
+    found: dict[int, int] = {}  # root -> how many inputs hold it
+    for name in names:
+        for a in input_atoms.get(name, ()):
+            if a >= 0 and any(node in attention for node, _ in atoms.mixed_by(a)):
+                found[atoms.find(a)] = found.get(atoms.find(a), 0) + 1
+    if not found:  # no attention call: the dim a position table lines up with, so --cp names what mixes it
+        for name in names:
+            for a in input_atoms.get(name, ()):
+                if a >= 0 and atoms.fixed[atoms.find(a)] and atoms.mixed_by(a):
+                    found[atoms.find(a)] = found.get(atoms.find(a), 0) + 1
+    if not found:
+        return None
+    root = max(found, key=found.__getitem__)
+    merged: list[str] = []
+
+    def dim_of(labels: Sequence[Sequence[int]], what: str) -> int | None:
+        dims = [k for k, lab in enumerate(labels) if any(a >= 0 and atoms.find(a) == root for a in lab)]
+        if len(dims) != 1:
+            if dims:
+                merged.append(f"{what} (dims {', '.join(map(str, dims))})")
+            return None
+        if len(labels[dims[0]]) > 1:
+            merged.append(f"{what} dim {dims[0]}")
+            return None
+        return dims[0]
+
+    inputs = {n: dim_of([(a,) for a in input_atoms[n]], f"input {n!r}") if n in input_atoms else None for n in names}
+    target = tuple(dim_of([(a,) for a in t], f"target leaf {i}") if t is not None else None
+                   for i, t in enumerate(target_atoms))
+    outs = tuple(dim_of(d.value(t).labels, f"output {i}") if isinstance(t, torch.Tensor) else None
+                 for i, t in enumerate(outputs))
+    return SequenceDims(inputs, target, outs, atoms.size[root], tuple(atoms.mixers.get(root, ())), tuple(merged))
 
 
 def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
@@ -269,4 +313,4 @@ def find_batch_dims(
     if not found.size:
         notes.append(f"no batch: {found.why_none}")
     return BatchDims(dict(found.inputs), found.target, found.outputs, found.size,
-                     "batch_dims()" if declared is not None else "found", tuple(notes))
+                     "batch_dims()" if declared is not None else "found", tuple(notes), found.sequence)
