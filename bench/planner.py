@@ -12,7 +12,12 @@
    16,384 (400; The Llama 3 Herd of Models, Table 4), taking for the knobs the paper leaves open
    (schedule, checkpointing, FSDP) the fastest choice that fits; and the planner's own best plan for
    the same hardware, with the search time.
-3. With --deepseek: DeepSeek-V3 671B (bench/models/deepseek_v3_671b.py, HF's model from the report's config)
+3. Long context (context parallelism): Llama 3 405B at 131,072 tokens (bench/models/llama3_405b_128k.py)
+   in the published TP8 x CP16 x PP16 layout on 16,384 GPUs (380 TFLOP/s per GPU; the Llama 3 team's
+   SC'24 talk, the paper's section 3.3.2), priced as in 2; and Llama 3 70B at 131,072 tokens
+   (bench/models/llama3_70b_128k.py) on 64 GPUs: the planner's own best plan, and the best without
+   context parallelism (no published figure: the planner's choice and its reason).
+4. With --deepseek: DeepSeek-V3 671B (bench/models/deepseek_v3_671b.py, HF's model from the report's config)
    on 2,048 H100s: the report's PP16 x EP64 layout priced, and the planner's own best plan, in tokens per
    second per GPU beside the report's (14.8T tokens in 2.788M GPU hours).
 """
@@ -165,6 +170,61 @@ def published() -> None:
             print(f"    planner's own search ({took:.1f} s): nothing fits")
 
 
+# Llama 3 405B's long-context stage: TP8 x CP16 x PP16 on 16,384 H100s (DP 8), 16M tokens per batch
+LONG_PUBLISHED = (16384, Plan(tp=8, pp=16, dp=128, cp=16, microbatches=16, autocast="bf16"), 380)
+
+
+def long_context() -> None:
+    """Context parallelism at 131,072 tokens: the published 405B layout priced, and the planner's choice
+    for 70B on 64 GPUs beside the best plan without it."""
+    hw = load_hardware("h100")
+    loaded = load_model(str(ROOT / "bench" / "models" / "llama3_405b_128k.py"))
+    start = time.perf_counter()
+    profile = profile_model(loaded, (8,), hw.fused_attention)
+    profile.hardware = hw
+    profile.add(build_all_tables(profile.source, [(8, True)]))
+    gpus, shape, reported = LONG_PUBLISHED
+    print(f"\nLlama 3 405B at 131,072 tokens on {hw.name} (profile in {time.perf_counter() - start:.1f} s)")
+    best = None
+    for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8)):
+        for checkpoint in ("none", "selective", "blocks", "every:2", "every:4", "stage"):
+            for fsdp, compiled, sp in itertools.product((False, True), (False, True), (False, True)):
+                plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
+                                     compile=compiled, sequence_parallel=sp)
+                est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
+                               profile.model_flops_per_sample)
+                if est.memory["total"] <= 0.95 * hw.memory_bytes and (best is None or est.step_seconds < best.step_seconds):
+                    best = est
+    if best is None:
+        print(f"  {gpus} GPUs, TP8 x CP16 x PP16: no choice of schedule, checkpointing and FSDP fits")
+    else:
+        tflops = best.mfu * hw.peak_flops["bfloat16"] / 1e12
+        print(f"  {gpus} GPUs, TP8 x CP16 x PP16 x DP8 ({label(best.plan)}): predicted {tflops:.0f} TFLOP/s per GPU, "
+              f"published {reported} ({tflops / reported:.2f}x); step {best.step_seconds:.1f} s, "
+              f"{best.memory['total'] / 2**30:.1f} GiB per GPU")
+        print(f"    time: {breakdown(best)}")
+    loaded = load_model(str(ROOT / "bench" / "models" / "llama3_70b_128k.py"))
+    start = time.perf_counter()
+    result, _ = plan_model(loaded, 64, hw.memory_bytes, hw)
+    took = time.perf_counter() - start
+    print(f"\nLlama 3 70B at 131,072 tokens, batch 8, on 64 x {hw.name} ({took:.1f} s search)")
+    if not result.fits:
+        print("  nothing fits")
+        return
+    without = next((e for e in result.plans if e.plan.cp == 1), None)
+    for what, est in (("planner's best", result.plans[0]), ("best without cp", without)):
+        if est is None:
+            print(f"  {what}: none fits")
+            continue
+        p = est.plan
+        tflops = est.mfu * hw.peak_flops["bfloat16"] / 1e12
+        print(f"  {what}: tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} {label(p)}: {tflops:.0f} TFLOP/s per GPU, "
+              f"step {est.step_seconds:.1f} s, {est.memory['total'] / 2**30:.1f} GiB")
+        print(f"    time: {breakdown(est)}")
+    if without is not None and result.plans[0].plan.cp > 1:
+        print(f"  context parallelism: {without.step_seconds / result.plans[0].step_seconds:.2f}x faster than without")
+
+
 # DeepSeek-V3 (technical report): 2.788M H800 GPU hours for 14.8T tokens, on 2,048 GPUs with PP16 x EP64 and
 # ZeRO-1 data parallelism, no tensor parallelism (sections 3.2 and 1): 14.8e12 / 2.788e6 / 3600 tokens/s per GPU
 DEEPSEEK_TOKENS_PER_GPU_SECOND = 14.8e12 / 2.788e6 / 3600
@@ -228,6 +288,7 @@ def main() -> None:
     if not args.no_cpu:
         cpu(args.steps)
     published()
+    long_context()
     if args.deepseek:
         deepseek()
 

@@ -140,9 +140,13 @@ def _whole_sequence(x: torch.Tensor, comm: CPComm, dim: int = -2) -> torch.Tenso
 @_eager
 def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: CPComm, attn_mask: Any = None,
                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                 enable_gqa: bool = False) -> torch.Tensor:
+                 enable_gqa: bool = False, kv_repeat: int = 1) -> torch.Tensor:
     """`F.scaled_dot_product_attention` for this rank's queries over the whole sequence (module doc).
-    q, k, v: [..., sequence shard, head dim], the shard in the load-balanced order."""
+    q, k, v: [..., sequence shard, head dim], the shard in the load-balanced order. `kv_repeat`: k and
+    v come before the model's grouped-query `repeat_interleave(kv_repeat, dim=-3)`, which runs after
+    the gather (the exchange moves the key/value heads, not their copies)."""
+    if kv_repeat > 1 and not comm.bound:
+        k, v = k.repeat_interleave(kv_repeat, dim=-3), v.repeat_interleave(kv_repeat, dim=-3)
     if not comm.bound:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -150,6 +154,8 @@ def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: CPComm
         raise RuntimeError("context parallelism computes the causal mask from positions; an explicit "
                            "attention mask is not supported under it")
     keys, values = _whole_sequence(k, comm), _whole_sequence(v, comm)
+    if kv_repeat > 1:
+        keys, values = keys.repeat_interleave(kv_repeat, dim=-3), values.repeat_interleave(kv_repeat, dim=-3)
     if not is_causal:
         return F.scaled_dot_product_attention(q, keys, values, dropout_p=dropout_p, scale=scale,
                                               enable_gqa=enable_gqa)

@@ -27,7 +27,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ..errors import GraphsplitError
-from ..ir.meta import info, module_path
+from ..ir.meta import TensorSpec, info, module_path
 from ..ops.cp import CP_COMM_ATTR, CPComm, cp_attention, cp_positions, cp_take
 from .manager import PassInput, PassResults
 
@@ -64,6 +64,43 @@ def _sequence_length(node: object) -> bool:
     return False
 
 
+_CASTS = ("to", "type_as", torch.ops.aten._to_copy.default)
+
+
+def head_repeat(node: object, attention: fx.Node) -> tuple[int, fx.Node, fx.Node | None] | None:
+    """A grouped-query expansion `x.repeat_interleave(r, dim=1)` of a 4-dim [batch, heads, sequence,
+    head dim] value that only `attention` reads, maybe cast to autocast's dtype after it: (r, the
+    repeat_interleave node, the cast or None); None for anything else."""
+    if not isinstance(node, fx.Node) or len(node.users) != 1:
+        return None
+    cast = None
+    if node.op in ("call_method", "call_function") and node.target in _CASTS and isinstance(node.args[0], fx.Node) \
+            and len(node.args[0].users) == 1:
+        cast, node = node, node.args[0]
+    if node.op not in ("call_method", "call_function") or node.target not in (
+            "repeat_interleave", torch.repeat_interleave, torch.ops.aten.repeat_interleave.self_int):
+        return None
+    args = dict(zip(("input", "repeats", "dim"), node.args), **node.kwargs)
+    spec = info(node).tensor
+    if not isinstance(args.get("repeats"), int) or spec is None or len(spec.shape) != 4 or args.get("dim") not in (1, -3):
+        return None
+    return args["repeats"], node, cast
+
+
+def _before_repeat(expansion: tuple[int, fx.Node, fx.Node | None]) -> fx.Node:
+    """What the attention call takes in place of an expanded key or value: the value before the
+    repeat (through its cast, which now reads it directly). The caller erases the repeat."""
+    repeats, repeat, cast = expansion
+    source = repeat.args[0] if repeat.args else repeat.kwargs["input"]
+    if cast is None:
+        return source
+    cast.args = (source, *cast.args[1:])
+    before, after = info(source).tensor, info(cast).tensor
+    if before is not None and after is not None:
+        info(cast).tensor = TensorSpec(tuple(before.shape), after.dtype, after.requires_grad)
+    return cast
+
+
 def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
     """The rewrite in the module doc; the comm starts unbound (every call the model's own)."""
     gm.add_submodule(CP_COMM_ATTR, CPComm(cp))
@@ -78,7 +115,13 @@ def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
         if node.target in SDPA:
             q, k, v, *rest = node.args
             kwargs = dict(zip(SDPA_ARGS, rest), **node.kwargs)
+            ek, ev = head_repeat(k, node), head_repeat(v, node)
+            repeats = (ek[1], ev[1]) if ek is not None and ev is not None and ek[0] == ev[0] else ()
+            if repeats:  # gather the key/value heads, not their copies
+                k, v, kwargs["kv_repeat"] = _before_repeat(ek), _before_repeat(ev), ek[0]
             node.target, node.args, node.kwargs = cp_attention, (q, k, v, comm), kwargs
+            for repeat in repeats:
+                graph.erase_node(repeat)
             attention += 1
         elif node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0].op == "get_attr":
             table, index = node.args

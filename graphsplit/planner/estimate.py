@@ -23,7 +23,8 @@ matmul) and recompute, every op priced by a roofline against the hardware
 (FLOPs at the matmul or the vector rate, bytes at the memory bandwidth); the tp
 collectives of a micro-batch on the tp group's link; the pipeline's sends; the
 schedule's bubble; expert parallelism's all-to-alls (each micro-batch's routed rows out and back,
-forward and backward, not overlapped); the dp gradient all-reduce (DDP) or all-gather + reduce-scatter
+forward and backward, not overlapped); context parallelism's key/value all-gathers and reduce-scatters
+(not overlapped; a cp rank runs 1/cp of each sample and keeps the gathered keys and values); the dp gradient all-reduce (DDP) or all-gather + reduce-scatter
 (FSDP) on the dp group's link, overlapped with the last micro-batch's backward (not under the
 zero-bubble schedules, which average after their last weight backward); and
 the optimizer's pass over its state.
@@ -63,6 +64,8 @@ class Stages:
     # all-to-alls of one micro-batch's routed rows, forward and backward
     expert_param_bytes: np.ndarray | None = None
     a2a_seconds: np.ndarray | None = None
+    # context parallelism: each stage's key/value all-gathers (forward) and reduce-scatters (backward)
+    cp_seconds: np.ndarray | None = None
 
 
 @dataclass
@@ -96,7 +99,7 @@ class Estimate:
 
 
 def plan_fields(plan: Plan) -> dict[str, Any]:
-    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "ep": plan.ep, "fsdp": plan.fsdp, "microbatches": plan.num_microbatches,
+    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "ep": plan.ep, "cp": plan.cp, "fsdp": plan.fsdp, "microbatches": plan.num_microbatches,
             "schedule": plan.schedule, "stages_per_rank": plan.stages_per_rank, "checkpoint": plan.checkpoint,
             "autocast": plan.autocast, "compile": plan.compile, "sequence_parallel": plan.sequence_parallel}
 
@@ -166,7 +169,8 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     sends = np.where(np.arange(plan.num_stages) < plan.num_stages - 1, (st.send_bytes / pp_bw + pp_lat) * 2, 0.0) \
         if pp > 1 else np.zeros(plan.num_stages)
     a2a = st.a2a_seconds if st.a2a_seconds is not None else 0.0
-    stage_time = (3 * st.forward_seconds + st.recompute_seconds) * share + st.tp_seconds + sends + a2a
+    exchange = st.cp_seconds if st.cp_seconds is not None else 0.0
+    stage_time = (3 * st.forward_seconds + st.recompute_seconds) * share + st.tp_seconds + sends + a2a + exchange
     per_mb = by_rank(stage_time, "sum")
     bottleneck = float(per_mb.max())
     bubble = bubble_fraction(plan.schedule, pp, m, v)
@@ -196,6 +200,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     mfu = model_flops / (step * plan.world_size * peak) if step > 0 else 0.0
     comm_tp = float(by_rank(st.tp_seconds, "sum")[0]) * m
     comm_a2a = float(by_rank(st.a2a_seconds, "sum").max()) * m if st.a2a_seconds is not None else 0.0
+    comm_cp = float(by_rank(st.cp_seconds, "sum").max()) * m if st.cp_seconds is not None else 0.0
     return Estimate(
         plan=plan,
         memory=memory,
@@ -205,7 +210,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         mfu=mfu,
         bubble=bubble,
         time={"compute_and_tp": pipeline * (1 - bubble), "bubble": pipeline * bubble, "tp_collectives": comm_tp,
-              "all_to_all": comm_a2a,
+              "all_to_all": comm_a2a, "cp_exchange": comm_cp,
               "dp_exposed": exposed_dp, "dp_collectives": dp_comm, "optimizer": optimizer_seconds},
         busiest_rank=busiest,
         per_rank=per_rank,

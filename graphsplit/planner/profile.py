@@ -74,6 +74,9 @@ class ModelProfile:
     variants: dict[tuple[int, bool, bool], OpTable | str]
     folded: bool
     experts: int = 0  # what every MoE layer's expert count divides (0: no MoE layer): the ep degrees possible
+    # the sequence context parallelism can cut (attention calls alone mix it): its length; 0 none, and why
+    sequence: int = 0
+    no_sequence: str = ""
     source: _Source = field(repr=False, default=None)  # type: ignore[assignment]
     hardware: Any = None  # set by the search
 
@@ -233,6 +236,9 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
         if ni.kind == OpKind.GROUPED_LINEAR and len(node.args) > 2:
             grouped[i] = True
             expert_layers.setdefault((node.args[2], k), []).append((i, node, node2))
+        if ni.kind == OpKind.ATTENTION and node.op == "call_function":  # what context parallelism gathers
+            kv_a, kv_b = _gathered_bytes(node), _gathered_bytes(node2)
+            collectives += [(i, direction, "cp_gather", *_pair(kv_a, kv_b)) for direction in ("forward", "backward")]
         for direction, kind in node_collectives(node):
             src, src2 = (node, node2) if kind == "all_gather" else (node.args[0], node2.args[0])
             collectives.append((i, direction, kind, *_pair(info(src).out_bytes, info(src2).out_bytes)))
@@ -384,8 +390,45 @@ def start_profile(loaded: LoadedModel, fused_attention: bool = False) -> ModelPr
     source = _Source(base, fold_, (_inputs_of(flat, 2, dims, batch), _inputs_of(flat, 4, dims, batch)), losses,
                      fused_attention)
     annotate(base, source.inputs[0])
+    sequence, no_sequence = _cuttable_sequence(base, traced, flat, loaded)
     return ModelProfile(batch=batch, tokens_per_sample=tokens_per_sample(flat, dims), model_flops_per_sample=0.0,
-                        max_stages=1, has_blocks=False, variants={}, folded=fold_ is not None, source=source)
+                        max_stages=1, has_blocks=False, variants={}, folded=fold_ is not None, source=source,
+                        sequence=sequence, no_sequence=no_sequence)
+
+
+def _gathered_bytes(attention: fx.Node) -> int:
+    """The keys' and values' bytes context parallelism gathers at `attention`: before a grouped-query
+    expansion, as the pass gathers them (passes/context_parallel.py)."""
+    from ..passes.context_parallel import head_repeat
+
+    k, v = attention.args[1:3]
+    ek, ev = head_repeat(k, attention), head_repeat(v, attention)
+    repeats = ek[0] if ek is not None and ev is not None and ek[0] == ev[0] else 1
+    return sum(info(x).out_bytes for x in (k, v) if isinstance(x, fx.Node)) // repeats
+
+
+def _cuttable_sequence(gm: fx.GraphModule, traced: Any, flat: Sequence[Any], loaded: LoadedModel) -> tuple[int, str]:
+    """The length of the sequence `--cp` could cut, found as the compiler finds it (on the folded graph,
+    whose blocks are traced through), or 0 and why not."""
+    from ..analysis.batch import find_batch_dims
+    from ..passes.context_parallel import check_sequence_mixers
+
+    loss = None
+    if loaded.loss_fn is not None:
+        def loss(raw: Any, target: Any) -> Any:
+            return loaded.loss_fn(traced.unflatten_output(raw), target)
+
+    found = find_batch_dims(gm, traced.input_names, flat, lambda raw: list(raw) if isinstance(raw, tuple | list) else [raw],
+                            loss, loaded.target, loaded.batch_dims).sequence
+    if found is None:
+        return 0, "no attention call mixes a dim of the inputs"
+    try:
+        check_sequence_mixers(gm, found.mixers)
+    except GraphsplitError as exc:
+        return 0, str(exc).removeprefix("--cp: ").split("; drop --cp")[0]
+    if found.merged:
+        return 0, f"{found.merged[0]} holds the sequence merged with another dim"
+    return found.length, ""
 
 
 def profile_model(loaded: LoadedModel, tp_degrees: Sequence[int] = (1,), fused_attention: bool = False

@@ -44,6 +44,11 @@ AUTOCAST_CHOICES: tuple[str | None, ...] = (None, "bf16", "fp16")
 COMPILE_CHOICES = (False, True)
 MICROBATCH_EACH_END = 4  # micro-batch counts tried at each end of a replica's many divisors
 EP_CHOICES = 3  # expert-parallel degrees tried per dp: the largest that divide it and the experts
+# context parallelism is tried for sequences this long (Llama 3 trained at 8K tokens without it and used it
+# from its long-context stages on), or where the batch has fewer samples than the dp ranks: up to
+# CP_CHOICES degrees each (the smallest: each exchange grows with cp)
+LONG_SEQUENCE = 16384
+CP_CHOICES = 3
 # memory graphsplit does not model (the CUDA context, allocator fragmentation) is left free
 USABLE_FRACTION = 0.95
 
@@ -58,6 +63,7 @@ class SearchResult:
     considered: int
     left_out: Counter[str] = field(default_factory=Counter)  # reason -> count
     search_seconds: float = 0.0
+    no_cp: str = ""  # a long sequence context parallelism cannot cut: why
 
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -73,50 +79,69 @@ class SearchResult:
         return out
 
 
+def cp_degrees(dp: int, batch: int, sequence: int) -> list[int]:
+    """The context-parallel degrees tried at `dp` (cp drawn from it): 1, and where the sequence is long
+    (`LONG_SEQUENCE`) or the batch has fewer samples than dp ranks, the smallest `CP_CHOICES` degrees
+    that cut the sequence into 2 x cp equal chunks and leave a whole share of the batch per sample replica."""
+    if not sequence or (sequence < LONG_SEQUENCE and batch % dp == 0):
+        return [1]
+    found = [c for c in divisors(dp) if c > 1 and sequence % (2 * c) == 0 and batch % (dp // c) == 0]
+    return [1, *found[:CP_CHOICES]]
+
+
 def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_blocks: bool,
-               left_out: Counter[str], experts: int = 0) -> Iterator[Plan]:
+               left_out: Counter[str], experts: int = 0, sequence: int = 0) -> Iterator[Plan]:
     """Every plan shape for `gpus` devices; the ones that cannot work are counted in `left_out`.
     `experts`: what every MoE layer's expert count divides (0: none), for the expert-parallel degrees
-    (drawn from dp)."""
+    (drawn from dp); `sequence`: the length context parallelism may cut (0: none), for its degrees
+    (drawn from dp too)."""
     for tp in divisors(min(gpus, gpus_per_node)):
         for pp in divisors(gpus // tp):
             dp = gpus // (tp * pp)
-            if batch % dp:
-                left_out[f"batch {batch} cannot be shared by dp={dp} replicas"] += 1
-                continue
-            per_replica = batch // dp
-            schedules = [("1f1b", 1)] if pp == 1 else list(SCHEDULE_CHOICES)
-            for (schedule, v), m in itertools.product(schedules, microbatch_counts(per_replica, pp)):
-                if pp * v > max_stages:
-                    left_out[f"too few places to cut for {pp * v} stages"] += 1
+            for cp in cp_degrees(dp, batch, sequence):
+                if batch % (dp // cp):
+                    left_out[f"batch {batch} cannot be shared by dp={dp} replicas"] += 1
                     continue
-                if pp > 1 and m < pp:
-                    left_out["fewer micro-batches than pipeline stages"] += 1
-                    continue
-                if pp == 1 and m > 1:
-                    continue  # no pipeline: micro-batches only cost time
-                if v > 1 and not rounds_fit(schedule, pp, m):
-                    left_out["an interleaved schedule needs micro-batches its rounds divide"] += 1
-                    continue
-                if schedule in ORDERED_SCHEDULES and pp > ZERO_BUBBLE_MAX_PP:
-                    left_out[f"zero-bubble schedules are tried up to pp {ZERO_BUBBLE_MAX_PP}"] += 1
-                    continue
-                if schedule == "dualpipev" and m < pp * v:
-                    left_out["dualpipev needs a micro-batch per stage"] += 1
-                    continue
-                checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
-                # the three largest degrees: most of the expert weights' memory saved, the all-to-all
-                # growing slowly with ep (the search stays seconds, not minutes, on 256 experts)
-                eps = [e for e in divisors(dp) if e > 1 and experts % e == 0][-EP_CHOICES:] if experts else []
-                sharding = [(False, 1), *([(True, 1)] if dp > 1 else []), *((f, e) for e in eps for f in (False, True))]
-                for checkpoint, autocast, (fsdp, ep), compiled, sp in itertools.product(
-                        checkpoints, AUTOCAST_CHOICES, sharding, COMPILE_CHOICES, (False, True) if tp > 1 else (False,)):
-                    try:
-                        yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, ep=ep, microbatches=m if pp > 1 else None,
-                                   schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
-                                   compile=compiled, sequence_parallel=sp)
-                    except GraphsplitError as exc:  # a combination the program refuses (plan.py says why)
-                        left_out[str(exc).split(": ", 1)[-1]] += 1
+                yield from _shapes(tp, pp, dp, cp, batch, max_stages, has_blocks, left_out, experts)
+
+
+def _shapes(tp: int, pp: int, dp: int, cp: int, batch: int, max_stages: int, has_blocks: bool,
+            left_out: Counter[str], experts: int) -> Iterator[Plan]:
+    """The candidates of one (tp, pp, dp, cp) mesh: schedules, micro-batches, checkpointing, precision,
+    sharding, compile, sequence parallelism."""
+    per_replica = batch // (dp // cp)
+    schedules = [("1f1b", 1)] if pp == 1 else list(SCHEDULE_CHOICES)
+    for (schedule, v), m in itertools.product(schedules, microbatch_counts(per_replica, pp)):
+        if pp * v > max_stages:
+            left_out[f"too few places to cut for {pp * v} stages"] += 1
+            continue
+        if pp > 1 and m < pp:
+            left_out["fewer micro-batches than pipeline stages"] += 1
+            continue
+        if pp == 1 and m > 1:
+            continue  # no pipeline: micro-batches only cost time
+        if v > 1 and not rounds_fit(schedule, pp, m):
+            left_out["an interleaved schedule needs micro-batches its rounds divide"] += 1
+            continue
+        if schedule in ORDERED_SCHEDULES and pp > ZERO_BUBBLE_MAX_PP:
+            left_out[f"zero-bubble schedules are tried up to pp {ZERO_BUBBLE_MAX_PP}"] += 1
+            continue
+        if schedule == "dualpipev" and m < pp * v:
+            left_out["dualpipev needs a micro-batch per stage"] += 1
+            continue
+        checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
+        # the three largest degrees: most of the expert weights' memory saved, the all-to-all
+        # growing slowly with ep (the search stays seconds, not minutes, on 256 experts)
+        eps = [e for e in divisors(dp) if e > 1 and experts % e == 0][-EP_CHOICES:] if experts and cp == 1 else []
+        sharding = [(False, 1), *([(True, 1)] if dp > 1 else []), *((f, e) for e in eps for f in (False, True))]
+        for checkpoint, autocast, (fsdp, ep), compiled, sp in itertools.product(
+                checkpoints, AUTOCAST_CHOICES, sharding, COMPILE_CHOICES, (False, True) if tp > 1 else (False,)):
+            try:
+                yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, ep=ep, cp=cp, microbatches=m if pp > 1 else None,
+                           schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
+                           compile=compiled, sequence_parallel=sp)
+            except GraphsplitError as exc:  # a combination the program refuses (plan.py says why)
+                left_out[str(exc).split(": ", 1)[-1]] += 1
 
 
 def microbatch_counts(per_replica: int, pp: int) -> list[int]:
@@ -175,7 +200,7 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
     left_out: Counter[str] = Counter()
     groups: dict[tuple[int, bool, bool], list[tuple[int, Plan]]] = {}  # (tp, sequence parallel, low precision)
     plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out,
-                            profile.experts))
+                            profile.experts, profile.sequence))
     if "bfloat16" in hw.peak_flops:  # fp16 prices as bf16 does and needs a loss scaler: only bf16 is shown
         plans = [p for p in plans if p.autocast != "fp16"]
     for index, plan in enumerate(plans):
@@ -217,6 +242,8 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
         parts = {k: v for k, v in closest[1].memory.items() if k != "total"}
         result.too_large = max(parts, key=parts.__getitem__)
         result.devices_needed = _devices_needed(profile, gpus, gpu_memory, hw, per_node, optimizer)
+    if not profile.sequence and (profile.tokens_per_sample or 0) >= LONG_SEQUENCE:
+        result.no_cp = profile.no_sequence
     result.search_seconds = time.perf_counter() - start
     return result
 
@@ -227,7 +254,7 @@ def _devices_needed(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, per_
     budget = gpu_memory * USABLE_FRACTION
     while n <= 2**20:
         for plan in candidates(n, per_node, profile.batch, profile.max_stages, profile.has_blocks, Counter(),
-                               profile.experts):
+                               profile.experts, profile.sequence):
             if plan.autocast == "fp16" or (plan.dp > 1 and not plan.fsdp and plan.ep == 1) \
                     or plan.checkpoint not in ("blocks", "none") \
                     or plan.compile:

@@ -168,7 +168,7 @@ def _stage_of(bounds: list[int], positions: np.ndarray) -> np.ndarray:
 
 def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.ndarray | list[int]]:
     """What the policy does not change, for `plan.num_stages` stages at `b` samples per micro-batch."""
-    key = ("split", plan.num_stages, b, plan.tp, plan.ep, plan.pp, hw.name, plan.compile)
+    key = ("split", plan.num_stages, b, plan.tp, plan.ep, plan.cp, plan.pp, hw.name, plan.compile)
     if key in table.cache:
         return table.cache[key]
     n, count = table.n, plan.num_stages
@@ -179,7 +179,7 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
     prefix = np.concatenate([[0.0], np.cumsum(secs)])
     forward = prefix[bounds[1:]] - prefix[bounds[:-1]]
     tp_seconds = np.zeros(count)
-    tp_ops = [c for c in table.collectives if c[2] != "all_to_all"]
+    tp_ops = [c for c in table.collectives if c[2] not in ("all_to_all", "cp_gather")]
     if tp_ops and plan.tp > 1:
         ops = np.array([c[0] for c in tp_ops])
         nbytes = np.array([c[3] * b + c[4] for c in tp_ops], dtype=np.float64)
@@ -198,10 +198,23 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
         bw, lat = group_link(hw, plan.tp * plan.pp * plan.ep)
         times = (plan.ep - 1) / plan.ep * nbytes / bw + (plan.ep - 1) * lat
         a2a_seconds = np.bincount(_stage_of(bounds, ops), weights=np.where(nbytes > 0, times, 0.0), minlength=count)
+    cp_seconds, gathered = np.zeros(count), np.zeros(n)
+    attention = [c for c in table.collectives if c[2] == "cp_gather"]
+    if attention and plan.cp > 1:
+        ops = np.array([c[0] for c in attention])
+        # the whole sequence's keys and values of the cp group's samples (b is one rank's share: b x cp of them)
+        whole = np.array([c[3] * b * plan.cp + c[4] for c in attention], dtype=np.float64)
+        # the cp group: cp consecutive dp ranks, tp * pp apart; a ring all-gather forward (and in each
+        # recompute, priced with the forward), a reduce-scatter backward: (cp - 1) / cp of it over each link
+        bw, lat = group_link(hw, plan.tp * plan.pp * plan.cp)
+        times = (plan.cp - 1) / plan.cp * whole / bw + (plan.cp - 1) * lat
+        cp_seconds = np.bincount(_stage_of(bounds, ops), weights=np.where(whole > 0, times, 0.0), minlength=count)
+        for op, w in [(c[0], w) for c, w in zip(attention, whole) if c[1] == "forward"]:  # the gathered keys and values attention keeps for backward, beyond its shard
+            gathered[op] = (plan.cp - 1) / plan.cp * w
     live = table.at(table.live, b)
     send = np.array([int(live[e]) if e < n else 0 for e in bounds[1:]], dtype=np.int64)
     found = {"bounds": bounds, "param_bytes": param_bytes, "forward": forward, "tp": tp_seconds, "send": send,
-             "expert_bytes": expert_bytes, "a2a": a2a_seconds}
+             "expert_bytes": expert_bytes, "a2a": a2a_seconds, "cp": cp_seconds, "gathered": gathered}
     table.cache[key] = found
     return found
 
@@ -320,18 +333,30 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
 
 def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     """Each stage of `plan` (one tp rank's share), for one micro-batch."""
-    b = batch // plan.dp // plan.num_microbatches
-    if b < 1:
-        raise GraphsplitError(f"{plan.num_microbatches} micro-batches per replica but each of dp={plan.dp} replicas has "
-                              f"{batch // plan.dp} sample(s) of the batch of {batch}; give fewer micro-batches")
-    key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, plan.ep, plan.pp,
-           hw.name, plan.compile)
+    replicas = plan.sample_replicas
+    samples = batch // replicas // plan.num_microbatches
+    if samples < 1:
+        who = f"dp={plan.dp} replicas" if plan.cp == 1 else f"{replicas} sample replicas (dp={plan.dp}, cp={plan.cp})"
+        raise GraphsplitError(f"{plan.num_microbatches} micro-batches per replica but each of {who} has "
+                              f"{batch // replicas} sample(s) of the batch of {batch}; give fewer micro-batches")
+    # context parallelism: each rank runs 1/cp of every sample's tokens, and 1/cp of its attention (its
+    # queries over the whole sequence): priced as 1/cp of a sample
+    b: float = samples / plan.cp if plan.cp > 1 else samples
+    key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, plan.ep, plan.cp,
+           plan.pp, hw.name, plan.compile)
     if key in table.cache:
         return table.cache[key]
     split = _split(table, plan, b, hw)
     bounds = split["bounds"]
     saved, peak, recompute = _stage_kept(table.for_ep(plan.ep), plan.checkpoint, bounds, b, hw, plan.compile)
-    output = table.output[0] * b + table.output[1]
+    gathered = split["gathered"]
+    if gathered.any():  # the gathered keys and values: kept for backward, or live while a region recomputes
+        per_stage = np.array([gathered[a:e].sum() for a, e in zip(bounds[:-1], bounds[1:])])
+        if plan.checkpoint in ("none", "selective"):
+            saved = saved + per_stage.astype(np.int64)
+        else:
+            peak = peak + np.array([gathered[a:e].max() for a, e in zip(bounds[:-1], bounds[1:])]).astype(np.int64)
+    output = int(table.output[0] * b + table.output[1])
     found = Stages(
         param_bytes=split["param_bytes"],
         kept_param_bytes=_held(table, bounds, plan.dp, plan.ep) if plan.fsdp else split["param_bytes"],
@@ -344,6 +369,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         output_bytes=2 * output,  # the outputs, and the loss's buffer of their size (a log-softmax)
         expert_param_bytes=split["expert_bytes"],
         a2a_seconds=split["a2a"],
+        cp_seconds=split["cp"] if plan.cp > 1 else None,
     )
     table.cache[key] = found
     return found

@@ -23,6 +23,7 @@ MEMORY_PARTS = ("parameters", "gradients", "optimizer_state", "activations", "ou
 
 def _plan_cell(p: dict[str, Any]) -> str:
     ep = f" ep{p['ep']}" if p.get("ep", 1) > 1 else ""
+    ep += f" cp{p['cp']}" if p.get("cp", 1) > 1 else ""
     sched = "" if p["pp"] == 1 else f" {p['schedule']}" + (f"x{p['stages_per_rank']}" if p["stages_per_rank"] > 1 else "")
     return (f"tp{p['tp']}{' sp' if p.get('sequence_parallel') else ''} pp{p['pp']} dp{p['dp']}"
             f"{' fsdp' if p['fsdp'] else ''}{ep} mb{p['microbatches']}{sched} "
@@ -73,6 +74,30 @@ def render(result: SearchResult, header: str, top: int = 10, console: Console | 
             _seconds(d["time"]["tp_collectives"]), _seconds(d["time"]["dp_exposed"]),
         )
     console.print(table)
+    if why := why_cp(result):
+        console.print(why)
+
+
+def why_cp(result: SearchResult) -> str:
+    """Why the best plan cuts each sample's sequence (cp > 1): what the best plan without it costs;
+    or why context parallelism was not tried on a long sequence."""
+    if not result.plans:
+        return ""
+    best = result.plans[0]
+    if best.plan.cp == 1:
+        return f"context parallelism not tried: {result.no_cp}" if result.no_cp else ""
+    plan = best.plan
+    tokens = f"{round(best.tokens_per_second / best.samples_per_second):,} tokens" \
+        if best.tokens_per_second and best.samples_per_second else "sequence"
+    text = (f"cp{plan.cp}: each sample's {tokens} cut over {plan.cp} ranks (drawn from dp{plan.dp}: "
+            f"{plan.sample_replicas} sample replica{'s' if plan.sample_replicas > 1 else ''}), so each rank runs and "
+            f"keeps 1/{plan.cp} of it; ")
+    without = next((e for e in result.plans if e.plan.cp == 1), None)
+    if without is None:
+        return text + "no plan without context parallelism fits"
+    slower = without.step_seconds / best.step_seconds - 1
+    return text + (f"the fastest plan without it, {_plan_cell(without.to_dict()['plan'])}, takes "
+                   f"{_seconds(without.step_seconds)} a step ({slower:.0%} slower)")
 
 
 def write_plan_file(path: Path, result: SearchResult, context: dict[str, Any]) -> None:
