@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from graphsplit import Plan
 from graphsplit.ops.cp import (
     CPComm,
     cp_attention,
@@ -85,75 +86,86 @@ def test_unbound_attention_is_the_models_own():
                                F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
-def _rewritten(path):
-    """The model's traced graph with context parallelism's rewrite, after the check that only
-    attention mixes its sequence; and the loaded model file."""
-    from graphsplit.analysis.batch import discover
-    from graphsplit.compile import trace_loaded
+def test_grouped_query_keys_are_gathered_before_their_repeat():
+    """The rewrite hands attention the key/value heads (the Llama example's 2 of 4 heads; through
+    autocast's cast under bf16), so the exchange moves them and not their copies; unbound, the call
+    repeats them itself and equals the model's SDPA."""
+    from graphsplit.compile import compile_loaded
+    from graphsplit.ir.meta import info
     from graphsplit.loader import load_model
-    from graphsplit.passes.context_parallel import check_sequence_mixers, context_parallel_rewrite
-    from graphsplit.runtime.materialize import model_tensors
 
-    loaded = load_model(str(path))
-    traced = trace_loaded(loaded)
-    flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
-    found = discover(traced.gm, traced.input_names, flat, lambda raw: list(raw) if isinstance(raw, tuple | list) else [raw],
-                     lambda raw, target: loaded.loss_fn(traced.unflatten_output(raw), target), loaded.target)
-    (by, _fixed) = found.mixers[traced.input_names[0]][1]
-    check_sequence_mixers(traced.gm, by)
-    gm = context_parallel_rewrite(traced.gm, CP)
-    model = loaded.build("cpu", seed=0)  # the traced graph holds meta tensors: run it on the model's own
-    tensors = model_tensors(model)
-    return loaded, lambda *inputs: traced.unflatten_output(torch.func.functional_call(gm, tensors, inputs)), gm, model
-
-
-def _model_worker(rank: int, port: int, path: str, out: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=CP, timeout=timedelta(seconds=60))
-    try:
-        loaded, run, gm, model = _rewritten(path)
-        gm.get_submodule("cp_comm").bind(dist.group.WORLD)
-        (idx,) = loaded.args
-        logits = run(shard_sequence(idx, 1, rank, CP))
-        loss = loaded.loss_fn(logits, shard_sequence(loaded.target, 1, rank, CP))
-        loss.backward()
-        grads = {}
-        for name, p in model.named_parameters():  # data-parallel ranks: their mean, as DDP takes it
-            dist.all_reduce(p.grad)
-            grads[name] = p.grad / CP
-        out[rank] = (logits.detach(), grads)
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.timeout(180)
-def test_the_llama_example_with_its_sequence_cut_in_two_equals_the_whole_model():
-    """Context parallelism's rewrite of the Llama example (SDPA, RoPE tables sliced to the sequence)
-    run on two processes, each its load-balanced half of every sequence: the logits put back in order
-    equal the whole model's, and the ranks' mean gradient (equal token counts: the mean of their token
-    means is the whole loss) equals the whole model's gradient."""
     from .conftest import EXAMPLES
 
-    path = EXAMPLES / "llama.py"
-    out = mp.Manager().dict()
-    mp.spawn(_model_worker, args=(_free_port(), str(path), out), nprocs=CP, join=True)
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    for plan in (Plan(dp=2, cp=2), Plan(dp=2, cp=2, tp=2, autocast="bf16")):
+        program = compile_loaded(loaded, plan).program
+        calls = [n for s in program.stages for n in s.gm.graph.nodes if n.target is cp_attention]
+        assert len(calls) == 4 and all(n.kwargs["kv_repeat"] == 2 for n in calls)
+        heads = [tuple(info(x).tensor.shape)[1] for n in calls for x in n.args[:3]]
+        assert heads == [4 // plan.tp, 2 // plan.tp, 2 // plan.tp] * 4, heads  # q's heads, then k's and v's
+    q, k, v = torch.randn(1, 4, 8, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    torch.testing.assert_close(cp_attention(q, k, v, CPComm(2), is_causal=True, kv_repeat=2),
+                               F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                                              is_causal=True))
+
+
+def test_batch_discovery_finds_the_sequence_attention_mixes():
+    """Where every input, the target and the output hold the sequence: what --cp cuts and joins."""
+    from graphsplit.compile import compile_loaded
     from graphsplit.loader import load_model
 
-    loaded = load_model(str(path))  # the untouched model on the whole batch
-    model = loaded.build("cpu", seed=0)
-    logits = model(*loaded.args)
-    loaded.loss_fn(logits, loaded.target).backward()
-    torch.testing.assert_close(unshard_sequence([out[r][0] for r in range(CP)], 1), logits.detach(), rtol=1e-5, atol=1e-5)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(out[0][1][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    from .conftest import EXAMPLES
+
+    program = compile_loaded(load_model(str(EXAMPLES / "llama.py")), Plan()).program
+    seq = program.batch.sequence
+    assert seq is not None and (seq.inputs, seq.target, seq.outputs, seq.length, seq.merged) == \
+        ({"idx": 1}, (1,), (1,), 32, ())
+    nodes = {n.name: n for n in program.traced.gm.graph.nodes}
+    assert {nodes[n].target for n, _ in seq.mixers if n} == {F.scaled_dot_product_attention}  # only attention mixes it
 
 
-def test_a_sequence_mixed_outside_attention_is_refused_naming_the_module():
-    """The GPT example's hand-written attention (matmuls and softmax over the sequence) is not an SDPA
-    call context parallelism can gather at: refused in one line, not cut silently."""
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cp_composes_with_tp_and_pp_on_real_processes_and_matches_the_untouched_model():
+    """`run --check` at cp 2 x tp 2 x pp 2 (8 processes): each pair of dp ranks holds one sample
+    replica, each its load-balanced half of every sequence; loss, logits (the halves put back in
+    order) and every rank's gradients equal the untouched model's on the whole batch, over 2 steps."""
+    from graphsplit.launch.launcher import RunOptions, run_training
+
+    from .conftest import EXAMPLES
+
+    lines: list[str] = []
+    plan = Plan(dp=2, cp=2, tp=2, pp=2)
+    cmp = run_training(str(EXAMPLES / "llama.py"), plan, RunOptions(steps=2, check=True, timeout_s=240),
+                       echo=lines.append)
+    assert cmp is not None and cmp.ok, "\n".join(lines)
+    assert any("each sequence cut over 2 ranks" in line for line in lines), lines
+    assert any("on the whole global batch" in line for line in lines)
+    ranks = {int(k.rsplit("(rank ", 1)[1].rstrip(")")) for k in cmp.max_diff if k.startswith("grad")}
+    assert ranks == set(range(8)), "every rank's gradients compared"
+    assert lines[-1].startswith("check passed")
+
+
+def test_refusals_are_one_line_each():
+    """A sequence mixed outside attention (the GPT example's hand-written softmax), a sequence cp does
+    not cut into 2 x cp chunks, cp not dividing dp, cp with ep, the local backend: each one line."""
+    from graphsplit.compile import compile_loaded
     from graphsplit.errors import GraphsplitError
+    from graphsplit.launch.parity import check_locally
+    from graphsplit.loader import load_model
 
     from .conftest import EXAMPLES
 
-    with pytest.raises(GraphsplitError, match=r"--cp: the sequence is mixed outside attention \(_?softmax along it in module h\.0\.attn at gpt\.py:43"):
-        _rewritten(EXAMPLES / "gpt.py")
+    with pytest.raises(GraphsplitError, match=r"--cp: the sequence is mixed outside attention \(_?softmax along it in "
+                                              r"module h\.0\.attn at gpt\.py:43"):
+        compile_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, cp=2))
+    llama = load_model(str(EXAMPLES / "llama.py"))
+    with pytest.raises(GraphsplitError, match=r"--cp 3: the sequence of 32 tokens \(input 'idx' dim 1\) cannot be cut "
+                                              r"into 6 equal chunks.*--cp 2, 4, 8, 16"):
+        compile_loaded(llama, Plan(dp=3, cp=3))
+    with pytest.raises(GraphsplitError, match="cp must divide dp; got cp=2 with dp=3"):
+        Plan(dp=3, cp=2)
+    with pytest.raises(GraphsplitError, match="context and expert parallelism together are not supported yet"):
+        Plan(dp=2, cp=2, ep=2)
+    with pytest.raises(GraphsplitError, match="check --cp with graphsplit run --check"):
+        check_locally(llama, Plan(dp=2, cp=2))

@@ -400,3 +400,31 @@ def test_zero_bubble_schedules_are_searched_and_a_chosen_one_trains_the_model(ll
     assert bubbles[plan.schedule] < bubbles.get("1f1b", 1.0)
     _, cmp = check_locally(loaded, plan)
     assert cmp.ok, (plan, cmp.failures)
+
+
+def test_long_sequences_get_context_parallel_plans_and_the_reason():
+    """Llama 3 70B's shape at 131,072 tokens, 8 sequences a step on 64 H100s: the search tries cp (drawn
+    from dp) and its best plan cuts each sequence, faster than any plan without it, and says so; at
+    8,192 tokens with a batch that fills dp, cp is not tried."""
+    from graphsplit.planner.search import LONG_SEQUENCE, cp_degrees
+    from graphsplit.report.planning import why_cp
+
+    hw = load_hardware("h100")
+    loaded = load_model(str(ROOT / "bench" / "models" / "llama3_70b_128k.py"))
+    result, profile = plan_model(loaded, 64, hw.memory_bytes, hw)
+    assert profile.sequence == 131072
+    best = result.plans[0]
+    assert best.plan.cp > 1 and best.time["cp_exchange"] > 0
+    without = next(e for e in result.plans if e.plan.cp == 1)
+    assert without.step_seconds > best.step_seconds
+    assert why_cp(result).startswith(f"cp{best.plan.cp}: each sample's 131,072 tokens cut over {best.plan.cp} ranks")
+    # cp is priced as 1/cp of each sample per rank: the same plan at cp 2 computes about half per rank
+    one = estimate(without.plan.replace(pp=1, dp=8, microbatches=None, schedule="1f1b", stages_per_rank=1),
+                   plan_stages(profile, without.plan.replace(pp=1, dp=8, microbatches=None, schedule="1f1b",
+                                                             stages_per_rank=1)), hw, 8, 131072,
+                   profile.model_flops_per_sample)
+    cut = one.plan.replace(dp=16, cp=2)
+    two = estimate(cut, plan_stages(profile, cut), hw, 8, 131072, profile.model_flops_per_sample)
+    assert 0.45 < two.time["compute_and_tp"] / one.time["compute_and_tp"] < 0.6
+    assert cp_degrees(8, 2048, 8192) == [1] and cp_degrees(8, 4, 8192) == [1, 2, 4, 8]
+    assert cp_degrees(8, 8, LONG_SEQUENCE) == [1, 2, 4, 8] and cp_degrees(8, 8, 0) == [1]
