@@ -39,7 +39,12 @@ from .ir.traced import Traced
 from .ops.cp import shard_tree, shard_values
 from .passes.activation_checkpoint import checkpoint_pass
 from .passes.autocast import autocast_pass
-from .passes.context_parallel import check_sequence_mixers, context_parallel_pass
+from .passes.context_parallel import (
+    causal_masks,
+    check_sequence_mixers,
+    context_parallel_pass,
+    cut_positions,
+)
 from .passes.expert_parallel import ExpertParallelResult, expert_parallel_pass
 from .passes.grad_mode import grad_mode_pass
 from .passes.manager import LossInput, Pass, PassInput, run_passes
@@ -137,13 +142,17 @@ def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas
     return tuple(split_microbatches(tuple(flat), replicas * n, dims)[0])
 
 
-def require_sequence(traced: Traced, plan: Plan, batch: BatchDims) -> SequenceDims:
-    """--cp: the sequence the plan cuts, checked: attention calls alone mix it, every value holding it
-    holds it as a dim of its own, and it divides into 2 x cp equal chunks (the load-balanced cut)."""
+def require_sequence(traced: Traced, flat: tuple[Any, ...], plan: Plan, batch: BatchDims) -> SequenceDims:
+    """--cp: the sequence the plan cuts, checked: attention calls alone mix it (once causal masks built
+    from sizes are attention's own `is_causal`), every value holding it holds it as a dim of its own,
+    and it divides into 2 x cp equal chunks (the load-balanced cut). Then the values built from a
+    position are made this rank's (`cut_positions`): the graph has the shard's shapes."""
     seq = batch.sequence
     if seq is None:
-        raise GraphsplitError(f"--cp {plan.cp}: no input has a dim that an attention call "
-                              "(F.scaled_dot_product_attention) mixes, so there is no sequence to cut; drop --cp")
+        raise GraphsplitError(f"--cp {plan.cp}: no input has a dim that an F.scaled_dot_product_attention call "
+                              "mixes (attention written out as matmul and softmax is not cut; HF models take "
+                              "attn_implementation='sdpa'), so there is no sequence to cut; drop --cp")
+    causal_masks(traced.gm, traced.input_names, flat)
     check_sequence_mixers(traced.gm, seq.mixers)
     if seq.merged:
         raise GraphsplitError(f"--cp {plan.cp}: {seq.merged[0]} holds the sequence merged with another dim; context "
@@ -155,6 +164,7 @@ def require_sequence(traced: Traced, plan: Plan, batch: BatchDims) -> SequenceDi
             f"--cp {plan.cp}: the sequence of {seq.length} tokens ({where}) cannot be cut into {2 * plan.cp} equal "
             f"chunks (two per rank, balanced for causal attention); give a sequence length divisible by {2 * plan.cp}"
             + (f", or --cp {', '.join(map(str, fits))}" if fits else ""))
+    cut_positions(traced.gm, plan.cp)
     return seq
 
 
@@ -172,11 +182,19 @@ def find_batch(traced: Traced, flat: tuple[Any, ...], loss_fn: Any, target: Any,
     return find_batch_dims(traced.gm, traced.input_names, flat, leaves, loss, target, declared)
 
 
-def export_batch_dims(traced: Traced, flat: tuple[Any, ...], batch: BatchDims) -> dict[int, int | None] | None:
+def export_batch_dims(traced: Traced, flat: tuple[Any, ...], batch: BatchDims,
+                      sequence: bool = False) -> dict[int, Any] | None:
     """The batch dims (by input tensor id) to trace again with, when torch.export left dim 0 symbolic
-    and fixed the batch's real dim (a seq-first model's 1); None: this trace runs on micro-batches."""
+    and fixed the batch's real dim (a seq-first model's 1); None: this trace runs on micro-batches.
+    `sequence` (context parallelism): the sequence's dims symbolic too (export fixes every other size,
+    and each cp rank runs the graph on its shard of the sequence)."""
     dims = batch.input_dims(traced.input_names)
-    if traced.tracer != "export" or all(d in (0, None) for d in dims):
+    if traced.tracer != "export":
+        return None
+    if sequence and batch.sequence is not None:
+        seq = batch.sequence.input_dims(traced.input_names)
+        return {id(t): (d, s) for t, d, s in zip(flat, dims, seq)}
+    if all(d in (0, None) for d in dims):
         return None
     return {id(t): d for t, d in zip(flat, dims)}
 
@@ -238,11 +256,13 @@ def compile_program(
                               "its shard of the sequence; use `graphsplit run` or drop cp")
     start = time.perf_counter()
     batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
-    sequence = require_sequence(traced, plan, batch_dims) if plan.cp > 1 else None
-    symbolic = export_batch_dims(traced, flat, batch_dims)
+    symbolic = export_batch_dims(traced, flat, batch_dims, sequence=plan.cp > 1)
     if symbolic is not None:
         traced = trace_model(model, args, kwargs, source, batch_dims=symbolic)
         flat = traced.flatten_inputs(args, kwargs)
+        if plan.cp > 1:  # the sequence's mixers, by the new graph's node names
+            batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
+    sequence = require_sequence(traced, flat, plan, batch_dims) if plan.cp > 1 else None
     timings["batch"] = time.perf_counter() - start
     batch = batch_dims.size if batch_dims.batched else 1
     if batch % replicas == 0:

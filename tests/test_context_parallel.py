@@ -124,25 +124,32 @@ def test_batch_discovery_finds_the_sequence_attention_mixes():
     assert {nodes[n].target for n, _ in seq.mixers if n} == {F.scaled_dot_product_attention}  # only attention mixes it
 
 
+REAL = [("examples", "llama.py", Plan(dp=2, cp=2, tp=2, pp=2)),
+        # HF's LlamaForCausalLM unmodified, through torch.export: its mask built from positions becomes
+        # SDPA's is_causal, its position ids this rank's global positions
+        ("models", "hf_llama.py", Plan(dp=2, cp=2, tp=2))]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_cp_composes_with_tp_and_pp_on_real_processes_and_matches_the_untouched_model():
-    """`run --check` at cp 2 x tp 2 x pp 2 (8 processes): each pair of dp ranks holds one sample
+@pytest.mark.parametrize("where, name, plan", REAL, ids=[f"{n.removesuffix('.py')}-cp{p.cp}-tp{p.tp}-pp{p.pp}"
+                                                         for _, n, p in REAL])
+def test_cp_composes_with_tp_and_pp_on_real_processes_and_matches_the_untouched_model(where, name, plan):
+    """`run --check` at cp 2 x tp 2 (x pp 2: 8 processes): each pair of dp ranks holds one sample
     replica, each its load-balanced half of every sequence; loss, logits (the halves put back in
     order) and every rank's gradients equal the untouched model's on the whole batch, over 2 steps."""
     from graphsplit.launch.launcher import RunOptions, run_training
 
-    from .conftest import EXAMPLES
+    from .conftest import EXAMPLES, MODELS
 
     lines: list[str] = []
-    plan = Plan(dp=2, cp=2, tp=2, pp=2)
-    cmp = run_training(str(EXAMPLES / "llama.py"), plan, RunOptions(steps=2, check=True, timeout_s=240),
-                       echo=lines.append)
+    path = (EXAMPLES if where == "examples" else MODELS) / name
+    cmp = run_training(str(path), plan, RunOptions(steps=2, check=True, timeout_s=240), echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("each sequence cut over 2 ranks" in line for line in lines), lines
     assert any("on the whole global batch" in line for line in lines)
     ranks = {int(k.rsplit("(rank ", 1)[1].rstrip(")")) for k in cmp.max_diff if k.startswith("grad")}
-    assert ranks == set(range(8)), "every rank's gradients compared"
+    assert ranks == set(range(plan.world_size)), "every rank's gradients compared"
     assert lines[-1].startswith("check passed")
 
 
@@ -156,7 +163,8 @@ def test_refusals_are_one_line_each():
 
     from .conftest import EXAMPLES
 
-    with pytest.raises(GraphsplitError, match=r"--cp: the sequence is mixed outside attention \(_?softmax along it in "
+    with pytest.raises(GraphsplitError, match=r"--cp: no F.scaled_dot_product_attention call mixes the inputs' dims \(the "
+                                              r"one context parallelism would cut is mixed: _?softmax along it in "
                                               r"module h\.0\.attn at gpt\.py:43"):
         compile_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, cp=2))
     llama = load_model(str(EXAMPLES / "llama.py"))

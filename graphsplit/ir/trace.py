@@ -67,12 +67,12 @@ def trace_model(
     source: Path | None = None,
     leaves: frozenset[str] = frozenset(),
     watch: frozenset[str] = frozenset(),
-    batch_dims: dict[int, int | None] | None = None,
+    batch_dims: dict[int, Any] | None = None,
 ) -> Traced:
     """Trace `model` called as `model(*args, **kwargs)`. `leaves`: submodules (qualified names) kept
     as one call_module node each, not traced through (fx only); `watch`: submodules whose calls are
-    recorded in `Traced.calls`; `batch_dims`: id of an input tensor -> its batch dim, which export
-    leaves symbolic (default: dim 0 of each)."""
+    recorded in `Traced.calls`; `batch_dims`: id of an input tensor -> its batch dim (or a tuple of
+    dims: the batch's and the sequence's), which export leaves symbolic (default: dim 0 of each)."""
     try:
         with training_grad_mode(), left_as_found(model):
             return _trace_fx(model, args, kwargs, leaves, watch)

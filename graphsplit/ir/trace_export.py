@@ -51,23 +51,26 @@ def _to_model_device(model: nn.Module, value: Any) -> Any:
 
 
 def _batch_dynamic(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   batch_dims: dict[int, int | None] | None = None) -> dict[str, Any]:
+                   batch_dims: dict[int, Any] | None = None) -> dict[str, Any]:
     """dynamic_shapes for export: the batch dim of every tensor input left symbolic (`batch_dims`:
-    by the tensor's id; default dim 0), so the graph runs on micro-batches."""
+    by the tensor's id, a dim or a tuple of dims; default dim 0), so the graph runs on micro-batches
+    (and, with the sequence's dim too, on a context-parallel rank's shard of the sequence)."""
     from torch.export import Dim
 
     def spec(x: Any) -> Any:
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
             return None
         dim = batch_dims.get(id(x), 0) if batch_dims is not None else 0
-        return {dim: Dim.AUTO} if dim is not None and dim < x.dim() else None
+        dims = dim if isinstance(dim, tuple) else (dim,)  # the batch's and (context parallelism) the sequence's
+        found = {d: Dim.AUTO for d in dims if d is not None and d < x.dim()}
+        return found or None
 
     bound = inspect.signature(model.forward).bind(*args, **kwargs)
     return {name: pytree.tree_map(spec, value) for name, value in bound.arguments.items()}
 
 
 def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  batch_dims: dict[int, int | None] | None = None) -> Traced:
+                  batch_dims: dict[int, Any] | None = None) -> Traced:
 
     with contextlib.ExitStack() as stack:
         if on_meta(model):  # device-dependent branches take the CPU's side: trace_device.py

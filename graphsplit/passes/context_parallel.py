@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -40,15 +41,114 @@ def check_sequence_mixers(gm: fx.GraphModule, mixers: Sequence[tuple[str, str]])
     """Refuse a sequence mixed by any node but an attention call: (graph node, why) pairs from
     batch discovery for the sequence dim; "" as the node is the loss (a mean over tokens: fine)."""
     nodes = {n.name: n for n in gm.graph.nodes}
+    attention = any(name in nodes and nodes[name].target in SDPA for name, _ in mixers)
     for name, why in mixers:
-        node = nodes.get(name)
-        if name == "" or (node is not None and node.target in SDPA):
+        if name == "" or name not in nodes or nodes[name].target in SDPA:  # the loss; a causal mask's build, removed
             continue
-        module = (info(node).module or module_path(node)) if node is not None else ""
-        source = info(node).source if node is not None else None
-        raise GraphsplitError(f"--cp: the sequence is mixed outside attention ({why.split(' at ')[0]} in module "
-                              f"{module or '<root>'}{f' at {source}' if source else ''}); context parallelism cuts "
+        node = nodes[name]
+        module = info(node).module or module_path(node)
+        source = info(node).source
+        where = f"{why.split(' at ')[0]} in module {module or '<root>'}{f' at {source}' if source else ''}"
+        if not attention:  # the model calls no SDPA: the dim a position table lines up with, named
+            raise GraphsplitError(f"--cp: no F.scaled_dot_product_attention call mixes the inputs' dims (the one "
+                                  f"context parallelism would cut is mixed: {where}); it gathers keys and values "
+                                  "at attention calls only; drop --cp")
+        raise GraphsplitError(f"--cp: the sequence is mixed outside attention ({where}); context parallelism cuts "
                               "only sequences that attention calls alone mix; drop --cp")
+
+
+_SIZES = ("size", getattr, torch.ops.aten.sym_size.int)  # reads of a size, not of values
+
+
+def _mask_build(mask: fx.Node) -> list[fx.Node] | None:
+    """The nodes computing an attention mask, in graph order, when they read the inputs' sizes alone
+    (no input's values, no weight or buffer): the mask is then the same on every batch of this length."""
+    found: set[fx.Node] = set()
+    todo = [mask]
+    while todo:
+        node = todo.pop()
+        if node in found:
+            continue
+        if node.op in ("get_attr", "call_module"):
+            return None
+        found.add(node)
+        todo.extend(node.all_input_nodes)
+    if any(n.op == "placeholder" and any(u in found and u.target not in _SIZES for u in n.users) for n in found):
+        return None
+    order = {n: i for i, n in enumerate(mask.graph.nodes)}
+    return sorted(found, key=order.__getitem__)
+
+
+def _evaluate(nodes: list[fx.Node], inputs: dict[str, torch.Tensor]) -> Any:
+    """`nodes` (a mask's build, in order) run on CPU with the example inputs."""
+    env: dict[fx.Node, Any] = {}
+
+    def on_cpu(value: Any) -> Any:
+        return torch.device("cpu") if isinstance(value, torch.device) else value
+
+    for node in nodes:
+        if node.op == "placeholder":
+            env[node] = inputs[node.name]
+            continue
+        args = fx.node.map_aggregate(fx.node.map_arg(node.args, env.__getitem__), on_cpu)
+        kwargs = fx.node.map_aggregate(fx.node.map_arg(node.kwargs, env.__getitem__), on_cpu)
+        if node.op == "call_method":
+            env[node] = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+        else:
+            env[node] = node.target(*args, **kwargs)
+    return env[nodes[-1]]
+
+
+def causal_masks(gm: fx.GraphModule, names: Sequence[str], flat: Sequence[Any]) -> int:
+    """Attention calls whose mask, built from the sizes alone (HF's `create_causal_mask` under
+    torch.export: positions compared, packed sequences looked for), equals the causal mask on the
+    example: rewritten to `is_causal=True` and the mask's build removed, so context parallelism cuts a
+    causal attention (whose mask it computes by global position) and no op mixes the sequence to
+    build it. A mask that is all true is dropped. Returns how many calls changed."""
+    inputs = {n: t for n, t in zip(names, flat) if isinstance(t, torch.Tensor)}
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in SDPA:
+            continue
+        q, k, v, *rest = node.args
+        kwargs = dict(zip(SDPA_ARGS, rest), **node.kwargs)
+        mask = kwargs.get("attn_mask")
+        if not isinstance(mask, fx.Node) or kwargs.get("is_causal"):
+            continue
+        built = _mask_build(mask)
+        if built is None:
+            continue
+        try:
+            with torch.no_grad():
+                value = _evaluate(built, {n.name: inputs[n.name] for n in built if n.op == "placeholder"})
+        except Exception:  # noqa: BLE001 - a build graphsplit cannot run on CPU: left as it is (and refused)
+            continue
+        if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[-1] != value.shape[-2]:
+            continue
+        allowed = value if value.dtype == torch.bool else value == 0
+        if value.dtype != torch.bool and not bool(((value == 0) | (value == float("-inf"))
+                                                   | (value <= torch.finfo(value.dtype).min / 2)).all()):
+            continue  # an additive mask with other values (a bias): not a mask
+        length = value.shape[-1]
+        if bool(allowed.all()):
+            kwargs.pop("attn_mask")
+        elif bool((allowed == torch.ones(length, length, dtype=torch.bool).tril()).all()):
+            kwargs.pop("attn_mask")
+            kwargs["is_causal"] = True
+        else:
+            continue
+        node.args, node.kwargs = (q, k, v), kwargs
+        changed += 1
+        for dead in reversed(built):  # the build, and the metadata asserts export left on it
+            for user in list(dead.users):
+                if not user.users and user.target is torch.ops.aten._assert_tensor_metadata.default:
+                    gm.graph.erase_node(user)
+            if not dead.users and dead.op != "placeholder":
+                gm.graph.erase_node(dead)
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return changed
 
 
 def _sequence_length(node: object) -> bool:
@@ -56,6 +156,8 @@ def _sequence_length(node: object) -> bool:
     if not isinstance(node, fx.Node):
         return False
     if node.op == "call_method" and node.target == "size":
+        return True
+    if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:  # torch.export's spelling
         return True
     if node.op == "call_function" and node.target is operator.getitem:
         base = node.args[0]
@@ -101,18 +203,53 @@ def _before_repeat(expansion: tuple[int, fx.Node, fx.Node | None]) -> fx.Node:
     return cast
 
 
-def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
-    """The rewrite in the module doc; the comm starts unbound (every call the model's own)."""
+def _comm(gm: fx.GraphModule, cp: int) -> fx.Node:
+    """The graph's cp communicator node (added, unbound, on first use)."""
+    found = next((n for n in gm.graph.nodes if n.op == "get_attr" and n.target == CP_COMM_ATTR), None)
+    if found is not None:
+        return found
     gm.add_submodule(CP_COMM_ATTR, CPComm(cp))
-    graph = gm.graph
-    with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
-        comm = graph.get_attr(CP_COMM_ATTR)
+    with gm.graph.inserting_before(next(n for n in gm.graph.nodes if n.op != "placeholder")):
+        comm = gm.graph.get_attr(CP_COMM_ATTR)
     info(comm).value = "scalar"
-    attention = 0
-    for node in list(graph.nodes):
+    return comm
+
+
+_ARANGE = (torch.arange, torch.ops.aten.arange.default, torch.ops.aten.arange.start)
+
+
+def cut_positions(gm: fx.GraphModule, cp: int) -> None:
+    """The values built from a position, rewritten to this rank's global positions: a table sliced to
+    the sequence's length (`cp_take`), an arange of it (`cp_positions`). Runs before the analysis
+    (compile.py): the graph then has the shard's shapes."""
+    comm = _comm(gm, cp)
+    for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target in SDPA:
+        if node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0].op == "get_attr":
+            table, index = node.args
+            index = index if isinstance(index, tuple) else (index,)
+            cut = [(d, s.stop) for d, s in enumerate(index) if isinstance(s, slice) and s.start in (None, 0)
+                   and s.step in (None, 1) and _sequence_length(s.stop)]
+            if len(cut) == 1 and all(s == slice(None) for d, s in enumerate(index) if d != cut[0][0]):
+                dim, length = cut[0]
+                node.target, node.args = cp_take, (table, dim, length, comm)
+        elif node.target in _ARANGE and node.args and _sequence_length(node.args[-1]) and len(node.args) in (1, 2) \
+                and (len(node.args) == 1 or node.args[0] == 0) and node.kwargs.get("step", 1) == 1:
+            node.target, node.args = cp_positions, (node.args[-1], comm)
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k in ("device", "dtype")}
+    gm.graph.lint()
+    gm.recompile()
+
+
+def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
+    """The rewrite in the module doc; the comm starts unbound (every call the model's own)."""
+    cut_positions(gm, cp)
+    graph = gm.graph
+    comm = _comm(gm, cp)
+    attention = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in SDPA:
             q, k, v, *rest = node.args
             kwargs = dict(zip(SDPA_ARGS, rest), **node.kwargs)
             ek, ev = head_repeat(k, node), head_repeat(v, node)
@@ -123,18 +260,6 @@ def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
             for repeat in repeats:
                 graph.erase_node(repeat)
             attention += 1
-        elif node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0].op == "get_attr":
-            table, index = node.args
-            index = index if isinstance(index, tuple) else (index,)
-            cut = [(d, s.stop) for d, s in enumerate(index) if isinstance(s, slice) and s.start in (None, 0)
-                   and s.step in (None, 1) and _sequence_length(s.stop)]
-            if len(cut) == 1 and all(s == slice(None) for d, s in enumerate(index) if d != cut[0][0]):
-                dim, length = cut[0]
-                node.target, node.args = cp_take, (table, dim, length, comm)
-        elif node.target is torch.arange and _sequence_length(node.args[-1]) and len(node.args) in (1, 2) \
-                and (len(node.args) == 1 or node.args[0] == 0) and node.kwargs.get("step", 1) == 1:
-            node.target, node.args = cp_positions, (node.args[-1], comm)
-            node.kwargs = {k: v for k, v in node.kwargs.items() if k in ("device", "dtype")}
     if not attention:
         raise GraphsplitError("--cp: the model calls no F.scaled_dot_product_attention; context parallelism "
                               "gathers keys and values at its attention calls; drop --cp")

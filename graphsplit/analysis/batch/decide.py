@@ -173,10 +173,10 @@ def _sequence(d: Discovery, gm: fx.GraphModule, names: Sequence[str], input_atom
         for a in input_atoms.get(name, ()):
             if a >= 0 and any(node in attention for node, _ in atoms.mixed_by(a)):
                 found[atoms.find(a)] = found.get(atoms.find(a), 0) + 1
-    if not found:  # no attention call: the dim a position table lines up with, so --cp names what mixes it
+    if not found:  # no attention call: the mixed dim a position table lines up with, so --cp names what mixes it
         for name in names:
             for a in input_atoms.get(name, ()):
-                if a >= 0 and atoms.fixed[atoms.find(a)] and atoms.mixed_by(a):
+                if a >= 0 and atoms.fixed[atoms.find(a)] and any(node for node, _ in atoms.mixed_by(a)):
                     found[atoms.find(a)] = found.get(atoms.find(a), 0) + 1
     if not found:
         return None
