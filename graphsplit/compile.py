@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,9 @@ from .ir.trace import trace_model
 from .ir.traced import Traced
 from .ops.cp import shard_tree, shard_values
 from .passes.activation_checkpoint import checkpoint_pass
+from .passes.attention_form import attention_form
 from .passes.autocast import autocast_pass
 from .passes.context_parallel import (
-    causal_masks,
     check_sequence_mixers,
     context_parallel_pass,
     cut_positions,
@@ -152,7 +153,6 @@ def require_sequence(traced: Traced, flat: tuple[Any, ...], plan: Plan, batch: B
         raise GraphsplitError(f"--cp {plan.cp}: no input has a dim that an F.scaled_dot_product_attention call "
                               "mixes (attention written out as matmul and softmax is not cut; HF models take "
                               "attn_implementation='sdpa'), so there is no sequence to cut; drop --cp")
-    causal_masks(traced.gm, traced.input_names, flat)
     check_sequence_mixers(traced.gm, seq.mixers)
     if seq.merged:
         raise GraphsplitError(f"--cp {plan.cp}: {seq.merged[0]} holds the sequence merged with another dim; context "
@@ -164,7 +164,7 @@ def require_sequence(traced: Traced, flat: tuple[Any, ...], plan: Plan, batch: B
             f"--cp {plan.cp}: the sequence of {seq.length} tokens ({where}) cannot be cut into {2 * plan.cp} equal "
             f"chunks (two per rank, balanced for causal attention); give a sequence length divisible by {2 * plan.cp}"
             + (f", or --cp {', '.join(map(str, fits))}" if fits else ""))
-    cut_positions(traced.gm, plan.cp)
+    cut_positions(traced.gm, plan.cp, seq.length)
     return seq
 
 
@@ -235,6 +235,7 @@ def compile_program(
     global_batch: bool = True,
     traced: Traced | None = None,
     declared_batch: dict[str, int | None] | None = None,
+    buffers: Callable[[], Mapping[str, torch.Tensor]] | None = None,
 ) -> CompileResult:
     """Trace `model`, analyze it at the micro-batch shape, split it: the whole transform.
 
@@ -242,6 +243,8 @@ def compile_program(
     `global_batch=False` one replica's batch (parallelize() inside a rank). `traced`: this model
     already traced with these inputs (`trace_model`), compiled from a copy and left as it is.
     `declared_batch`: the model file's batch_dims() (else the batch dims are found in the graph).
+    `buffers`: the model's buffers' real values (`model` may be on meta), for context parallelism
+    to read an attention mask built from one (passes/attention_form.py).
     """
     require_supported(plan)
     check_call(model, args, kwargs, source)
@@ -260,7 +263,9 @@ def compile_program(
     if symbolic is not None:
         traced = trace_model(model, args, kwargs, source, batch_dims=symbolic)
         flat = traced.flatten_inputs(args, kwargs)
-        if plan.cp > 1:  # the sequence's mixers, by the new graph's node names
+    if plan.cp > 1:  # attention in SDPA's form (its sizes from the analysis), then the sequence's mixers
+        annotate(traced.gm, tuple(torch.as_tensor(t) for t in flat))
+        if attention_form(traced.gm, traced.input_names, flat, buffers) or symbolic is not None:
             batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
     sequence = require_sequence(traced, flat, plan, batch_dims) if plan.cp > 1 else None
     timings["batch"] = time.perf_counter() - start
@@ -309,6 +314,7 @@ def compile_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None =
     return compile_program(
         loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target,
         traced=traced, declared_batch=loaded.batch_dims,
+        buffers=lambda: dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False)),
     )
 
 

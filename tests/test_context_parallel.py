@@ -109,6 +109,39 @@ def test_grouped_query_keys_are_gathered_before_their_repeat():
                                                               is_causal=True))
 
 
+def test_attention_in_sdpa_form_computes_what_the_model_computes():
+    """nanoGPT's written-out attention (the GPT example: its tril buffer read from the constructor, its
+    scale from k.size(-1)) becomes one causal SDPA call per layer, and HF Llama's mask built from
+    positions under torch.export becomes SDPA's is_causal; no softmax or mask build is left, and the
+    GPT graph computes the untouched model's logits."""
+    from graphsplit.analysis.shapes import annotate
+    from graphsplit.compile import trace_loaded
+    from graphsplit.loader import load_model
+    from graphsplit.passes.attention_form import attention_form
+    from graphsplit.runtime.materialize import model_tensors
+
+    from .conftest import EXAMPLES, MODELS
+
+    for path, layers in ((EXAMPLES / "gpt.py", 4), (MODELS / "hf_llama.py", 2)):
+        loaded = load_model(str(path))
+        traced = trace_loaded(loaded)
+        flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
+        annotate(traced.gm, tuple(flat))
+        buffers = dict(loaded.build_buffers_only().named_buffers())
+        assert attention_form(traced.gm, traced.input_names, flat, lambda found=buffers: found) == layers
+        calls = [n for n in traced.gm.graph.nodes if n.op == "call_function" and "scaled_dot_product" in str(n.target)]
+        assert len(calls) == layers and all(n.kwargs.get("is_causal") and len(n.args) == 3 for n in calls)
+        assert not any("softmax" in str(n.target) or "diff" in str(n.target) for n in traced.gm.graph.nodes)
+        if traced.tracer == "export":  # its numbers: the cp 2 x tp 2 run below, against the untouched model
+            continue
+        model = loaded.build("cpu", seed=0)
+        got = torch.func.functional_call(traced.gm, model_tensors(model), tuple(flat))
+        got = got[0] if isinstance(got, tuple | list) else got
+        want = model(*loaded.args, **loaded.kwargs)
+        want = want.logits if hasattr(want, "logits") else want
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_batch_discovery_finds_the_sequence_attention_mixes():
     """Where every input, the target and the output hold the sequence: what --cp cuts and joins."""
     from graphsplit.compile import compile_loaded
@@ -125,6 +158,8 @@ def test_batch_discovery_finds_the_sequence_attention_mixes():
 
 
 REAL = [("examples", "llama.py", Plan(dp=2, cp=2, tp=2, pp=2)),
+        # nanoGPT's attention written out (q @ k^T, a tril buffer sliced to T, softmax, @ v): one SDPA call
+        ("examples", "gpt.py", Plan(dp=2, cp=2, pp=2)),
         # HF's LlamaForCausalLM unmodified, through torch.export: its mask built from positions becomes
         # SDPA's is_causal, its position ids this rank's global positions
         ("models", "hf_llama.py", Plan(dp=2, cp=2, tp=2))]
@@ -154,19 +189,20 @@ def test_cp_composes_with_tp_and_pp_on_real_processes_and_matches_the_untouched_
 
 
 def test_refusals_are_one_line_each():
-    """A sequence mixed outside attention (the GPT example's hand-written softmax), a sequence cp does
-    not cut into 2 x cp chunks, cp not dividing dp, cp with ep, the local backend: each one line."""
+    """Attention written out with a mask that is not causal (a sliding window: left as written, its
+    softmax named), a sequence cp does not cut into 2 x cp chunks, cp not dividing dp, cp with ep, the
+    local backend: each one line."""
     from graphsplit.compile import compile_loaded
     from graphsplit.errors import GraphsplitError
     from graphsplit.launch.parity import check_locally
     from graphsplit.loader import load_model
 
-    from .conftest import EXAMPLES
+    from .conftest import EXAMPLES, MODELS
 
     with pytest.raises(GraphsplitError, match=r"--cp: no F.scaled_dot_product_attention call mixes the inputs' dims \(the "
                                               r"one context parallelism would cut is mixed: _?softmax along it in "
-                                              r"module h\.0\.attn at gpt\.py:43"):
-        compile_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, cp=2))
+                                              r"module attn at window_attention\.py:30"):
+        compile_loaded(load_model(str(MODELS / "window_attention.py")), Plan(dp=2, cp=2))
     llama = load_model(str(EXAMPLES / "llama.py"))
     with pytest.raises(GraphsplitError, match=r"--cp 3: the sequence of 32 tokens \(input 'idx' dim 1\) cannot be cut "
                                               r"into 6 equal chunks.*--cp 2, 4, 8, 16"):

@@ -21,20 +21,15 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, module_path
 from ..ops.cp import CP_COMM_ATTR, CPComm, cp_attention, cp_positions, cp_take
+from .attention_form import SDPA, SDPA_ARGS
 from .manager import PassInput, PassResults
-
-SDPA_ARGS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-# the spellings of SDPA in a graph: fx's (F.scaled_dot_product_attention) and torch.export's (ATen)
-SDPA = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 
 
 def check_sequence_mixers(gm: fx.GraphModule, mixers: Sequence[tuple[str, str]]) -> None:
@@ -57,112 +52,45 @@ def check_sequence_mixers(gm: fx.GraphModule, mixers: Sequence[tuple[str, str]])
                               "only sequences that attention calls alone mix; drop --cp")
 
 
-_SIZES = ("size", getattr, torch.ops.aten.sym_size.int)  # reads of a size, not of values
-
-
-def _mask_build(mask: fx.Node) -> list[fx.Node] | None:
-    """The nodes computing an attention mask, in graph order, when they read the inputs' sizes alone
-    (no input's values, no weight or buffer): the mask is then the same on every batch of this length."""
-    found: set[fx.Node] = set()
-    todo = [mask]
-    while todo:
-        node = todo.pop()
-        if node in found:
-            continue
-        if node.op in ("get_attr", "call_module"):
-            return None
-        found.add(node)
-        todo.extend(node.all_input_nodes)
-    if any(n.op == "placeholder" and any(u in found and u.target not in _SIZES for u in n.users) for n in found):
+def _size_read(node: object) -> tuple[fx.Node, int] | None:
+    """(tensor, dim) when `node` reads one size of a tensor: `x.size(1)`, `x.size()[1]`, `x.shape[1]`,
+    torch.export's `sym_size(x, 1)`."""
+    if not isinstance(node, fx.Node) or node.op not in ("call_method", "call_function"):
         return None
-    order = {n: i for i, n in enumerate(mask.graph.nodes)}
-    return sorted(found, key=order.__getitem__)
-
-
-def _evaluate(nodes: list[fx.Node], inputs: dict[str, torch.Tensor]) -> Any:
-    """`nodes` (a mask's build, in order) run on CPU with the example inputs."""
-    env: dict[fx.Node, Any] = {}
-
-    def on_cpu(value: Any) -> Any:
-        return torch.device("cpu") if isinstance(value, torch.device) else value
-
-    for node in nodes:
-        if node.op == "placeholder":
-            env[node] = inputs[node.name]
-            continue
-        args = fx.node.map_aggregate(fx.node.map_arg(node.args, env.__getitem__), on_cpu)
-        kwargs = fx.node.map_aggregate(fx.node.map_arg(node.kwargs, env.__getitem__), on_cpu)
-        if node.op == "call_method":
-            env[node] = getattr(args[0], str(node.target))(*args[1:], **kwargs)
-        else:
-            env[node] = node.target(*args, **kwargs)
-    return env[nodes[-1]]
-
-
-def causal_masks(gm: fx.GraphModule, names: Sequence[str], flat: Sequence[Any]) -> int:
-    """Attention calls whose mask, built from the sizes alone (HF's `create_causal_mask` under
-    torch.export: positions compared, packed sequences looked for), equals the causal mask on the
-    example: rewritten to `is_causal=True` and the mask's build removed, so context parallelism cuts a
-    causal attention (whose mask it computes by global position) and no op mixes the sequence to
-    build it. A mask that is all true is dropped. Returns how many calls changed."""
-    inputs = {n: t for n, t in zip(names, flat) if isinstance(t, torch.Tensor)}
-    changed = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in SDPA:
-            continue
-        q, k, v, *rest = node.args
-        kwargs = dict(zip(SDPA_ARGS, rest), **node.kwargs)
-        mask = kwargs.get("attn_mask")
-        if not isinstance(mask, fx.Node) or kwargs.get("is_causal"):
-            continue
-        built = _mask_build(mask)
-        if built is None:
-            continue
-        try:
-            with torch.no_grad():
-                value = _evaluate(built, {n.name: inputs[n.name] for n in built if n.op == "placeholder"})
-        except Exception:  # noqa: BLE001 - a build graphsplit cannot run on CPU: left as it is (and refused)
-            continue
-        if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[-1] != value.shape[-2]:
-            continue
-        allowed = value if value.dtype == torch.bool else value == 0
-        if value.dtype != torch.bool and not bool(((value == 0) | (value == float("-inf"))
-                                                   | (value <= torch.finfo(value.dtype).min / 2)).all()):
-            continue  # an additive mask with other values (a bias): not a mask
-        length = value.shape[-1]
-        if bool(allowed.all()):
-            kwargs.pop("attn_mask")
-        elif bool((allowed == torch.ones(length, length, dtype=torch.bool).tril()).all()):
-            kwargs.pop("attn_mask")
-            kwargs["is_causal"] = True
-        else:
-            continue
-        node.args, node.kwargs = (q, k, v), kwargs
-        changed += 1
-        for dead in reversed(built):  # the build, and the metadata asserts export left on it
-            for user in list(dead.users):
-                if not user.users and user.target is torch.ops.aten._assert_tensor_metadata.default:
-                    gm.graph.erase_node(user)
-            if not dead.users and dead.op != "placeholder":
-                gm.graph.erase_node(dead)
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
-    return changed
-
-
-def _sequence_length(node: object) -> bool:
-    """A number read as an input's size (`idx.size(1)`, `x.shape[1]`): the sequence's length."""
-    if not isinstance(node, fx.Node):
-        return False
-    if node.op == "call_method" and node.target == "size":
-        return True
-    if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:  # torch.export's spelling
-        return True
-    if node.op == "call_function" and node.target is operator.getitem:
+    if node.target in ("size", torch.ops.aten.sym_size.int) and len(node.args) == 2 and isinstance(node.args[1], int):
+        return node.args[0], node.args[1]
+    if node.target is operator.getitem and isinstance(node.args[1], int) and isinstance(node.args[0], fx.Node):
         base = node.args[0]
-        return isinstance(base, fx.Node) and base.op == "call_function" and base.target is getattr \
-            and base.args[1] == "shape"
+        whole = (base.op == "call_method" and base.target == "size" and len(base.args) == 1) or \
+            (base.op == "call_function" and base.target is getattr and base.args[1] == "shape")
+        return (base.args[0], node.args[1]) if whole else None
+    return None
+
+
+def _sequence_length(node: object, length: int | None) -> bool:
+    """A number read as a tensor's size that is the sequence's `length` (the graph analyzed at the
+    whole sequence; None: any size read)."""
+    read = _size_read(node)
+    if read is None:
+        return False
+    spec = info(read[0]).tensor
+    if length is None or spec is None:
+        return length is None
+    return -len(spec.shape) <= read[1] < len(spec.shape) and int(spec.shape[read[1]]) == length
+
+
+def _reads_a_size(node: object) -> bool:
+    """Whether a number is computed from a tensor's size (through arithmetic on numbers)."""
+    todo, seen = [node], set()
+    while todo:
+        x = todo.pop()
+        if not isinstance(x, fx.Node) or x in seen:
+            continue
+        seen.add(x)
+        if _size_read(x) is not None or (x.op == "call_method" and x.target == "size"):
+            return True
+        if info(x).value != "tensor":
+            todo.extend(x.all_input_nodes)
     return False
 
 
@@ -218,10 +146,11 @@ def _comm(gm: fx.GraphModule, cp: int) -> fx.Node:
 _ARANGE = (torch.arange, torch.ops.aten.arange.default, torch.ops.aten.arange.start)
 
 
-def cut_positions(gm: fx.GraphModule, cp: int) -> None:
+def cut_positions(gm: fx.GraphModule, cp: int, length: int | None = None) -> None:
     """The values built from a position, rewritten to this rank's global positions: a table sliced to
-    the sequence's length (`cp_take`), an arange of it (`cp_positions`). Runs before the analysis
-    (compile.py): the graph then has the shard's shapes."""
+    the sequence's `length` (`cp_take`), an arange of it (`cp_positions`). Runs before the analysis
+    (compile.py), on a graph analyzed at the whole sequence: the graph then has the shard's shapes.
+    An arange of another size read from the inputs is refused: its positions could not be placed."""
     comm = _comm(gm, cp)
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
@@ -230,21 +159,27 @@ def cut_positions(gm: fx.GraphModule, cp: int) -> None:
             table, index = node.args
             index = index if isinstance(index, tuple) else (index,)
             cut = [(d, s.stop) for d, s in enumerate(index) if isinstance(s, slice) and s.start in (None, 0)
-                   and s.step in (None, 1) and _sequence_length(s.stop)]
+                   and s.step in (None, 1) and _sequence_length(s.stop, length)]
             if len(cut) == 1 and all(s == slice(None) for d, s in enumerate(index) if d != cut[0][0]):
-                dim, length = cut[0]
-                node.target, node.args = cp_take, (table, dim, length, comm)
-        elif node.target in _ARANGE and node.args and _sequence_length(node.args[-1]) and len(node.args) in (1, 2) \
-                and (len(node.args) == 1 or node.args[0] == 0) and node.kwargs.get("step", 1) == 1:
-            node.target, node.args = cp_positions, (node.args[-1], comm)
-            node.kwargs = {k: v for k, v in node.kwargs.items() if k in ("device", "dtype")}
+                dim, stop = cut[0]
+                node.target, node.args = cp_take, (table, dim, stop, comm)
+        elif node.target in _ARANGE and node.args:
+            if _sequence_length(node.args[-1], length) and len(node.args) in (1, 2) \
+                    and (len(node.args) == 1 or node.args[0] == 0) and node.kwargs.get("step", 1) == 1:
+                node.target, node.args = cp_positions, (node.args[-1], comm)
+                node.kwargs = {k: v for k, v in node.kwargs.items() if k in ("device", "dtype")}
+            elif node.users and any(_reads_a_size(a) for a in node.args):
+                source = info(node).source
+                raise GraphsplitError(f"--cp {cp}: an arange of a size read from the inputs"
+                                      f"{f' at {source}' if source else ''} is not the sequence's positions from 0 "
+                                      "graphsplit can place on each rank's shard; drop --cp")
     gm.graph.lint()
     gm.recompile()
 
 
 def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
-    """The rewrite in the module doc; the comm starts unbound (every call the model's own)."""
-    cut_positions(gm, cp)
+    """The attention calls' rewrite in the module doc (the positions were cut before the analysis:
+    `cut_positions`); the comm starts unbound (every call the model's own)."""
     graph = gm.graph
     comm = _comm(gm, cp)
     attention = 0

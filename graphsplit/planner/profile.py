@@ -411,15 +411,17 @@ def _cuttable_sequence(gm: fx.GraphModule, traced: Any, flat: Sequence[Any], loa
     """The length of the sequence `--cp` could cut, found as the compiler finds it (on the folded graph,
     whose blocks are traced through), or 0 and why not."""
     from ..analysis.batch import find_batch_dims
-    from ..passes.context_parallel import causal_masks, check_sequence_mixers
+    from ..passes.attention_form import attention_form
+    from ..passes.context_parallel import check_sequence_mixers
 
     loss = None
     if loaded.loss_fn is not None:
         def loss(raw: Any, target: Any) -> Any:
             return loaded.loss_fn(traced.unflatten_output(raw), target)
 
-    gm = fresh_copy(gm)
-    causal_masks(gm, traced.input_names, flat)  # HF's mask built from positions: attention's own is_causal
+    gm = fresh_copy(gm)  # attention in SDPA's form, as the compiler puts it under --cp
+    attention_form(gm, traced.input_names, flat,
+                   lambda: dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False)))
     found = find_batch_dims(gm, traced.input_names, flat, lambda raw: list(raw) if isinstance(raw, tuple | list) else [raw],
                             loss, loaded.target, loaded.batch_dims).sequence
     if found is None:
