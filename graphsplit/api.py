@@ -48,7 +48,7 @@ def transform(
     module = loaded.build("meta")
     start = time.perf_counter()
     result = compile_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target,
-                             declared_batch=loaded.batch_dims)
+                             declared_batch=loaded.batch_dims, buffers=loaded.buffer_values)
     summary = summarize(result.program, timings=result.timings)
     if out_dir is not None:
         from .report.artifacts import write_artifacts

@@ -314,7 +314,7 @@ def compile_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None =
     return compile_program(
         loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target,
         traced=traced, declared_batch=loaded.batch_dims,
-        buffers=lambda: dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False)),
+        buffers=loaded.buffer_values,
     )
 
 

@@ -75,6 +75,10 @@ class LoadedModel:
         with torch.device(device):
             return self._call_builder()
 
+    def buffer_values(self) -> dict[str, torch.Tensor]:
+        """Every buffer's real value by qualified name (`build_buffers_only`: parameters on meta)."""
+        return dict(self.build_buffers_only().named_buffers(remove_duplicate=False))
+
     def build_buffers_only(self, keep_up_to: int = 0) -> nn.Module:
         """Parameters on `meta`, buffers real on CPU.
 

@@ -213,3 +213,27 @@ def test_refusals_are_one_line_each():
         Plan(dp=2, cp=2, ep=2)
     with pytest.raises(GraphsplitError, match="check --cp with graphsplit run --check"):
         check_locally(llama, Plan(dp=2, cp=2))
+
+
+def test_summary_shows_each_ranks_chunks_and_the_exchange():
+    """transform's summary under --cp: which positions each cp rank holds (chunks r and 2cp-1-r) and
+    the keys and values each attention call gathers per rank (the GPT example's 8 samples, 4 heads of
+    16, 16 of its 32 tokens a rank, fp32: 8 x 4 x 16 x 16 x 4 bytes each of k and v from the other rank)."""
+    import io
+
+    from rich.console import Console
+
+    from graphsplit.compile import compile_loaded
+    from graphsplit.loader import load_model
+    from graphsplit.report.summary import render, summarize
+
+    from .conftest import EXAMPLES
+
+    program = compile_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, cp=2)).program
+    found = summarize(program)["context_parallel"]
+    assert [r["positions"] for r in found["ranks"]] == [[[0, 7], [24, 31]], [[8, 15], [16, 23]]]
+    assert [c["gathered_bytes"] for c in found["attention"]] == [2 * 8 * 4 * 16 * 16 * 4] * 4
+    out = io.StringIO()
+    render(summarize(program), Console(file=out, width=300))
+    assert "rank 0: 0-7 and 24-31; rank 1: 8-15 and 16-23" in out.getvalue()
+    assert "4 attention calls (4 causal) gather keys and values: 64.0 KiB" in out.getvalue()

@@ -420,8 +420,7 @@ def _cuttable_sequence(gm: fx.GraphModule, traced: Any, flat: Sequence[Any], loa
             return loaded.loss_fn(traced.unflatten_output(raw), target)
 
     gm = fresh_copy(gm)  # attention in SDPA's form, as the compiler puts it under --cp
-    attention_form(gm, traced.input_names, flat,
-                   lambda: dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False)))
+    attention_form(gm, traced.input_names, flat, loaded.buffer_values)
     found = find_batch_dims(gm, traced.input_names, flat, lambda raw: list(raw) if isinstance(raw, tuple | list) else [raw],
                             loss, loaded.target, loaded.batch_dims).sequence
     if found is None:

@@ -137,6 +137,8 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
         data["left_replicated"] = program.replicated
     if plan.ep > 1 and program.expert_layers:
         data["experts"] = expert_placement(program)
+    if plan.cp > 1 and program.batch.sequence is not None:
+        data["context_parallel"] = sequence_exchange(program)
     if transform_seconds is not None:
         data["transform_seconds"] = transform_seconds
     if timings:
@@ -176,6 +178,37 @@ def expert_placement(program: Program) -> list[dict[str, Any]]:
                     "ranks": [{"ep_rank": r, "first": a, "last": b} for r, (a, b) in enumerate(layer.ranks_hold(ep))],
                     "all_to_all_bytes": {"dispatch": volume.get("dispatch", 0), "combine": volume.get("combine", 0)}})
     return out
+
+
+def sequence_exchange(program: Program) -> dict[str, Any]:
+    """Under context parallelism: how each sample's sequence is cut (each rank's chunks r and 2cp-1-r
+    of 2cp), and per attention call the keys and values one rank gathers per micro-batch (all-gather
+    forward, reduce-scatter of their gradients backward: (cp-1)/cp of the whole sequence's)."""
+    import torch.fx as fx
+
+    from ..ir.meta import info
+    from ..ops.cp import cp_attention
+
+    cp = program.plan.cp
+    seq = program.batch.sequence
+    assert seq is not None
+    calls = []
+    for st in program.stages:
+        for m in st.gm.modules():
+            if not isinstance(m, fx.GraphModule):
+                continue
+            for node in m.graph.nodes:
+                if node.op == "call_function" and node.target is cp_attention:
+                    shard = sum(info(x).tensor.nbytes for x in node.args[1:3]
+                                if isinstance(x, fx.Node) and info(x).tensor is not None)
+                    calls.append({"stage": st.index, "module": info(node).module,
+                                  "gathered_bytes": shard * (cp - 1), "causal": bool(node.kwargs.get("is_causal"))})
+    chunk = seq.length // (2 * cp)
+    return {"cp": cp, "length": seq.length, "chunk": chunk,
+            "ranks": [{"cp_rank": r, "positions": [[r * chunk, (r + 1) * chunk - 1],
+                                                   [(2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk - 1]]}
+                      for r in range(cp)],
+            "inputs": {k: v for k, v in seq.inputs.items() if v is not None}, "attention": calls}
 
 
 def _activation_bytes(program: Program) -> list[dict[str, Any]]:
@@ -245,6 +278,8 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
         _render_collectives(summary, console)
     if summary.get("experts"):
         _render_experts(summary, console)
+    if summary.get("context_parallel"):
+        _render_context_parallel(summary["context_parallel"], console)
     if "transform_seconds" in summary:
         console.print(f"transform took {summary['transform_seconds']:.2f} s")
 
@@ -302,6 +337,20 @@ def _render_experts(summary: dict[str, Any], console: Console) -> None:
     for text, modules in groups.items():
         shown = ", ".join(modules[:4]) + (f" (+{len(modules) - 4} more)" if len(modules) > 4 else "")
         console.print(f"  {shown}: {text}")
+
+
+def _render_context_parallel(found: dict[str, Any], console: Console) -> None:
+    cp, calls = found["cp"], found["attention"]
+    where = ", ".join(f"{k} dim {v}" for k, v in found["inputs"].items())
+    ranks = "; ".join(f"rank {r['cp_rank']}: {a[0]}-{a[1]} and {b[0]}-{b[1]}" for r in found["ranks"]
+                      for a, b in [r["positions"]])
+    console.print(f"context parallel over {cp} ranks (each {cp} consecutive dp ranks hold the same samples): "
+                  f"each {found['length']}-token sequence ({where}) cut in {2 * cp} chunks, {ranks}")
+    if calls:
+        per = {c["gathered_bytes"] for c in calls}
+        console.print(f"  {len(calls)} attention calls ({sum(c['causal'] for c in calls)} causal) gather keys and "
+                      f"values: {', '.join(_mib(b) for b in sorted(per))} per rank and micro-batch each (all-gather "
+                      "forward, reduce-scatter backward)")
 
 
 def _mib(n: int) -> str:
