@@ -474,3 +474,16 @@ def test_readme_picture_is_made_by_its_script(browser, llama_tp, tmp_path):
     assert struct.unpack(">II", head[16:24]) == (pictures.VIEWPORT["width"], pictures.VIEWPORT["height"])
     committed = pictures.PICTURE.read_bytes()[:24]
     assert struct.unpack(">II", committed[16:24]) == (pictures.VIEWPORT["width"], pictures.VIEWPORT["height"])
+
+
+def test_page_shows_the_context_parallel_cut(browser, tmp_path):
+    """Under --cp the overview lists which positions each cp rank holds and what each attention call
+    gathers (the GPT example at cp 2: 4 causal calls, 64 KiB each)."""
+    out = tmp_path / "gpt_cp"
+    transform(str(EXAMPLES / "gpt.py"), Plan(dp=2, cp=2), out)
+    page = Page(browser, out / "report.html")
+    text = page.page.locator("body").inner_text()
+    assert "Context parallel over 2 ranks: each 32-token sequence in 4 chunks" in text
+    assert "0-7, 24-31" in text and "8-15, 16-23" in text
+    assert text.count("h.0.attn") >= 1 and "64.0 KiB" in text
+    page.close()

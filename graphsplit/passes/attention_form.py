@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ..ir.meta import info
+from ..ir.meta import META_KEY, info, module_path
 
 SDPA_ARGS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 # the spellings of SDPA in a graph: fx's (F.scaled_dot_product_attention) and torch.export's (ATen)
@@ -261,7 +261,8 @@ def written_attention(gm: fx.GraphModule, known: Known) -> int:
         with gm.graph.inserting_before(out):
             sdpa = gm.graph.call_function(F.scaled_dot_product_attention, (q, k, v),
                                           {"is_causal": causal, "scale": scale})
-        info(sdpa).module, info(sdpa).source = info(soft).module, info(soft).source
+        sdpa.meta.update({k: v for k, v in soft.meta.items() if k != META_KEY})  # its module stack, its trace
+        info(sdpa).module, info(sdpa).source = info(soft).module or module_path(soft), info(soft).source
         info(sdpa).tensor, info(sdpa).value = info(out).tensor, "tensor"
         out.replace_all_uses_with(sdpa)
         order = {n: i for i, n in enumerate(gm.graph.nodes)}

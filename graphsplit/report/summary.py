@@ -186,7 +186,7 @@ def sequence_exchange(program: Program) -> dict[str, Any]:
     forward, reduce-scatter of their gradients backward: (cp-1)/cp of the whole sequence's)."""
     import torch.fx as fx
 
-    from ..ir.meta import info
+    from ..ir.meta import info, module_path
     from ..ops.cp import cp_attention
 
     cp = program.plan.cp
@@ -201,7 +201,7 @@ def sequence_exchange(program: Program) -> dict[str, Any]:
                 if node.op == "call_function" and node.target is cp_attention:
                     shard = sum(info(x).tensor.nbytes for x in node.args[1:3]
                                 if isinstance(x, fx.Node) and info(x).tensor is not None)
-                    calls.append({"stage": st.index, "module": info(node).module,
+                    calls.append({"stage": st.index, "module": info(node).module or module_path(node),
                                   "gathered_bytes": shard * (cp - 1), "causal": bool(node.kwargs.get("is_causal"))})
     chunk = seq.length // (2 * cp)
     return {"cp": cp, "length": seq.length, "chunk": chunk,
