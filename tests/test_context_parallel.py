@@ -87,22 +87,23 @@ def test_unbound_attention_is_the_models_own():
 
 
 def test_grouped_query_keys_are_gathered_before_their_repeat():
-    """The rewrite hands attention the key/value heads (the Llama example's 2 of 4 heads; through
-    autocast's cast under bf16), so the exchange moves them and not their copies; unbound, the call
-    repeats them itself and equals the model's SDPA."""
+    """The rewrite hands attention the key/value heads (2 of 4 heads in the Llama example's
+    repeat_interleave and HF Llama's repeat_kv; through autocast's cast under bf16), so the exchange
+    moves them and not their copies; unbound, the call repeats them itself and equals the model's SDPA."""
     from graphsplit.compile import compile_loaded
     from graphsplit.ir.meta import info
     from graphsplit.loader import load_model
 
-    from .conftest import EXAMPLES
+    from .conftest import EXAMPLES, MODELS
 
-    loaded = load_model(str(EXAMPLES / "llama.py"))
-    for plan in (Plan(dp=2, cp=2), Plan(dp=2, cp=2, tp=2, autocast="bf16")):
-        program = compile_loaded(loaded, plan).program
-        calls = [n for s in program.stages for n in s.gm.graph.nodes if n.target is cp_attention]
-        assert len(calls) == 4 and all(n.kwargs["kv_repeat"] == 2 for n in calls)
-        heads = [tuple(info(x).tensor.shape)[1] for n in calls for x in n.args[:3]]
-        assert heads == [4 // plan.tp, 2 // plan.tp, 2 // plan.tp] * 4, heads  # q's heads, then k's and v's
+    for path, layers in ((EXAMPLES / "llama.py", 4), (MODELS / "hf_llama.py", 2)):  # repeat_interleave; HF's repeat_kv
+        loaded = load_model(str(path))
+        for plan in (Plan(dp=2, cp=2), Plan(dp=2, cp=2, tp=2, autocast="bf16")):
+            program = compile_loaded(loaded, plan).program
+            calls = [n for s in program.stages for n in s.gm.graph.nodes if n.target is cp_attention]
+            assert len(calls) == layers and all(n.kwargs["kv_repeat"] == 2 for n in calls)
+            heads = [tuple(info(x).tensor.shape)[1] for n in calls for x in n.args[:3]]
+            assert heads == [4 // plan.tp, 2 // plan.tp, 2 // plan.tp] * layers, heads  # q's heads, then k's and v's
     q, k, v = torch.randn(1, 4, 8, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
     torch.testing.assert_close(cp_attention(q, k, v, CPComm(2), is_causal=True, kv_repeat=2),
                                F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),

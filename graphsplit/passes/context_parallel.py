@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -97,31 +98,78 @@ def _reads_a_size(node: object) -> bool:
 _CASTS = ("to", "type_as", torch.ops.aten._to_copy.default)
 
 
-def head_repeat(node: object, attention: fx.Node) -> tuple[int, fx.Node, fx.Node | None] | None:
-    """A grouped-query expansion `x.repeat_interleave(r, dim=1)` of a 4-dim [batch, heads, sequence,
-    head dim] value that only `attention` reads, maybe cast to autocast's dtype after it: (r, the
-    repeat_interleave node, the cast or None); None for anything else."""
+@dataclass(frozen=True)
+class Expansion:
+    """A grouped-query expansion of a key or value that only its attention call reads: `repeats`
+    copies of each head, made from `source` ([batch, kv heads, sequence, head dim]) by the nodes
+    `made` (last first), maybe cast to autocast's dtype after (`cast`)."""
+
+    repeats: int
+    source: fx.Node
+    made: tuple[fx.Node, ...]
+    cast: fx.Node | None
+
+
+_REPEAT = ("repeat_interleave", torch.repeat_interleave, torch.ops.aten.repeat_interleave.self_int)
+_RESHAPE = ("reshape", "view", torch.reshape, torch.ops.aten.reshape.default, torch.ops.aten.view.default)
+_EXPAND = ("expand", torch.ops.aten.expand.default)
+_UNSQUEEZE = ("unsqueeze", torch.unsqueeze, torch.ops.aten.unsqueeze.default)
+_SLICE = (torch.ops.aten.slice.Tensor,)
+
+
+def _called(node: object, targets: tuple[object, ...]) -> bool:
+    return isinstance(node, fx.Node) and node.op in ("call_method", "call_function") and node.target in targets
+
+
+def _through_whole_slices(node: fx.Node, made: list[fx.Node]) -> fx.Node:
+    """`node` past torch.export's slices that keep a whole dim (`x[:, :, None]` traces to them)."""
+    while _called(node, _SLICE) and len(node.users) == 1 and node.args[2:3] in ((0,), ()) \
+            and (len(node.args) < 4 or node.args[3] >= 2**62):
+        made.append(node)
+        node = node.args[0]
+    return node
+
+
+def head_repeat(node: object, attention: fx.Node) -> Expansion | None:
+    """A grouped-query expansion (module doc of `Expansion`): `x.repeat_interleave(r, dim=1)` (the
+    Llama example), or HF's `repeat_kv`, `x[:, :, None].expand(b, h, r, s, d).reshape(b, h * r, s, d)`;
+    None for anything else."""
     if not isinstance(node, fx.Node) or len(node.users) != 1:
         return None
     cast = None
-    if node.op in ("call_method", "call_function") and node.target in _CASTS and isinstance(node.args[0], fx.Node) \
-            and len(node.args[0].users) == 1:
+    if _called(node, _CASTS) and isinstance(node.args[0], fx.Node) and len(node.args[0].users) == 1:
         cast, node = node, node.args[0]
-    if node.op not in ("call_method", "call_function") or node.target not in (
-            "repeat_interleave", torch.repeat_interleave, torch.ops.aten.repeat_interleave.self_int):
-        return None
-    args = dict(zip(("input", "repeats", "dim"), node.args), **node.kwargs)
     spec = info(node).tensor
-    if not isinstance(args.get("repeats"), int) or spec is None or len(spec.shape) != 4 or args.get("dim") not in (1, -3):
+    if spec is None or len(spec.shape) != 4:
         return None
-    return args["repeats"], node, cast
+    if _called(node, _REPEAT):
+        args = dict(zip(("input", "repeats", "dim"), node.args), **node.kwargs)
+        if isinstance(args.get("repeats"), int) and args.get("dim") in (1, -3) and isinstance(args["input"], fx.Node):
+            return Expansion(args["repeats"], args["input"], (node,), cast)
+        return None
+    if not _called(node, _RESHAPE) or not isinstance(node.args[0], fx.Node):
+        return None
+    made = [node]
+    expand = _through_whole_slices(node.args[0], made)
+    shape = expand.args[1] if _called(expand, _EXPAND) and len(expand.users) == 1 else None
+    if not isinstance(shape, list | tuple) or len(shape) != 5 or not isinstance(shape[2], int):
+        return None
+    made.append(expand)
+    unsqueeze = _through_whole_slices(expand.args[0], made)
+    if not (_called(unsqueeze, _UNSQUEEZE) and len(unsqueeze.users) == 1 and unsqueeze.args[1:2] == (2,)):
+        return None
+    made.append(unsqueeze)
+    source = _through_whole_slices(unsqueeze.args[0], made)
+    found = info(source).tensor
+    if found is None or len(found.shape) != 4 or int(spec.shape[1]) != int(found.shape[1]) * shape[2]:
+        return None
+    return Expansion(shape[2], source, tuple(made), cast)
 
 
-def _before_repeat(expansion: tuple[int, fx.Node, fx.Node | None]) -> fx.Node:
+def _before_repeat(expansion: Expansion) -> fx.Node:
     """What the attention call takes in place of an expanded key or value: the value before the
-    repeat (through its cast, which now reads it directly). The caller erases the repeat."""
-    repeats, repeat, cast = expansion
-    source = repeat.args[0] if repeat.args else repeat.kwargs["input"]
+    expansion (through its cast, which now reads it directly). The caller erases `made`."""
+    source, cast = expansion.source, expansion.cast
     if cast is None:
         return source
     cast.args = (source, *cast.args[1:])
@@ -188,12 +236,12 @@ def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
             q, k, v, *rest = node.args
             kwargs = dict(zip(SDPA_ARGS, rest), **node.kwargs)
             ek, ev = head_repeat(k, node), head_repeat(v, node)
-            repeats = (ek[1], ev[1]) if ek is not None and ev is not None and ek[0] == ev[0] else ()
-            if repeats:  # gather the key/value heads, not their copies
-                k, v, kwargs["kv_repeat"] = _before_repeat(ek), _before_repeat(ev), ek[0]
+            made: tuple[fx.Node, ...] = ()
+            if ek is not None and ev is not None and ek.repeats == ev.repeats:  # gather the heads, not their copies
+                k, v, kwargs["kv_repeat"], made = _before_repeat(ek), _before_repeat(ev), ek.repeats, ek.made + ev.made
             node.target, node.args, node.kwargs = cp_attention, (q, k, v, comm), kwargs
-            for repeat in repeats:
-                graph.erase_node(repeat)
+            for copy in made:  # last first: each is read only by the one before
+                graph.erase_node(copy)
             attention += 1
     if not attention:
         raise GraphsplitError("--cp: the model calls no F.scaled_dot_product_attention; context parallelism "

@@ -403,7 +403,7 @@ def _gathered_bytes(attention: fx.Node) -> int:
 
     k, v = attention.args[1:3]
     ek, ev = head_repeat(k, attention), head_repeat(v, attention)
-    repeats = ek[0] if ek is not None and ev is not None and ek[0] == ev[0] else 1
+    repeats = ek.repeats if ek is not None and ev is not None and ek.repeats == ev.repeats else 1
     return sum(info(x).out_bytes for x in (k, v) if isinstance(x, fx.Node)) // repeats
 
 
