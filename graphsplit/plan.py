@@ -211,11 +211,13 @@ class Plan:
         if self.autocast not in AUTOCAST_DTYPES:
             raise _fail("autocast", f"unknown dtype {self.autocast!r}; choose bf16 or fp16")
         if self.schedule in SPLIT_BACKWARD_SCHEDULES and self.compile and self.fsdp and self.autocast and self.tp > 1:
-            # found by run --check on the Llama example: torch's weight backward finds a weight its
-            # compiled pieces do not reach (each pair of these features runs)
+            # found by run --check on the Llama example: in torch's weight backward a compiled piece's
+            # backward (CompiledFunctionBackward, run again from its saved intermediates) returns no
+            # gradient for a tp-sharded projection weight; each pair of these features runs. torch's
+            # own issue: zero-bubble schedules fail on torch.compile'd models (pytorch/pytorch#161904)
             raise _fail("schedule", f"{self.schedule!r} under --compile with FSDP, {self.autocast} and tp "
-                                    f"{self.tp} fails in the weight backward (not fixed yet); use "
-                                    "interleaved-1f1b, or drop --compile")
+                                    f"{self.tp} fails in torch's weight backward (pytorch/pytorch#161904, open); "
+                                    "use interleaved-1f1b, or drop --compile")
 
     @property
     def num_stages(self) -> int:
