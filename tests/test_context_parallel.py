@@ -190,8 +190,8 @@ def test_cp_composes_with_tp_and_pp_on_real_processes_and_matches_the_untouched_
 
 
 def test_refusals_are_one_line_each():
-    """Attention written out with a mask that is not causal (a sliding window: left as written, its
-    softmax named), a sequence cp does not cut into 2 x cp chunks, cp not dividing dp, cp with ep, the
+    """Attention written out with a mask that is not causal (a sliding window, named with its line),
+    a model with no SDPA call (the MLP example: the dim it would cut named with its mixer), a sequence cp does not cut into 2 x cp chunks, cp not dividing dp, cp with ep, the
     local backend: each one line."""
     from graphsplit.compile import compile_loaded
     from graphsplit.errors import GraphsplitError
@@ -200,10 +200,14 @@ def test_refusals_are_one_line_each():
 
     from .conftest import EXAMPLES, MODELS
 
-    with pytest.raises(GraphsplitError, match=r"--cp: no F.scaled_dot_product_attention call mixes the inputs' dims \(the "
-                                              r"one context parallelism would cut is mixed: _?softmax along it in "
-                                              r"module attn at window_attention\.py:30"):
+    with pytest.raises(GraphsplitError, match=r"--cp: the attention mask at window_attention\.py:29 in forward is a "
+                                              r"sliding window of 4 tokens; context parallelism masks by global "
+                                              r"position, causally or not at all"):
         compile_loaded(load_model(str(MODELS / "window_attention.py")), Plan(dp=2, cp=2))
+    with pytest.raises(GraphsplitError, match=r"--cp: no F.scaled_dot_product_attention call mixes the inputs' dims \(the "
+                                              r"one context parallelism would cut is mixed: a matmul contracts it in "
+                                              r"module inp at mlp\.py:19"):
+        compile_loaded(load_model(str(EXAMPLES / "mlp.py")), Plan(dp=2, cp=2))
     llama = load_model(str(EXAMPLES / "llama.py"))
     with pytest.raises(GraphsplitError, match=r"--cp 3: the sequence of 32 tokens \(input 'idx' dim 1\) cannot be cut "
                                               r"into 6 equal chunks.*--cp 2, 4, 8, 16"):

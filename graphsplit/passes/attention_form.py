@@ -29,15 +29,22 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, info, module_path
 
 SDPA_ARGS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 # the spellings of SDPA in a graph: fx's (F.scaled_dot_product_attention) and torch.export's (ATen)
 SDPA = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 _SIZES = ("size", getattr, torch.ops.aten.sym_size.int)  # reads of a size, not of values
-_SOFTMAX = (F.softmax, torch.softmax, "softmax", torch.ops.aten._softmax.default)
-_MATMUL = (operator.matmul, torch.matmul, "matmul")
-_TRANSPOSE = (torch.transpose, "transpose")
+aten = torch.ops.aten
+# fx's spellings, then torch.export's
+_SOFTMAX = (F.softmax, torch.softmax, "softmax", aten.softmax.int, aten._softmax.default)
+_MATMUL = (operator.matmul, torch.matmul, "matmul", aten.matmul.default)
+_TRANSPOSE = (torch.transpose, "transpose", aten.transpose.int)
+_MASKED_FILL = ("masked_fill", aten.masked_fill.Scalar)
+_SCALE = (operator.mul, operator.truediv, torch.mul, "mul", "div", aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor,
+          aten.div.Scalar)
+_DIVIDE = (operator.truediv, "div", aten.div.Tensor, aten.div.Scalar)
 
 
 class Buffers(Mapping[str, torch.Tensor]):
@@ -154,6 +161,17 @@ def _causal(allowed: torch.Tensor) -> bool | None:
     return None
 
 
+def _refuse(mask: fx.Node, allowed: torch.Tensor) -> None:
+    """A mask context parallelism cannot reproduce (it masks by global position, causally): one line."""
+    length = allowed.shape[-1]
+    window = next((w for w in range(1, length) if bool((allowed == torch.ones(length, length, dtype=torch.bool)
+                                                         .tril().triu(-w + 1)).all())), None)
+    what = f"a sliding window of {window} tokens" if window else "neither causal nor full"
+    source = info(mask).source
+    raise GraphsplitError(f"--cp: the attention mask{f' at {source}' if source else ''} is {what}; context parallelism "
+                          "masks by global position, causally or not at all; drop --cp")
+
+
 def _remove(gm: fx.GraphModule, nodes: Sequence[fx.Node]) -> None:
     """Erase what of `nodes` nothing reads any more (and the metadata asserts export left on them)."""
     for dead in reversed(nodes):
@@ -177,9 +195,11 @@ def causal_masks(gm: fx.GraphModule, known: Known) -> int:
         if not isinstance(mask, fx.Node) or kwargs.get("is_causal"):
             continue
         found = _allowed(mask, known)
-        causal = _causal(found[0]) if found is not None else None
-        if found is None or causal is None:
+        if found is None:
             continue
+        causal = _causal(found[0])
+        if causal is None:
+            _refuse(mask, found[0])
         kwargs.pop("attn_mask")
         if causal:
             kwargs["is_causal"] = True
@@ -224,22 +244,26 @@ def written_attention(gm: fx.GraphModule, known: Known) -> int:
     read only by the next: one SDPA call (module doc). Returns how many chains became one."""
     changed = 0
     for soft in list(gm.graph.nodes):
-        if not _is(soft, _SOFTMAX) or not _last_dim(soft) or soft.kwargs.get("dtype") is not None:
+        if not _is(soft, _SOFTMAX) or not _last_dim(soft) or soft.kwargs.get("dtype") is not None \
+                or (soft.target is aten._softmax.default and soft.args[2]) \
+                or (soft.target is aten.softmax.int and len(soft.args) > 2 and soft.args[2] is not None):  # a dtype
             continue
         out = _only_user(soft)
         if not _is(out, _MATMUL) or out.args[0] is not soft:
             continue
         chain, x, scale, causal, build = [soft, out], soft.args[0], 1.0, False, []
-        if _is(x, ("masked_fill",)) and _only_user(x) is soft and x.args[2] == float("-inf"):
+        if _is(x, _MASKED_FILL) and _only_user(x) is soft and x.args[2] == float("-inf"):
             found = _allowed(x.args[1], known, fill=True)
-            verdict = _causal(found[0]) if found is not None else None
-            if found is None or verdict is None:
+            if found is None:
                 continue
+            verdict = _causal(found[0])
+            if verdict is None:
+                _refuse(x, found[0])
             chain.append(x)
             causal, build, x = verdict, found[1], x.args[0]
-        if _is(x, (operator.mul, operator.truediv, torch.mul, "mul", "div")) and _only_user(x) in chain:
+        if _is(x, _SCALE) and _only_user(x) in chain:
             step, (a, b) = x, x.args[:2]
-            divides = step.target in (operator.truediv, "div")
+            divides = step.target in _DIVIDE
             by, x = (b, a) if divides or _number(b, known) is not None else (a, b)
             number = _number(by, known)
             if not number:
