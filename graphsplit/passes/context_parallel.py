@@ -80,6 +80,21 @@ def _sequence_length(node: object, length: int | None) -> bool:
     return -len(spec.shape) <= read[1] < len(spec.shape) and int(spec.shape[read[1]]) == length
 
 
+def _live(node: fx.Node) -> bool:
+    """Whether `node`'s value reaches the graph's output (a build whose result nothing reads, left by
+    a mask put in SDPA's form, does not)."""
+    todo, seen = [node], set()
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x.op == "output":
+            return True
+        todo.extend(x.users)
+    return False
+
+
 def _reads_a_size(node: object) -> bool:
     """Whether a number is computed from a tensor's size (through arithmetic on numbers)."""
     todo, seen = [node], set()
@@ -211,18 +226,55 @@ def cut_positions(gm: fx.GraphModule, cp: int, length: int | None = None) -> Non
             if len(cut) == 1 and all(s == slice(None) for d, s in enumerate(index) if d != cut[0][0]):
                 dim, stop = cut[0]
                 node.target, node.args = cp_take, (table, dim, stop, comm)
+        elif node.target is torch.ops.aten.slice.Tensor and isinstance(node.args[0], fx.Node) \
+                and node.args[0].op == "get_attr" and len(node.args) >= 4 and node.args[2] in (None, 0) \
+                and node.args[4:] in ((), (1,)) and _sequence_length(node.args[3], length):  # export's table[:, :T]
+            node.target, node.args = cp_take, (node.args[0], node.args[1], node.args[3], comm)
         elif node.target in _ARANGE and node.args:
             if _sequence_length(node.args[-1], length) and len(node.args) in (1, 2) \
                     and (len(node.args) == 1 or node.args[0] == 0) and node.kwargs.get("step", 1) == 1:
                 node.target, node.args = cp_positions, (node.args[-1], comm)
                 node.kwargs = {k: v for k, v in node.kwargs.items() if k in ("device", "dtype")}
-            elif node.users and any(_reads_a_size(a) for a in node.args):
+            elif _live(node) and any(_reads_a_size(a) for a in node.args):
                 source = info(node).source
                 raise GraphsplitError(f"--cp {cp}: an arange of a size read from the inputs"
                                       f"{f' at {source}' if source else ''} is not the sequence's positions from 0 "
                                       "graphsplit can place on each rank's shard; drop --cp")
+    if length is not None:
+        _refuse_positions_left(gm, cp, length)
     gm.graph.lint()
     gm.recompile()
+
+
+def _refuse_positions_left(gm: fx.GraphModule, cp: int, length: int) -> None:
+    """The safety net: a live value computed from sizes and buffers alone (no input's values, no
+    weight) with a dim of the sequence's length, not made from the rank's positions, is one graphsplit
+    did not recognize (a position table read another way, a mask built otherwise): each rank would
+    compute it for positions 0.. of its shard, silently wrong. Refused naming its line."""
+    params = {name for name, _ in gm.named_parameters()}
+    free: dict[fx.Node, bool] = {}  # computed from sizes, buffers and constants alone
+    placed: set[fx.Node] = set()  # made from this rank's positions
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            free[node] = False
+        elif node.op == "get_attr":
+            free[node] = str(node.target) not in params
+        elif _size_read(node) is not None or (node.op == "call_method" and node.target == "size"):
+            free[node] = True
+        else:
+            inputs = node.all_input_nodes
+            free[node] = node.op in ("call_function", "call_method") and all(free.get(x, False) for x in inputs)
+            if node.target in (cp_take, cp_positions) or any(x in placed for x in inputs):
+                placed.add(node)
+                continue
+            spec = info(node).tensor
+            if free[node] and node.op != "get_attr" and spec is not None and length in [int(d) for d in spec.shape] \
+                    and _live(node):
+                source = info(node).source
+                raise GraphsplitError(
+                    f"--cp {cp}: a value with a dim of the sequence's {length} tokens is built from sizes and buffers "
+                    f"alone{f' at {source}' if source else ''} ({node.name}), not from this rank's positions: graphsplit "
+                    "cannot place it on each rank's shard; drop --cp")
 
 
 def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
