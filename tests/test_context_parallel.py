@@ -158,7 +158,7 @@ def test_batch_discovery_finds_the_sequence_attention_mixes():
     assert {nodes[n].target for n, _ in seq.mixers if n} == {F.scaled_dot_product_attention}  # only attention mixes it
 
 
-REAL = [("examples", "llama.py", Plan(dp=2, cp=2, tp=2, pp=2)),
+REAL = [("models", "llama_data.py", Plan(dp=2, cp=2, tp=2, pp=2)),  # the Llama example fed by train_data()
         # nanoGPT's attention written out (q @ k^T, a tril buffer sliced to T, softmax, @ v): one SDPA call
         ("examples", "gpt.py", Plan(dp=2, cp=2, pp=2)),
         # HF's LlamaForCausalLM unmodified, through torch.export: its mask built from positions becomes
@@ -173,20 +173,24 @@ REAL = [("examples", "llama.py", Plan(dp=2, cp=2, tp=2, pp=2)),
 def test_cp_composes_with_tp_and_pp_on_real_processes_and_matches_the_untouched_model(where, name, plan):
     """`run --check` at cp 2 x tp 2 (x pp 2: 8 processes): each pair of dp ranks holds one sample
     replica, each its load-balanced half of every sequence; loss, logits (the halves put back in
-    order) and every rank's gradients equal the untouched model's on the whole batch, over 2 steps."""
+    order) and every rank's gradients equal the untouched model's on the whole batch, over 2 steps
+    (the Llama example's from train_data(), with eval_data() after each step)."""
     from graphsplit.launch.launcher import RunOptions, run_training
 
     from .conftest import EXAMPLES, MODELS
 
     lines: list[str] = []
     path = (EXAMPLES if where == "examples" else MODELS) / name
-    cmp = run_training(str(path), plan, RunOptions(steps=2, check=True, timeout_s=240), echo=lines.append)
+    data = name == "llama_data.py"  # train_data() and eval_data(): each rank its replica's share, its shard
+    cmp = run_training(str(path), plan, RunOptions(steps=2, check=True, timeout_s=240, eval_every=1 if data else 0),
+                       echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("each sequence cut over 2 ranks" in line for line in lines), lines
     assert any("on the whole global batch" in line for line in lines)
     ranks = {int(k.rsplit("(rank ", 1)[1].rstrip(")")) for k in cmp.max_diff if k.startswith("grad")}
     assert ranks == set(range(plan.world_size)), "every rank's gradients compared"
     assert lines[-1].startswith("check passed")
+    assert any(line.startswith("  eval loss     2 evaluations") for line in lines) == data, lines
 
 
 def test_refusals_are_one_line_each():
