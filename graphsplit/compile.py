@@ -42,6 +42,7 @@ from .passes.activation_checkpoint import checkpoint_pass
 from .passes.attention_form import attention_form
 from .passes.autocast import autocast_pass
 from .passes.context_parallel import (
+    check_masks,
     check_sequence_mixers,
     context_parallel_pass,
     cut_positions,
@@ -153,6 +154,7 @@ def require_sequence(traced: Traced, flat: tuple[Any, ...], plan: Plan, batch: B
         raise GraphsplitError(f"--cp {plan.cp}: no input has a dim that an F.scaled_dot_product_attention call "
                               "mixes (attention written out as matmul and softmax is not cut; HF models take "
                               "attn_implementation='sdpa'), so there is no sequence to cut; drop --cp")
+    check_masks(traced.gm)
     check_sequence_mixers(traced.gm, seq.mixers)
     if seq.merged:
         raise GraphsplitError(f"--cp {plan.cp}: {seq.merged[0]} holds the sequence merged with another dim; context "

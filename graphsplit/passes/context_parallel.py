@@ -33,6 +33,21 @@ from .attention_form import SDPA, SDPA_ARGS
 from .manager import PassInput, PassResults
 
 
+def check_masks(gm: fx.GraphModule) -> None:
+    """Refuse an attention call left with a mask (one computed from the inputs' values, a padding mask:
+    attention_form turned the ones built from sizes alone into is_causal): context parallelism computes
+    only the causal mask, by global position."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in SDPA:
+            kwargs = dict(zip(SDPA_ARGS, node.args[3:]), **node.kwargs)
+            if isinstance(kwargs.get("attn_mask"), fx.Node):
+                source = info(node).source or info(kwargs["attn_mask"]).source
+                raise GraphsplitError(f"--cp: the attention call{f' at {source}' if source else ''} takes a mask computed "
+                                      "from the inputs (a padding mask such as attention_mask); context parallelism "
+                                      "computes only the causal mask, by position: give inputs without a mask (packed "
+                                      "sequences) or drop --cp")
+
+
 def check_sequence_mixers(gm: fx.GraphModule, mixers: Sequence[tuple[str, str]]) -> None:
     """Refuse a sequence mixed by any node but an attention call: (graph node, why) pairs from
     batch discovery for the sequence dim; "" as the node is the loss (a mean over tokens: fine)."""

@@ -412,7 +412,7 @@ def _cuttable_sequence(gm: fx.GraphModule, traced: Any, flat: Sequence[Any], loa
     whose blocks are traced through), or 0 and why not."""
     from ..analysis.batch import find_batch_dims
     from ..passes.attention_form import attention_form
-    from ..passes.context_parallel import check_sequence_mixers
+    from ..passes.context_parallel import check_masks, check_sequence_mixers
 
     loss = None
     if loaded.loss_fn is not None:
@@ -426,6 +426,7 @@ def _cuttable_sequence(gm: fx.GraphModule, traced: Any, flat: Sequence[Any], loa
     if found is None:
         return 0, "no attention call mixes a dim of the inputs"
     try:
+        check_masks(gm)
         check_sequence_mixers(gm, found.mixers)
     except GraphsplitError as exc:
         return 0, str(exc).removeprefix("--cp: ").split("; drop --cp")[0]
