@@ -39,7 +39,8 @@ def estimate(loaded: LoadedModel, plan: Plan, hardware: Hardware | None = None) 
 def as_advice(est: Estimate) -> dict[str, Any]:
     """A plan and its five memory parts, flat (advise's JSON)."""
     plan = est.plan
-    return {"plan": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "fsdp": plan.fsdp, "checkpoint": plan.checkpoint,
+    return {"plan": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "ep": plan.ep, "cp": plan.cp, "fsdp": plan.fsdp,
+                     "checkpoint": plan.checkpoint,
                      "autocast": plan.autocast, "microbatches": plan.num_microbatches, "schedule": plan.schedule},
             **{k: est.memory[k] for k in PARTS}, "step_seconds": est.step_seconds}
 
@@ -50,7 +51,8 @@ def render(result: dict[str, Any], gpus: int, gpu_memory: str, echo: Any) -> Non
 
     def line(est: dict[str, Any]) -> str:
         p = est["plan"]
-        how = f"tp={p['tp']} pp={p['pp']} dp={p['dp']}" + (" fsdp" if p["fsdp"] else "") + \
+        how = f"tp={p['tp']} pp={p['pp']} dp={p['dp']}" + "".join(f" {k}={p[k]}" for k in ("ep", "cp") if p.get(k, 1) > 1) + \
+            (" fsdp" if p["fsdp"] else "") + \
             (f" checkpoint {p['checkpoint']}" if p["checkpoint"] != "none" else "") + \
             (f" {p['autocast']}" if p["autocast"] else "")
         return f"{how}: " + ", ".join(f"{k.replace('_', ' ')} {_fmt_bytes(est[k])}" for k in PARTS)
