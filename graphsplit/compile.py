@@ -156,6 +156,11 @@ def require_sequence(traced: Traced, flat: tuple[Any, ...], plan: Plan, batch: B
                               "attn_implementation='sdpa'), so there is no sequence to cut; drop --cp")
     check_masks(traced.gm)
     check_sequence_mixers(traced.gm, seq.mixers)
+    if seq.unmatched:
+        what, why = seq.unmatched[0]
+        raise GraphsplitError(f"--cp {plan.cp}: {what} holds {seq.length} tokens but not as the sequence attention mixes "
+                              f"({why}), so it would not be cut with it (HF's labels=, padded and shifted inside the "
+                              "model, are: give shifted targets to loss_fn); drop --cp")
     if seq.merged:
         raise GraphsplitError(f"--cp {plan.cp}: {seq.merged[0]} holds the sequence merged with another dim; context "
                               "parallelism cuts values that hold it as a dim of its own; drop --cp")

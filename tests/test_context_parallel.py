@@ -196,7 +196,8 @@ def test_cp_composes_with_tp_and_pp_on_real_processes_and_matches_the_untouched_
 def test_refusals_are_one_line_each():
     """Attention written out with a mask that is not causal (a sliding window, named with its line),
     a model with no SDPA call (the MLP example: the dim it would cut named with its mixer), HF Llama
-    given a padding mask (attention_mask: computed from the inputs), a position
+    given a padding mask (attention_mask: computed from the inputs), HF GPT-2's labels= (shifted inside
+    the model: not cut with the tokens), a position
     table read in a spelling graphsplit does not rewrite (each rank would add positions 0..), a sequence cp does not cut into 2 x cp chunks, cp not dividing dp, cp with ep, the
     local backend: each one line."""
     from graphsplit.compile import compile_loaded
@@ -217,6 +218,9 @@ def test_refusals_are_one_line_each():
     with pytest.raises(GraphsplitError, match=r"--cp: the attention call at modeling_llama\.py:\d+ in forward takes a mask "
                                               r"computed from the inputs \(a padding mask such as attention_mask\)"):
         compile_loaded(load_model(str(MODELS / "hf_llama_padded.py")), Plan(dp=2, cp=2))
+    with pytest.raises(GraphsplitError, match=r"--cp 2: input 'labels' dim 1 holds 16 tokens but not as the sequence "
+                                              r"attention mixes .*give shifted targets to loss_fn"):
+        compile_loaded(load_model(str(MODELS / "hf_gpt2_labels.py")), Plan(dp=2, cp=2))
     # the safety net: a position table read with `narrow` (not rewritten) would give each rank positions 0..
     with pytest.raises(GraphsplitError, match=r"--cp 2: a value with a dim of the sequence's 16 tokens is built from "
                                               r"sizes and buffers alone at narrow_positions\.py:31"):

@@ -29,6 +29,9 @@ class SequenceDims:
     length: int
     mixers: tuple[tuple[str, str], ...]  # every (graph node, why) that mixes it ("" as the node: the loss)
     merged: tuple[str, ...] = ()  # values that hold it merged with another dim ("output 0 dim 0"): not cut
+    # input and target dims of the sequence's length in another class that ops mix (HF's labels, padded
+    # and shifted): (what, why) - the sequence, seen by nothing that ties it to the attention's
+    unmatched: tuple[tuple[str, str], ...] = ()
 
     def input_dims(self, names: Sequence[str]) -> list[Dim]:
         return [self.inputs.get(n) for n in names]

@@ -151,7 +151,7 @@ def discover(
     decision = _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared)
     decision.mixers = {name: tuple((tuple(d.atoms.mixed_by(a)), d.atoms.fixed[d.atoms.find(a)]) if a >= 0 else ((), False)
                                    for a in found) for name, found in input_atoms.items()}
-    decision.sequence = _sequence(d, gm, input_names, input_atoms, target_atoms, outputs)
+    decision.sequence = _sequence(d, gm, input_names, input_atoms, target_atoms, outputs, decision)
     if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
         leaves = pytree.tree_leaves(meta_target)
         decision.target = tuple(next((k for k, s in enumerate(t.shape) if s == decision.size), None)
@@ -162,7 +162,7 @@ def discover(
 
 
 def _sequence(d: Discovery, gm: fx.GraphModule, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
-              target_atoms: list[tuple[int, ...] | None], outputs: list[Any]) -> SequenceDims | None:
+              target_atoms: list[tuple[int, ...] | None], outputs: list[Any], batch: Decision) -> SequenceDims | None:
     """The class of the input dims an attention call (SDPA) mixes, and where every input, target leaf
     and output holds it. With no attention call, the mixed dim a position table lines up with (its
     mixers then name what --cp cannot cut); None when neither is found."""
@@ -199,7 +199,18 @@ def _sequence(d: Discovery, gm: fx.GraphModule, names: Sequence[str], input_atom
                    for i, t in enumerate(target_atoms))
     outs = tuple(dim_of(d.value(t).labels, f"output {i}") if isinstance(t, torch.Tensor) else None
                  for i, t in enumerate(outputs))
-    return SequenceDims(inputs, target, outs, atoms.size[root], tuple(atoms.mixers.get(root, ())), tuple(merged))
+    unmatched = []
+    for what, found_atoms, batch_dim in [
+            *((f"input {n!r}", input_atoms[n], batch.inputs.get(n)) for n in names if n in input_atoms),
+            *((f"target leaf {i}", t, batch.target[i] if i < len(batch.target) else None)
+              for i, t in enumerate(target_atoms) if t is not None)]:
+        for k, a in enumerate(found_atoms):
+            if a < 0 or k == batch_dim or atoms.find(a) == root or atoms.size[a] != atoms.size[root] \
+                    or atoms.fixed[atoms.find(a)]:
+                continue
+            unmatched.append((f"{what} dim {k}", atoms.why_not(a) or "no op ties it to the tokens attention mixes"))
+    return SequenceDims(inputs, target, outs, atoms.size[root], tuple(atoms.mixers.get(root, ())), tuple(merged),
+                        tuple(unmatched))
 
 
 def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
