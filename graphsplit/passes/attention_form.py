@@ -275,7 +275,9 @@ def written_attention(gm: fx.GraphModule, known: Known) -> int:
         if not (_is(x, _MATMUL) and _only_user(x) in chain):
             continue
         q, kt = x.args[:2]
-        if not (_is(kt, _TRANSPOSE) and _only_user(kt) is x and sorted(a % 4 for a in kt.args[1:3]) == [2, 3]):
+        dims = kt.args[1:3] if _is(kt, _TRANSPOSE) else ()
+        if not (len(dims) == 2 and all(isinstance(a, int) for a in dims) and _only_user(kt) is x
+                and sorted(a % 4 for a in dims) == [2, 3]):
             continue
         spec = info(q).tensor
         if spec is None or len(spec.shape) != 4:

@@ -154,7 +154,7 @@ def _called(node: object, targets: tuple[object, ...]) -> bool:
 def _through_whole_slices(node: fx.Node, made: list[fx.Node]) -> fx.Node:
     """`node` past torch.export's slices that keep a whole dim (`x[:, :, None]` traces to them)."""
     while _called(node, _SLICE) and len(node.users) == 1 and node.args[2:3] in ((0,), ()) \
-            and (len(node.args) < 4 or node.args[3] >= 2**62):
+            and (len(node.args) < 4 or (isinstance(node.args[3], int) and node.args[3] >= 2**62)):
         made.append(node)
         node = node.args[0]
     return node
