@@ -121,6 +121,23 @@ def breakdown(est: Any) -> str:
     return ", ".join(f"{k} {v:.2f} s" for k, v in parts if v >= 0.005)
 
 
+def fastest_fitting(profile: Any, hw: Any, shape: Plan) -> Any:
+    """A published layout (tp, pp, dp, cp, micro-batches, precision) with the fastest choice that fits of
+    what the publication leaves open: schedule and stages per rank, checkpointing, FSDP, compile, sequence
+    parallelism; None when nothing fits."""
+    best = None
+    for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8)):
+        for checkpoint in ("none", "selective", "blocks", "every:2", "every:4", "stage"):
+            for fsdp, compiled, sp in itertools.product((False, True), (False, True), (False, True)):
+                plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
+                                     compile=compiled, sequence_parallel=sp)
+                est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
+                               profile.model_flops_per_sample)
+                if est.memory["total"] <= 0.95 * hw.memory_bytes and (best is None or est.step_seconds < best.step_seconds):
+                    best = est
+    return best
+
+
 def published() -> None:
     hw = load_hardware("h100")
     model = ROOT / "bench" / "models" / "llama3_405b.py"
@@ -131,17 +148,7 @@ def published() -> None:
     profile.add(build_all_tables(profile.source, [(8, True)]))
     print(f"\nLlama 3 405B on {hw.name} (profile in {time.perf_counter() - start:.1f} s)")
     for gpus, shape, reported in PUBLISHED:
-        best = None
-        for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8)):
-            for checkpoint in ("none", "selective", "blocks", "every:2", "every:4", "stage"):
-                for fsdp, compiled, sp in itertools.product((False, True), (False, True), (False, True)):
-                    plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
-                                         compile=compiled, sequence_parallel=sp)
-                    est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
-                                   profile.model_flops_per_sample)
-                    fits = est.memory["total"] <= 0.95 * hw.memory_bytes
-                    if fits and (best is None or est.step_seconds < best.step_seconds):
-                        best = est
+        best = fastest_fitting(profile, hw, shape)
         if best is None:
             print(f"  {gpus} GPUs, TP8 x PP16 x DP{shape.dp}: no choice of schedule, checkpointing and FSDP fits")
             continue
@@ -185,16 +192,7 @@ def long_context() -> None:
     profile.add(build_all_tables(profile.source, [(8, True)]))
     gpus, shape, reported = LONG_PUBLISHED
     print(f"\nLlama 3 405B at 131,072 tokens on {hw.name} (profile in {time.perf_counter() - start:.1f} s)")
-    best = None
-    for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8)):
-        for checkpoint in ("none", "selective", "blocks", "every:2", "every:4", "stage"):
-            for fsdp, compiled, sp in itertools.product((False, True), (False, True), (False, True)):
-                plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
-                                     compile=compiled, sequence_parallel=sp)
-                est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
-                               profile.model_flops_per_sample)
-                if est.memory["total"] <= 0.95 * hw.memory_bytes and (best is None or est.step_seconds < best.step_seconds):
-                    best = est
+    best = fastest_fitting(profile, hw, shape)
     if best is None:
         print(f"  {gpus} GPUs, TP8 x CP16 x PP16: no choice of schedule, checkpointing and FSDP fits")
     else:

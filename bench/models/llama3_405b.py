@@ -5,27 +5,10 @@ batches of 2,048 sequences (16M tokens; Table 4). Built on meta by the planner: 
 import sys
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from llama import build_model as _build_llama  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama3 import model_file  # noqa: E402
 
 CONFIG = dict(n_layers=126, dim=16384, n_heads=128, n_kv_heads=8, hidden=53248, vocab_size=128256, max_seq_len=8192)
 BATCH = 2048
 
-
-def build_model():
-    return _build_llama(**CONFIG)
-
-
-def example_inputs():
-    return (torch.zeros(BATCH, CONFIG["max_seq_len"], dtype=torch.long),)
-
-
-def example_target():
-    return torch.zeros(BATCH, CONFIG["max_seq_len"], dtype=torch.long)
-
-
-def loss_fn(logits, target):
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
-
+build_model, example_inputs, example_target, loss_fn = model_file(CONFIG, BATCH)

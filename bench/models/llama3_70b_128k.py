@@ -5,26 +5,10 @@ long-context stage, in batches of 8 sequences (1M tokens). Built on meta by the 
 import sys
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from llama import build_model as _build_llama  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama3 import model_file  # noqa: E402
 
 CONFIG = dict(n_layers=80, dim=8192, n_heads=64, n_kv_heads=8, hidden=28672, vocab_size=128256, max_seq_len=131072)
 BATCH = 8
 
-
-def build_model():
-    return _build_llama(**CONFIG)
-
-
-def example_inputs():
-    return (torch.zeros(BATCH, CONFIG["max_seq_len"], dtype=torch.long),)
-
-
-def example_target():
-    return torch.zeros(BATCH, CONFIG["max_seq_len"], dtype=torch.long)
-
-
-def loss_fn(logits, target):
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+build_model, example_inputs, example_target, loss_fn = model_file(CONFIG, BATCH)

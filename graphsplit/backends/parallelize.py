@@ -22,7 +22,7 @@ spans). `parallelize_stages` calls them in order.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -56,6 +56,22 @@ def apply_tp(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> TPCo
     return shown
 
 
+def dp_groups(mesh: DeviceMesh, parts: Sequence[range]) -> dist.ProcessGroup | None:
+    """A process group for each part of the dp ranks (`parts`: dp indices) at every (pp, tp) place of
+    the mesh; this rank's. Every rank calls `new_group` for every group, in one order."""
+    grid = mesh.mesh  # global ranks, shape (dp, pp, tp)
+    me = dist.get_rank()
+    mine: dist.ProcessGroup | None = None
+    for p in range(grid.shape[1]):
+        for t in range(grid.shape[2]):
+            for part in parts:
+                ranks = [int(grid[d, p, t]) for d in part]
+                group = dist.new_group(ranks)
+                if me in ranks:
+                    mine = group
+    return mine
+
+
 def apply_ep(program: Program, modules: Mapping[int, nn.Module], mesh: DeviceMesh) -> ExpertGradAverager | None:
     """Expert parallelism: the graphs' expert communicators bound to this rank's expert-parallel group
     (ep consecutive dp ranks at one (pp, tp) place), and the averager of the expert weights' gradients
@@ -64,23 +80,8 @@ def apply_ep(program: Program, modules: Mapping[int, nn.Module], mesh: DeviceMes
     plan = program.plan
     if plan.ep == 1:
         return None
-    grid = mesh.mesh  # global ranks, shape (dp, pp, tp)
-    me = dist.get_rank()
-    mine: dist.ProcessGroup | None = None
-    replicas: dist.ProcessGroup | None = None
-    for p in range(grid.shape[1]):
-        for t in range(grid.shape[2]):
-            for first in range(0, plan.dp, plan.ep):
-                ranks = [int(grid[d, p, t]) for d in range(first, first + plan.ep)]
-                group = dist.new_group(ranks)
-                if me in ranks:
-                    mine = group
-            if plan.dp > plan.ep:
-                for j in range(plan.ep):
-                    ranks = [int(grid[d, p, t]) for d in range(j, plan.dp, plan.ep)]
-                    group = dist.new_group(ranks)
-                    if me in ranks:
-                        replicas = group
+    mine = dp_groups(mesh, [range(first, first + plan.ep) for first in range(0, plan.dp, plan.ep)])
+    replicas = dp_groups(mesh, [range(j, plan.dp, plan.ep) for j in range(plan.ep)]) if plan.dp > plan.ep else None
     for module in modules.values():
         for sub in module.modules():
             if isinstance(sub, EPComm):
@@ -94,16 +95,7 @@ def apply_cp(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> None
     every sequence). Every rank calls `new_group` for every group, in one order."""
     if plan.cp == 1:
         return
-    grid = mesh.mesh  # global ranks, shape (dp, pp, tp)
-    me = dist.get_rank()
-    mine: dist.ProcessGroup | None = None
-    for p in range(grid.shape[1]):
-        for t in range(grid.shape[2]):
-            for first in range(0, plan.dp, plan.cp):
-                ranks = [int(grid[d, p, t]) for d in range(first, first + plan.cp)]
-                group = dist.new_group(ranks)
-                if me in ranks:
-                    mine = group
+    mine = dp_groups(mesh, [range(first, first + plan.cp) for first in range(0, plan.dp, plan.cp)])
     for module in modules:
         for sub in module.modules():
             if isinstance(sub, CPComm):

@@ -260,6 +260,12 @@ def op_name(node: fx.Node) -> str:
     return getattr(target, "__name__", str(target))
 
 
+def calls(node: object, *names: str) -> bool:
+    """Whether `node` calls one of the ops `names`, in any spelling (`op_name`: `x.softmax`,
+    `F.softmax`, `aten.softmax.int` are all `softmax`)."""
+    return isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and op_name(node) in names
+
+
 def _is_pointwise(name: str, node: fx.Node) -> bool:
     if isinstance(node.target, torch._ops.OpOverload):
         return torch.Tag.pointwise in node.target.tags

@@ -20,7 +20,6 @@ buffers' real values (the model file's constructor: `Loaded.build_buffers_only`)
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,20 +30,16 @@ import torch.nn.functional as F
 
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, info, module_path
+from ..ir.optable import calls, op_name
 
 SDPA_ARGS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-# the spellings of SDPA in a graph: fx's (F.scaled_dot_product_attention) and torch.export's (ATen)
-SDPA = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
-_SIZES = ("size", getattr, torch.ops.aten.sym_size.int)  # reads of a size, not of values
-aten = torch.ops.aten
-# fx's spellings, then torch.export's
-_SOFTMAX = (F.softmax, torch.softmax, "softmax", aten.softmax.int, aten._softmax.default)
-_MATMUL = (operator.matmul, torch.matmul, "matmul", aten.matmul.default)
-_TRANSPOSE = (torch.transpose, "transpose", aten.transpose.int)
-_MASKED_FILL = ("masked_fill", aten.masked_fill.Scalar)
-_SCALE = (operator.mul, operator.truediv, torch.mul, "mul", "div", aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor,
-          aten.div.Scalar)
-_DIVIDE = (operator.truediv, "div", aten.div.Tensor, aten.div.Scalar)
+SDPA = "scaled_dot_product_attention"  # fx's F.scaled_dot_product_attention and torch.export's ATen op (`calls`)
+
+
+def _size_read(node: object) -> bool:
+    """A read of a size, not of values: `x.size()`, `x.shape`, torch.export's `sym_size`."""
+    return calls(node, "size", "sym_size") or (isinstance(node, fx.Node) and node.target is getattr
+                                              and node.args[1:] == ("shape",))
 
 
 class Buffers(Mapping[str, torch.Tensor]):
@@ -92,12 +87,12 @@ def _build(mask: fx.Node, known: Known) -> list[fx.Node] | None:
                 return None
         elif node.op == "call_module":
             return None
-        elif node.target in _SIZES and isinstance(node.args[0], fx.Node) and node.args[0].op != "placeholder":
+        elif _size_read(node) and isinstance(node.args[0], fx.Node) and node.args[0].op != "placeholder":
             if info(node.args[0]).tensor is None:  # the analysis gives an intermediate's size
                 return None
         else:
             todo.extend(node.all_input_nodes)
-    if any(n.op == "placeholder" and any(u in found and u.target not in _SIZES for u in n.users) for n in found):
+    if any(n.op == "placeholder" and any(u in found and not _size_read(u) for u in n.users) for n in found):
         return None
     order = {n: i for i, n in enumerate(mask.graph.nodes)}
     return sorted(found, key=order.__getitem__)
@@ -115,7 +110,7 @@ def _evaluate(nodes: list[fx.Node], known: Known) -> Any:
             env[node] = known.inputs[node.name]
         elif node.op == "get_attr":
             env[node] = known.buffers[str(node.target)]
-        elif node.target in _SIZES and node.args[0] not in env:  # an intermediate's size, from the analysis
+        elif _size_read(node) and node.args[0] not in env:  # an intermediate's size, from the analysis
             shape = torch.Size(int(s) for s in info(node.args[0]).tensor.shape)
             rest = node.args[1:]
             env[node] = shape if not rest or rest[0] == "shape" else shape[rest[0]]
@@ -187,7 +182,7 @@ def causal_masks(gm: fx.GraphModule, known: Known) -> int:
     (or no mask), the build removed (module doc). Returns how many calls changed."""
     changed = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in SDPA:
+        if not calls(node, SDPA):
             continue
         q, k, v, *rest = node.args
         kwargs = dict(zip(SDPA_ARGS, rest), **node.kwargs)
@@ -211,10 +206,6 @@ def causal_masks(gm: fx.GraphModule, known: Known) -> int:
 
 def _only_user(node: fx.Node) -> fx.Node | None:
     return next(iter(node.users)) if len(node.users) == 1 else None
-
-
-def _is(node: Any, targets: tuple[Any, ...]) -> bool:
-    return isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and node.target in targets
 
 
 def _last_dim(node: fx.Node) -> bool:
@@ -244,15 +235,15 @@ def written_attention(gm: fx.GraphModule, known: Known) -> int:
     read only by the next: one SDPA call (module doc). Returns how many chains became one."""
     changed = 0
     for soft in list(gm.graph.nodes):
-        if not _is(soft, _SOFTMAX) or not _last_dim(soft) or soft.kwargs.get("dtype") is not None \
-                or (soft.target is aten._softmax.default and soft.args[2]) \
-                or (soft.target is aten.softmax.int and len(soft.args) > 2 and soft.args[2] is not None):  # a dtype
+        # _softmax's third argument is half_to_float, softmax's a dtype: either changes the result's dtype
+        if not calls(soft, "softmax", "_softmax") or not _last_dim(soft) or soft.kwargs.get("dtype") is not None \
+                or (len(soft.args) > 2 and soft.args[2] not in (None, False)):
             continue
         out = _only_user(soft)
-        if not _is(out, _MATMUL) or out.args[0] is not soft:
+        if not calls(out, "matmul") or out.args[0] is not soft:
             continue
         chain, x, scale, causal, build = [soft, out], soft.args[0], 1.0, False, []
-        if _is(x, _MASKED_FILL) and _only_user(x) is soft and x.args[2] == float("-inf"):
+        if calls(x, "masked_fill") and _only_user(x) is soft and x.args[2] == float("-inf"):
             found = _allowed(x.args[1], known, fill=True)
             if found is None:
                 continue
@@ -261,9 +252,9 @@ def written_attention(gm: fx.GraphModule, known: Known) -> int:
                 _refuse(x, found[0])
             chain.append(x)
             causal, build, x = verdict, found[1], x.args[0]
-        if _is(x, _SCALE) and _only_user(x) in chain:
+        if calls(x, "mul", "div") and "rounding_mode" not in x.kwargs and _only_user(x) in chain:
             step, (a, b) = x, x.args[:2]
-            divides = step.target in _DIVIDE
+            divides = op_name(step) == "div"
             by, x = (b, a) if divides or _number(b, known) is not None else (a, b)
             number = _number(by, known)
             if not number:
@@ -272,10 +263,10 @@ def written_attention(gm: fx.GraphModule, known: Known) -> int:
             chain.append(step)
             if isinstance(by, fx.Node):  # 1 / sqrt(k.size(-1)): computed from a size, removed with the chain
                 build += _build(by, known) or []
-        if not (_is(x, _MATMUL) and _only_user(x) in chain):
+        if not (calls(x, "matmul") and _only_user(x) in chain):
             continue
         q, kt = x.args[:2]
-        dims = kt.args[1:3] if _is(kt, _TRANSPOSE) else ()
+        dims = kt.args[1:3] if calls(kt, "transpose") else ()
         if not (len(dims) == 2 and all(isinstance(a, int) for a in dims) and _only_user(kt) is x
                 and sorted(a % 4 for a in dims) == [2, 3]):
             continue

@@ -23,11 +23,11 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 import torch.fx as fx
 
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, module_path
+from ..ir.optable import calls
 from ..ops.cp import CP_COMM_ATTR, CPComm, cp_attention, cp_positions, cp_take
 from .attention_form import SDPA, SDPA_ARGS
 from .manager import PassInput, PassResults
@@ -38,7 +38,7 @@ def check_masks(gm: fx.GraphModule) -> None:
     attention_form turned the ones built from sizes alone into is_causal): context parallelism computes
     only the causal mask, by global position."""
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in SDPA:
+        if calls(node, SDPA):
             kwargs = dict(zip(SDPA_ARGS, node.args[3:]), **node.kwargs)
             if isinstance(kwargs.get("attn_mask"), fx.Node):
                 source = info(node).source or info(kwargs["attn_mask"]).source
@@ -52,9 +52,9 @@ def check_sequence_mixers(gm: fx.GraphModule, mixers: Sequence[tuple[str, str]])
     """Refuse a sequence mixed by any node but an attention call: (graph node, why) pairs from
     batch discovery for the sequence dim; "" as the node is the loss (a mean over tokens: fine)."""
     nodes = {n.name: n for n in gm.graph.nodes}
-    attention = any(name in nodes and nodes[name].target in SDPA for name, _ in mixers)
+    attention = any(name in nodes and calls(nodes[name], SDPA) for name, _ in mixers)
     for name, why in mixers:
-        if name == "" or name not in nodes or nodes[name].target in SDPA:  # the loss; a causal mask's build, removed
+        if name == "" or name not in nodes or calls(nodes[name], SDPA):  # the loss; a causal mask's build, removed
             continue
         node = nodes[name]
         module = info(node).module or module_path(node)
@@ -73,7 +73,7 @@ def _size_read(node: object) -> tuple[fx.Node, int] | None:
     torch.export's `sym_size(x, 1)`."""
     if not isinstance(node, fx.Node) or node.op not in ("call_method", "call_function"):
         return None
-    if node.target in ("size", torch.ops.aten.sym_size.int) and len(node.args) == 2 and isinstance(node.args[1], int):
+    if calls(node, "size", "sym_size") and len(node.args) == 2 and isinstance(node.args[1], int):
         return node.args[0], node.args[1]
     if node.target is operator.getitem and isinstance(node.args[1], int) and isinstance(node.args[0], fx.Node):
         base = node.args[0]
@@ -83,16 +83,12 @@ def _size_read(node: object) -> tuple[fx.Node, int] | None:
     return None
 
 
-def _sequence_length(node: object, length: int | None) -> bool:
+def _sequence_length(node: object, length: int) -> bool:
     """A number read as a tensor's size that is the sequence's `length` (the graph analyzed at the
-    whole sequence; None: any size read)."""
+    whole sequence)."""
     read = _size_read(node)
-    if read is None:
-        return False
-    spec = info(read[0]).tensor
-    if length is None or spec is None:
-        return length is None
-    return -len(spec.shape) <= read[1] < len(spec.shape) and int(spec.shape[read[1]]) == length
+    spec = info(read[0]).tensor if read is not None else None
+    return spec is not None and -len(spec.shape) <= read[1] < len(spec.shape) and int(spec.shape[read[1]]) == length
 
 
 def _live(node: fx.Node) -> bool:
@@ -118,14 +114,14 @@ def _reads_a_size(node: object) -> bool:
         if not isinstance(x, fx.Node) or x in seen:
             continue
         seen.add(x)
-        if _size_read(x) is not None or (x.op == "call_method" and x.target == "size"):
+        if _size_read(x) is not None or calls(x, "size"):
             return True
         if info(x).value != "tensor":
             todo.extend(x.all_input_nodes)
     return False
 
 
-_CASTS = ("to", "type_as", torch.ops.aten._to_copy.default)
+_CASTS = ("to", "type_as", "_to_copy")
 
 
 @dataclass(frozen=True)
@@ -140,20 +136,9 @@ class Expansion:
     cast: fx.Node | None
 
 
-_REPEAT = ("repeat_interleave", torch.repeat_interleave, torch.ops.aten.repeat_interleave.self_int)
-_RESHAPE = ("reshape", "view", torch.reshape, torch.ops.aten.reshape.default, torch.ops.aten.view.default)
-_EXPAND = ("expand", torch.ops.aten.expand.default)
-_UNSQUEEZE = ("unsqueeze", torch.unsqueeze, torch.ops.aten.unsqueeze.default)
-_SLICE = (torch.ops.aten.slice.Tensor,)
-
-
-def _called(node: object, targets: tuple[object, ...]) -> bool:
-    return isinstance(node, fx.Node) and node.op in ("call_method", "call_function") and node.target in targets
-
-
 def _through_whole_slices(node: fx.Node, made: list[fx.Node]) -> fx.Node:
     """`node` past torch.export's slices that keep a whole dim (`x[:, :, None]` traces to them)."""
-    while _called(node, _SLICE) and len(node.users) == 1 and node.args[2:3] in ((0,), ()) \
+    while calls(node, "slice") and len(node.users) == 1 and node.args[2:3] in ((0,), ()) \
             and (len(node.args) < 4 or (isinstance(node.args[3], int) and node.args[3] >= 2**62)):
         made.append(node)
         node = node.args[0]
@@ -167,26 +152,26 @@ def head_repeat(node: object, attention: fx.Node) -> Expansion | None:
     if not isinstance(node, fx.Node) or len(node.users) != 1:
         return None
     cast = None
-    if _called(node, _CASTS) and isinstance(node.args[0], fx.Node) and len(node.args[0].users) == 1:
+    if calls(node, *_CASTS) and isinstance(node.args[0], fx.Node) and len(node.args[0].users) == 1:
         cast, node = node, node.args[0]
     spec = info(node).tensor
     if spec is None or len(spec.shape) != 4:
         return None
-    if _called(node, _REPEAT):
+    if calls(node, "repeat_interleave"):
         args = dict(zip(("input", "repeats", "dim"), node.args), **node.kwargs)
         if isinstance(args.get("repeats"), int) and args.get("dim") in (1, -3) and isinstance(args["input"], fx.Node):
             return Expansion(args["repeats"], args["input"], (node,), cast)
         return None
-    if not _called(node, _RESHAPE) or not isinstance(node.args[0], fx.Node):
+    if not calls(node, "reshape", "view") or not isinstance(node.args[0], fx.Node):
         return None
     made = [node]
     expand = _through_whole_slices(node.args[0], made)
-    shape = expand.args[1] if _called(expand, _EXPAND) and len(expand.users) == 1 else None
+    shape = expand.args[1] if calls(expand, "expand") and len(expand.users) == 1 else None
     if not isinstance(shape, list | tuple) or len(shape) != 5 or not isinstance(shape[2], int):
         return None
     made.append(expand)
     unsqueeze = _through_whole_slices(expand.args[0], made)
-    if not (_called(unsqueeze, _UNSQUEEZE) and len(unsqueeze.users) == 1 and unsqueeze.args[1:2] == (2,)):
+    if not (calls(unsqueeze, "unsqueeze") and len(unsqueeze.users) == 1 and unsqueeze.args[1:2] == (2,)):
         return None
     made.append(unsqueeze)
     source = _through_whole_slices(unsqueeze.args[0], made)
@@ -221,10 +206,7 @@ def _comm(gm: fx.GraphModule, cp: int) -> fx.Node:
     return comm
 
 
-_ARANGE = (torch.arange, torch.ops.aten.arange.default, torch.ops.aten.arange.start)
-
-
-def cut_positions(gm: fx.GraphModule, cp: int, length: int | None = None) -> None:
+def cut_positions(gm: fx.GraphModule, cp: int, length: int) -> None:
     """The values built from a position, rewritten to this rank's global positions: a table sliced to
     the sequence's `length` (`cp_take`), an arange of it (`cp_positions`). Runs before the analysis
     (compile.py), on a graph analyzed at the whole sequence: the graph then has the shard's shapes.
@@ -241,11 +223,11 @@ def cut_positions(gm: fx.GraphModule, cp: int, length: int | None = None) -> Non
             if len(cut) == 1 and all(s == slice(None) for d, s in enumerate(index) if d != cut[0][0]):
                 dim, stop = cut[0]
                 node.target, node.args = cp_take, (table, dim, stop, comm)
-        elif node.target is torch.ops.aten.slice.Tensor and isinstance(node.args[0], fx.Node) \
+        elif calls(node, "slice") and isinstance(node.args[0], fx.Node) \
                 and node.args[0].op == "get_attr" and len(node.args) >= 4 and node.args[2] in (None, 0) \
                 and node.args[4:] in ((), (1,)) and _sequence_length(node.args[3], length):  # export's table[:, :T]
             node.target, node.args = cp_take, (node.args[0], node.args[1], node.args[3], comm)
-        elif node.target in _ARANGE and node.args:
+        elif calls(node, "arange") and node.args:
             if _sequence_length(node.args[-1], length) and len(node.args) in (1, 2) \
                     and (len(node.args) == 1 or node.args[0] == 0) and node.kwargs.get("step", 1) == 1:
                 node.target, node.args = cp_positions, (node.args[-1], comm)
@@ -255,8 +237,7 @@ def cut_positions(gm: fx.GraphModule, cp: int, length: int | None = None) -> Non
                 raise GraphsplitError(f"--cp {cp}: an arange of a size read from the inputs"
                                       f"{f' at {source}' if source else ''} is not the sequence's positions from 0 "
                                       "graphsplit can place on each rank's shard; drop --cp")
-    if length is not None:
-        _refuse_positions_left(gm, cp, length)
+    _refuse_positions_left(gm, cp, length)
     gm.graph.lint()
     gm.recompile()
 
@@ -274,7 +255,7 @@ def _refuse_positions_left(gm: fx.GraphModule, cp: int, length: int) -> None:
             free[node] = False
         elif node.op == "get_attr":
             free[node] = str(node.target) not in params
-        elif _size_read(node) is not None or (node.op == "call_method" and node.target == "size"):
+        elif _size_read(node) is not None or calls(node, "size"):
             free[node] = True
         else:
             inputs = node.all_input_nodes
@@ -299,7 +280,7 @@ def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
     comm = _comm(gm, cp)
     attention = 0
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in SDPA:
+        if calls(node, SDPA):
             q, k, v, *rest = node.args
             kwargs = dict(zip(SDPA_ARGS, rest), **node.kwargs)
             ek, ev = head_repeat(k, node), head_repeat(v, node)

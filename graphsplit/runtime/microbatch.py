@@ -104,14 +104,16 @@ def batch_first(program: Program, target: Any) -> Any:
     return target.movedim(moved, 0) if moved is not None and isinstance(target, torch.Tensor) else target
 
 
-def stage_output_dims(program: Program) -> list[int | None]:
-    """Batch dims of the last stage's outputs (each the dim of the model's output leaf it is)."""
+def stage_output_dims(program: Program, per_leaf: Sequence[int | None] | None = None,
+                      default: int | None = 0) -> list[int | None]:
+    """Batch dims of the last stage's outputs (each the dim of the model's output leaf it is), or of
+    `per_leaf` (one dim per model output leaf: the sequence's)."""
+    outputs = program.batch.outputs if per_leaf is None else per_leaf
     dims: dict[int, int | None] = {}
-    outputs = program.batch.outputs
     for k, (what, i) in enumerate(program.output_leaves):
         if what == "tensor":
-            dims.setdefault(i, outputs[k] if k < len(outputs) else 0)
-    return [dims.get(i, 0) for i in range(max(dims, default=-1) + 1)]
+            dims.setdefault(i, outputs[k] if k < len(outputs) else default)
+    return [dims.get(i, default) for i in range(max(dims, default=-1) + 1)]
 
 
 def call_dims(program: Program, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int | None]:
@@ -149,14 +151,11 @@ def join_sequence(program: Program, shards: list[Any]) -> Any:
         return shards[0]
     from ..ops.cp import unshard_sequence
 
-    dims: dict[int, int | None] = {}
-    for k, (what, i) in enumerate(program.output_leaves):
-        if what == "tensor":
-            dims.setdefault(i, seq.outputs[k] if k < len(seq.outputs) else None)
+    dims = stage_output_dims(program, seq.outputs, default=None)
     flat = [pytree.tree_flatten(s) for s in shards]
     joined = []
     for i, leaves in enumerate(zip(*(f[0] for f in flat))):
-        dim = dims.get(i)
+        dim = dims[i] if i < len(dims) else None
         if isinstance(leaves[0], torch.Tensor) and dim is not None:
             joined.append(unshard_sequence(list(leaves), dim))
         elif isinstance(leaves[0], torch.Tensor) and leaves[0].dim() == 0:
