@@ -71,6 +71,23 @@ def test_scalars_are_recomputed_not_sent(examples_dir):
     assert all(info(n).value == "tensor" for n in later.nodes if n.op == "placeholder")
 
 
+def test_a_stage_holds_no_weight_it_only_casts_for_a_later_stage(examples_dir):
+    """Under bf16 autocast a weight's cast sits just before its matmul; a cut between them leaves the
+    cast in the earlier stage while the later one makes it again for itself (recomputed, never sent):
+    the earlier stage computes nothing unused, so it does not hold the weight (nor its gradient and
+    optimizer state). Every tensor a stage computes is read there or sent."""
+    loaded = load_model(str(examples_dir / "gpt.py"))
+    for plan in (Plan(pp=2, autocast="bf16"), Plan(pp=3, tp=2, autocast="bf16", sequence_parallel=True)):
+        program = compile_loaded(loaded, plan).program
+        for st in program.stages:
+            dead = [n.name for n in st.gm.graph.nodes if n.op in ("call_function", "call_method")
+                    and not n.users and info(n).value == "tensor"]
+            assert not dead, (plan, st.index, dead)
+        held = [name for st in program.stages for name in set(st.param_sources.values())]
+        shared = {name for name, stages in program.param_stages.items() if len(stages) > 1}
+        assert shared <= {"wte.weight"} and len(held) == len(set(held)) + len(shared), (plan, shared)
+
+
 def test_explicit_split_points_override(examples_dir):
     program = program_for(examples_dir / "mlp.py", pp=3, microbatches=4, split_at=("layers.2", "layers.6"))
     assert program.stages[1].modules[0] == "layers.2"

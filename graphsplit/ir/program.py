@@ -309,7 +309,7 @@ def build_program(
         else:
             outs = [get(v) for v in out_tensors]
             graph.output(outs[0] if len(outs) == 1 else tuple(outs))
-        _drop_unused_scalars(graph)
+        _drop_unused_scalars(graph, {env[n] for n in members if n in recomp and info(n).value == "tensor"})
         graph.lint()
         stage_gm = fx.GraphModule(gm, graph, class_name=f"Stage{s}")
         modules = []
@@ -349,15 +349,18 @@ def _send_cost(boundary: Boundary) -> float:
     return boundary_cost(boundary.nbytes)
 
 
-def _drop_unused_scalars(graph: fx.Graph) -> None:
-    """Remove shape queries and detaches whose value no node of this stage reads (pure by
-    construction: a parameter's detach that the stage using it recomputes for itself), then
-    the parameters nothing reads any more, so the stage does not hold them."""
+def _drop_unused_scalars(graph: fx.Graph, recomputed: set[fx.Node] = frozenset()) -> None:
+    """Remove shape queries, detaches and `recomputed` values (computed from parameters, buffers and
+    sizes alone: pure by construction) whose value no node of this stage reads: a parameter's detach
+    or low-precision cast that the stage using it recomputes for itself, made here only because the
+    cut fell between it and its reader. Then the parameters nothing reads any more, so the stage does
+    not hold them."""
     for node in reversed(list(graph.nodes)):
         if node.op in ("placeholder", "output", "get_attr") or node.users:
             continue
         ni = node.meta.get(META_KEY)
-        if (ni is not None and ni.value == "scalar" and ni.kind in (OpKind.SHAPE, OpKind.GETITEM)) or is_detach(node):
+        if (ni is not None and ni.value == "scalar" and ni.kind in (OpKind.SHAPE, OpKind.GETITEM)) or is_detach(node) \
+                or node in recomputed:
             graph.erase_node(node)
     for node in list(graph.nodes):
         if node.op == "get_attr" and not node.users:
