@@ -9,7 +9,9 @@ saving tensors through the hooks, so a forward pre-hook on each
 `CheckpointRegion` adds the storages of its inputs; a selective region also
 keeps the outputs of its matmul-class ops in checkpoint's own cache, which a
 dispatch mode counts while that region runs. Parameters are not counted (they
-are there anyway); inputs of the stage itself are.
+are there anyway; under FSDP with --autocast bf16/fp16 the gathered low-dtype ones,
+which a matmul keeps in place of a cast copy per micro-batch); inputs of the stage
+itself are.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 from ..ops.activation_checkpoint import SELECTIVE_KEEPS, CheckpointRegion
+from ..plan import Plan
 from .shapes import meta_copy
 
 
@@ -32,10 +35,19 @@ def saved_bytes(
     checkpointing: bool = True,
     param_shardings: dict[str, Any] | None = None,
     names: dict[int, str] | None = None,
+    param_dtype: torch.dtype | None = None,
 ) -> int:
     """Bytes kept for backward by one forward of `stage` on inputs shaped like `inputs`;
-    `checkpointing=False` runs its checkpoint regions plainly (the figure without the policy)."""
+    `checkpointing=False` runs its checkpoint regions plainly (the figure without the policy).
+    `param_dtype`: the dtype the parameters arrive in (`gathered_dtype`: FSDP's low-precision
+    gather), so a weight's cast to it is the parameter itself, as it runs."""
     module = meta_copy(stage, param_shardings or {}, tp, names)
+    if param_dtype is not None:
+        for sub in module.modules():
+            for key, p in list(sub._parameters.items()):
+                if p is not None and p.is_floating_point():
+                    sub._parameters[key] = torch.nn.Parameter(torch.empty(p.shape, dtype=param_dtype, device="meta"),
+                                                              requires_grad=p.requires_grad)
     for m in module.modules():
         if isinstance(m, CheckpointRegion):
             m.enabled = checkpointing
@@ -70,6 +82,14 @@ def saved_bytes(
         for h in hooks:
             h.remove()
     return sum(seen.values())
+
+
+def gathered_dtype(plan: Plan) -> torch.dtype | None:
+    """The dtype FSDP gathers the parameters in under `plan` (apply_fsdp's MixedPrecisionPolicy under
+    --autocast bf16/fp16); None where they arrive as stored."""
+    if not plan.fsdp:
+        return None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.autocast or "")
 
 
 class KeptOutputs(TorchDispatchMode):

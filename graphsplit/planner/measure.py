@@ -45,10 +45,12 @@ class FusedAttention(torch.overrides.TorchFunctionMode):
 
 
 def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], shardings: dict[str, Any], tp: int,
-                  fused_attention: bool = False) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, int]]:
+                  fused_attention: bool = False
+                  ) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, int], dict[tuple[str, int], str]]:
     """What each node keeps for backward, as (the node that first kept the storage, its index among the
-    storages that node first kept, bytes): one entry per distinct storage, parameters excluded; and the
-    bytes of the outputs selective checkpointing would keep of each node (its matmul-class aten ops).
+    storages that node first kept, bytes): one entry per distinct storage, parameters excluded; the
+    bytes of the outputs selective checkpointing would keep of each node (its matmul-class aten ops);
+    and the node whose output each kept storage is, by (first keeper, index), where one is.
     Measured on meta with saved_tensors_hooks and KeptOutputs, as analysis/memory.py measures a stage."""
     module = meta_copy(gm, shardings, tp)
     params = {p.untyped_storage()._cdata for p in module.parameters()}
@@ -58,6 +60,8 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
     selective: dict[str, int] = {}
     noted: set[int] = set()
     current = [""]
+    made: dict[int, str] = {}  # storage -> the node whose output it is
+    makers: dict[tuple[str, int], str] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
@@ -68,6 +72,8 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
             index = counts.get(current[0], 0)
             counts[current[0]] = index + 1
             key = first[storage._cdata] = (current[0], index, storage.nbytes())
+            if storage._cdata in made:
+                makers[key[:2]] = made[storage._cdata]
         mine = kept.setdefault(current[0], [])
         if key not in mine:
             mine.append(key)
@@ -85,7 +91,11 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
     class Run(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
             current[0] = n.name
-            return super().run_node(n)
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                alive.append(out)  # its storage's address stays its own while the run lasts
+                made.setdefault(out.untyped_storage()._cdata, n.name)
+            return out
 
     args = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=t.is_floating_point())
                  for t in inputs)
@@ -94,7 +104,7 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
     attention = FusedAttention() if fused_attention else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), outputs, attention:
         Run(module).run(*args)
-    return kept, selective
+    return kept, selective, makers
 
 
 def node_params(gm: fx.GraphModule, node: fx.Node, names: dict[int, str], recomp: set[fx.Node],
@@ -131,13 +141,14 @@ class Measured:
     live: np.ndarray
     blocked: np.ndarray
     kept: list[list[tuple[tuple[str, int, int], int]]]  # per op: (storage key, bytes) of what it keeps
+    makers: dict[tuple[str, int, int], str]  # storage key -> the node (of the compiled graph) that made it
     selective: np.ndarray  # per op: what selective checkpointing keeps of its outputs
 
 
 def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, tp: int,
              inputs: tuple[torch.Tensor, ...], fused_attention: bool) -> Measured:
     """`gm` (compiled and annotated at `inputs`) seen as the whole op sequence."""
-    saved, selective = saved_by_node(gm, inputs, shardings, tp, fused_attention)
+    saved, selective, made_by = saved_by_node(gm, inputs, shardings, tp, fused_attention)
     unf = Unfolding(gm, fold_)
     by_name = {n.name: n for n in gm.graph.nodes}
     n = len(unf)
@@ -153,11 +164,15 @@ def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, t
             blocked[start] += 1
             blocked[end + 1] -= 1
     kept = []
+    makers: dict[tuple[str, int, int], str] = {}
     for op in unf.sequence:
         mine = []
         for first, index, nbytes in saved.get(op[0].name, []):
             source, copy_ = unf.value(by_name[first], op) if first in by_name else (None, 0)
-            mine.append(((source.name if source is not None else first, copy_, index), nbytes))
+            key = (source.name if source is not None else first, copy_, index)
+            mine.append((key, nbytes))
+            if (first, index) in made_by:
+                makers[key] = made_by[(first, index)]
         kept.append(mine)
     ops = [node for node, _ in unf.sequence]
     return Measured(
@@ -165,7 +180,7 @@ def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, t
         flops=np.array([info(x).flops for x in ops], dtype=np.int64),
         bytes=np.array([info(x).bytes_moved for x in ops], dtype=np.int64),
         out=np.array([size[x] for x in ops], dtype=np.int64),
-        live=np.cumsum(live)[: n + 1], blocked=np.cumsum(blocked)[: n + 1] > 0, kept=kept,
+        live=np.cumsum(live)[: n + 1], blocked=np.cumsum(blocked)[: n + 1] > 0, kept=kept, makers=makers,
         selective=np.array([selective.get(x.name, 0) for x in ops], dtype=np.int64),
     )
 

@@ -14,6 +14,7 @@ again, and the pipeline cut is the compiler's own (`balanced_cuts`) on the same 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -224,7 +225,9 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
                 block_index[block] = len(block_names)
                 block_names.append(block)
             blocks[i] = block_index[block]
-        here = list(node_params(a.gm, node, names, recomp, memo))
+        # a value made from parameters alone (a weight's cast) is made again by each stage reading it
+        # (ir/program.py): its readers hold the parameters, a stage the cut leaves it in alone does not
+        here = [] if node in recomp else list(node_params(a.gm, node, names, recomp, memo))
         if fold_ is not None and k:
             for name in here:
                 param_bytes.setdefault(fold_.block_name(name, k), param_bytes[name])
@@ -258,6 +261,22 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
             if tensors and all(x in from_experts for x in tensors):
                 from_experts.add(node)
     expert_made = {x.name for x in from_experts}
+    # casts of parameters alone to the low dtype: a matmul's weight, which FSDP gathers already cast
+    from_params: set[fx.Node] = set()
+    for node in a.gm.graph.nodes:
+        if node.op == "get_attr":
+            with contextlib.suppress(AttributeError):  # a buffer or constant is not a parameter
+                a.gm.get_parameter(str(node.target))
+                from_params.add(node)
+        elif node.op in ("call_function", "call_method"):
+            tensors = [x for x in node.all_input_nodes if info(x).value == "tensor" or x.op == "get_attr"]
+            if tensors and all(x in from_params for x in tensors):
+                from_params.add(node)
+    # (the profile's parameters are fp32: a low-dtype value made from them alone is a cast of them)
+    weight_cast = np.array([node in from_params and node.op != "get_attr" and info(node).tensor is not None
+                            and info(node).tensor.dtype in (torch.bfloat16, torch.float16)
+                            for node, _ in a.unf.sequence], dtype=bool)
+    cast_made = {node.name for i, (node, _) in enumerate(a.unf.sequence) if weight_cast[i]}
     grouped_names = {node.name for i, (node, _) in enumerate(a.unf.sequence) if grouped[i]}
     expert_bytes = np.zeros(n, dtype=np.int64)
     for i, (node, _) in enumerate(a.unf.sequence):
@@ -335,6 +354,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: _Source, tp:
         # the batch holds expert weights
         expert_storage=np.array([key[0] in expert_made or (key[0] in grouped_names and not storage[k, 0])
                                  for k, key in enumerate(ids)], dtype=bool),
+        weight_cast=weight_cast, cast_storage=np.array([a.makers.get(key) in cast_made for key in ids], dtype=bool),
     )
     return expand(table, fold_, whole) if fold_ is not whole else table
 

@@ -47,6 +47,10 @@ class OpTable:
     # storage: made from expert weights alone. Under expert parallelism a rank holds 1/ep of them
     expert_bytes: np.ndarray | None = None
     expert_storage: np.ndarray | None = None
+    # per op: a cast of parameters alone to the low dtype (a matmul's weight cast under autocast); per
+    # storage: made by one. Under FSDP with a low param dtype neither exists (`for_gathered_low`)
+    weight_cast: np.ndarray | None = None
+    cast_storage: np.ndarray | None = None
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -109,4 +113,25 @@ class OpTable:
                 storage[self.expert_storage] //= ep
             found = self.cache[key] = dataclasses.replace(
                 self, bytes=(self.bytes[0], self.bytes[1] - less), storage=(self.storage[0], storage), cache={})
+        return found
+
+    def for_gathered_low(self) -> OpTable:
+        """This table as FSDP runs it under --autocast bf16/fp16: the parameters are gathered in the low
+        dtype (apply_fsdp's MixedPrecisionPolicy), so a matmul's weight cast returns the gathered weight
+        itself: it moves no bytes, and what the matmul keeps for backward is FSDP's gathered parameter
+        (priced with FSDP's buffers), not a copy per micro-batch. (The fp32 copies the program reads of
+        a norm's or an embedding's weight under FSDP are not priced: a few rows or vectors.)"""
+        if not self.low or self.weight_cast is None or not self.weight_cast.any():
+            return self
+        found = self.cache.get("gathered_low")
+        if found is None:
+            gone = self.weight_cast
+            zero = np.zeros_like
+            storage = [part.copy() for part in self.storage]
+            if self.cast_storage is not None:
+                for part in storage:
+                    part[self.cast_storage] = 0
+            found = self.cache["gathered_low"] = dataclasses.replace(
+                self, bytes=tuple(np.where(gone, zero(x), x) for x in self.bytes),
+                out=tuple(np.where(gone, zero(x), x) for x in self.out), storage=tuple(storage), cache={})
         return found

@@ -71,6 +71,7 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
     storage: list[tuple[int, int]] = []
     old_storage = list(zip(table.storage[0].tolist(), table.storage[1].tolist()))
     storage_flags: list[bool] = []
+    cast_flags: list[bool] = []
     by_op: dict[int, list[tuple[int, str, str, int, int]]] = {}
     for c in table.collectives:
         by_op.setdefault(c[0], []).append(c)
@@ -93,6 +94,7 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
                 keys[key] = len(storage)
                 storage.append(old_storage[sid])
                 storage_flags.append(bool(table.expert_storage[sid]) if table.expert_storage is not None else False)
+                cast_flags.append(bool(table.cast_storage[sid]) if table.cast_storage is not None else False)
             mine.append(keys[key])
         kept.append(tuple(mine))
         collectives += [(new, *c[1:]) for c in by_op.get(i, ())]
@@ -130,4 +132,6 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         grouped=per_op(table.grouped) if table.grouped is not None else None,
         expert_bytes=per_op(table.expert_bytes) if table.expert_bytes is not None else None,
         expert_storage=np.array(storage_flags, dtype=bool) if table.expert_storage is not None else None,
+        weight_cast=per_op(table.weight_cast) if table.weight_cast is not None else None,
+        cast_storage=np.array(cast_flags, dtype=bool) if table.cast_storage is not None else None,
     )

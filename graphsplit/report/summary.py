@@ -214,15 +214,16 @@ def sequence_exchange(program: Program) -> dict[str, Any]:
 def _activation_bytes(program: Program) -> list[dict[str, Any]]:
     """Per stage, bytes saved for backward per micro-batch with and without checkpointing (measured)."""
 
-    from ..analysis.memory import saved_bytes
+    from ..analysis.memory import gathered_dtype, saved_bytes
 
     rows = []
+    dtype = gathered_dtype(program.plan)
     for st in program.stages:
         inputs = st.input_examples()
         tp, shardings = program.plan.tp, program.param_shardings
         names = {id(st.gm.get_parameter(local)): canonical for local, canonical in st.param_sources.items()}
-        rows.append({"stage": st.index, "without": saved_bytes(st.gm, inputs, tp, False, shardings, names),
-                     "with": saved_bytes(st.gm, inputs, tp, True, shardings, names)})
+        rows.append({"stage": st.index, "without": saved_bytes(st.gm, inputs, tp, False, shardings, names, dtype),
+                     "with": saved_bytes(st.gm, inputs, tp, True, shardings, names, dtype)})
     return rows
 
 

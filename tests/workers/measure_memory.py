@@ -1,6 +1,8 @@
 """Under torchrun: for each plan given, build this rank's part of a model with parallelize(), train one
 AdamW step, and record the bytes this rank holds: parameters, gradients, optimizer state (what the
-planner predicts exactly). One JSON file per rank in OUT.
+planner predicts exactly), and the activations the step keeps for backward: every distinct storage
+autograd saves, parameters aside (FSDP's gathered ones included: they are parameters while gathered),
+summed over the step's micro-batches. One JSON file per rank in OUT.
 
     python -m torch.distributed.run --nproc-per-node W tests/workers/measure_memory.py MODEL OUT PLAN.json...
 """
@@ -18,9 +20,33 @@ from graphsplit.loader import load_model
 from graphsplit.runtime.microbatch import split_microbatches
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def local_bytes(t: torch.Tensor) -> int:
-    t = t.to_local() if hasattr(t, "to_local") else t
+    t = local(t)
     return t.numel() * t.element_size()
+
+
+class SavedStorages:
+    """The distinct storages autograd saves, parameters aside: the module's parameters as they are
+    when saved (FSDP's gathered ones while a stage runs)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.bytes: dict[int, int] = {}
+        self.alive: list[object] = []  # a storage freed mid-step would hand its address to the next one
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if all(storage._cdata != local(p).untyped_storage()._cdata for p in self.module.parameters()):
+            self.bytes[storage._cdata] = storage.nbytes()
+            self.alive.append(storage)
+        return t
+
+    def total(self) -> int:
+        return sum(self.bytes.values())
 
 
 def main() -> None:
@@ -36,13 +62,16 @@ def main() -> None:
         target = split_microbatches(loaded.target, plan.dp)[dp_rank]
         module = parallelize(model, plan, example_inputs=inputs, loss_fn=loaded.loss_fn, example_target=target)
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
-        module.train_step(*inputs, target=target)
+        saved = SavedStorages(module)
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            module.train_step(*inputs, target=target)
         grads = sum(local_bytes(p.grad) for p in module.parameters() if p.grad is not None)
         module.optimizer_step(optimizer)
         found.append({
             "pp_rank": (rank // plan.tp) % plan.pp, "dp_rank": dp_rank,
             "parameters": sum(local_bytes(p) for p in module.parameters()),
             "gradients": grads,
+            "activations": saved.total(),
             "optimizer_state": sum(local_bytes(t) for s in optimizer.state.values() for t in s.values()
                                    if isinstance(t, torch.Tensor) and t.dim()),
         })
