@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from graphsplit import Plan
-from graphsplit.analysis.memory import saved_bytes
+from graphsplit.analysis.memory import gathered_dtype, saved_bytes
 from graphsplit.compile import compile_loaded
 from graphsplit.errors import GraphsplitError
 from graphsplit.ir.trace import trace_model
@@ -62,14 +62,20 @@ def predict(profile, plan: Plan):
 WORLD_4 = [Plan(pp=4), Plan(dp=2, pp=2), Plan(pp=2, tp=2), Plan(dp=2, tp=2, fsdp=True),
            Plan(dp=2, pp=2, fsdp=True, checkpoint="blocks"), Plan(pp=2, tp=2, autocast="bf16"), Plan(tp=4),
            Plan(dp=2, pp=2, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=4), Plan(dp=4),
-           Plan(dp=4, fsdp=True)]
+           Plan(dp=4, fsdp=True), Plan(dp=4, autocast="bf16"), Plan(dp=4, fsdp=True, autocast="bf16"),
+           Plan(dp=2, tp=2, fsdp=True, autocast="bf16", sequence_parallel=True)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, tmp_path):
-    """10 plans, one torchrun launch: every pp rank's parameters, gradients and AdamW state, as
-    measured after one step on real gloo processes, are what the planner predicts, byte for byte."""
+    """13 plans, one torchrun launch: every pp rank's parameters, gradients and AdamW state, as
+    measured after one step on real gloo processes, are what the planner predicts, byte for byte; and
+    on one stage (pp 1, one micro-batch) the activations the step keeps for backward, counted as
+    autograd saves them, within 10% of the planner's activations and loss buffers (two of the outputs'
+    size: torch's cross-entropy keeps one, the vocab-parallel one two).
+    FSDP under bf16 keeps no cast copy of a weight (the gathered bf16 weight is the parameter): less
+    than the same plan without FSDP, measured and predicted alike."""
     loaded, profile = gpt
     checked = 0
     for world, plans in ((4, WORLD_4),):
@@ -91,15 +97,22 @@ def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, t
                         assert measured[part] <= want, (plan, part)  # later dp shards are never larger
                     else:
                         assert measured[part] == want, (plan, part, measured, predicted)
+                if plan.pp == 1:
+                    want = predicted["activations"][0] + predicted["outputs_and_loss"][0]
+                    assert abs(measured["activations"] - want) <= 0.10 * want, (plan, measured, want)
             checked += 1
     assert checked == len(WORLD_4)
+    plain, gathered = (WORLD_4.index(p) for p in (Plan(dp=4, autocast="bf16"), Plan(dp=4, fsdp=True, autocast="bf16")))
+    assert ranks[0][gathered]["activations"] < 0.8 * ranks[0][plain]["activations"]
+    assert predict(profile, WORLD_4[gathered]).memory["activations"] < 0.8 * predict(profile, WORLD_4[plain]).memory["activations"]
 
 
 PLANS = [Plan(pp=2), Plan(pp=4), Plan(tp=2, pp=2), Plan(pp=2, autocast="bf16"), Plan(pp=2, checkpoint="blocks"),
          Plan(pp=4, microbatches=8), Plan(tp=2, pp=2, checkpoint="blocks"), Plan(pp=2, checkpoint="every:2"),
          Plan(tp=2), Plan(pp=2, checkpoint="stage"), Plan(pp=2, tp=2, autocast="bf16"), Plan(pp=2, checkpoint="selective"),
          Plan(tp=2, pp=2, checkpoint="selective"), Plan(pp=2, checkpoint="first:1"),
-         Plan(tp=2, pp=2, sequence_parallel=True)]
+         Plan(tp=2, pp=2, sequence_parallel=True),
+         Plan(dp=2, tp=2, pp=2, fsdp=True, autocast="bf16", sequence_parallel=True)]
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama"])
@@ -112,7 +125,8 @@ def test_activations_within_ten_percent_of_the_measurement(name, gpt, llama):
         program = compile_loaded(loaded, plan).program
         for st, want in zip(program.stages, predicted):
             names = {id(st.gm.get_parameter(k)): c for k, c in st.param_sources.items()}
-            got = saved_bytes(st.gm, st.input_examples(), plan.tp, True, program.param_shardings, names)
+            got = saved_bytes(st.gm, st.input_examples(), plan.tp, True, program.param_shardings, names,
+                              gathered_dtype(plan))
             worst = max(worst, abs(int(want) - got) / got)
         # the cut is the compiler's own: each stage holds the parameters a transform gives it
         assert list(plan_stages(profile, plan).param_bytes) == [program.stage_param_bytes(s.index) for s in program.stages]
@@ -255,10 +269,40 @@ def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier(deep):
         moved += 1
         for policy in ("none", "selective", "blocks", "every:2", "every:3", "stage"):
             for b in (1, 3):
-                secs = stages_module.op_seconds(table, b, hw)
-                here = stages_module._kept(table, policy, a, e, b, secs)
-                there = stages_module._kept(table, policy, a - shift, e - shift, b, secs)
+                secs = stages_module._recompute_seconds(table, b, hw, False)
+                comm = stages_module.tp_op_seconds(table, b, hw, "forward")
+                here = stages_module._kept(table, policy, a, e, b, secs, comm)
+                there = stages_module._kept(table, policy, a - shift, e - shift, b, secs, comm)
                 assert here[:2] == there[:2] and here[2] == pytest.approx(there[2], rel=1e-12), (policy, a, e, b)
+
+
+def test_checkpointed_regions_are_priced_with_their_forward_collectives_run_again(llama):
+    """A checkpointed region runs its forward again in backward, tp collectives included (the program's
+    summary lists them as "recompute"): the whole stage's under `stage`, every block's under `selective` (its kept
+    matmul outputs spare the matmuls, not the gathers), some under `blocks`, none
+    without checkpointing; they count in the recompute's seconds and in the step's tp time."""
+    _, profile = llama
+    found = {}
+    for policy in ("none", "blocks", "stage", "selective"):
+        plan = Plan(tp=2, pp=2, checkpoint=policy, sequence_parallel=True)
+        table, st = profile.table(plan), plan_stages(profile, plan)
+        b = profile.batch // plan.sample_replicas // plan.num_microbatches
+        bounds = [0, *stages_module.cuts(table, 2, b), table.n]
+        per_op = stages_module.tp_op_seconds(table, b, CPU, "forward")
+        forward = np.array([per_op[a:e].sum() for a, e in zip(bounds[:-1], bounds[1:])])
+        in_blocks = np.where(table.block >= 0, per_op, 0.0)  # the embedding's and LM head's are in no block
+        blocks = np.array([in_blocks[a:e].sum() for a, e in zip(bounds[:-1], bounds[1:])])
+        assert (forward > blocks).all() and blocks.all()
+        found[policy] = st.recompute_tp_seconds
+        assert (st.recompute_seconds >= st.recompute_tp_seconds).all()
+        est = predict(profile, plan)
+        assert est.time["tp_collectives"] == pytest.approx(plan.num_microbatches * float((st.tp_seconds + st.recompute_tp_seconds)[0]))
+        if policy == "stage":
+            assert found[policy] == pytest.approx(forward)
+        if policy == "selective":  # a part of a block the cut leaves without FLOPs is not checkpointed
+            assert (found[policy] <= blocks + 1e-15).all() and found[policy][-1] == pytest.approx(blocks[-1])
+    assert not found["none"].any()
+    assert (0 < found["blocks"]).all() and (found["blocks"] <= found["stage"] + 1e-15).all()
 
 
 def test_schedules_hold_what_torch_schedules_hold():

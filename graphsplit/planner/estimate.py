@@ -16,7 +16,10 @@ Memory per rank, in the sources' five parts plus communication buffers:
   FSDP (as graphsplit applies it: one `fully_shard` unit per stage, driven by
   torch.distributed.pipelining, which keeps the unit unsharded from its first backward
   to the step's last) gathers the whole unit's parameters and accumulates its gradients
-  unsharded until the last micro-batch's backward reduce-scatters them.
+  unsharded until the last micro-batch's backward reduce-scatters them; under --autocast
+  bf16/fp16 it gathers them in that dtype and accumulates the gradients in fp32 (its reduce
+  dtype), and a matmul keeps the gathered weight for backward, not a cast copy per micro-batch
+  (`OpTable.for_gathered_low`).
 
 Step time: each stage's forward, backward (twice the forward: two matmuls per
 matmul) and recompute, every op priced by a roofline against the hardware
@@ -57,7 +60,7 @@ class Stages:
     recompute_peak: np.ndarray  # the largest checkpoint region's activations, live while it is recomputed
     send_bytes: np.ndarray  # what it sends to the next stage (activations; their gradients come back)
     forward_seconds: np.ndarray  # one forward
-    recompute_seconds: np.ndarray  # what backward recomputes
+    recompute_seconds: np.ndarray  # what backward recomputes, its forward tp collectives included
     tp_seconds: np.ndarray  # its tp collectives, forward and backward
     output_bytes: int  # the last stage's outputs and the loss's buffers
     # expert parallelism: the expert weights among param_bytes (one ep rank's experts), and the
@@ -66,6 +69,8 @@ class Stages:
     a2a_seconds: np.ndarray | None = None
     # context parallelism: each stage's key/value all-gathers (forward) and reduce-scatters (backward)
     cp_seconds: np.ndarray | None = None
+    # the forward tp collectives a checkpointed region runs again in backward (among recompute_seconds)
+    recompute_tp_seconds: np.ndarray | None = None
 
 
 @dataclass
@@ -156,9 +161,15 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     by_expert = by_rank(st.expert_param_bytes, "sum") if plan.ep > 1 and st.expert_param_bytes is not None \
         else np.zeros(pp, dtype=np.int64)
     sharded = params - by_expert
-    gathered = sharded // 2 if plan.fsdp and plan.autocast in ("bf16", "fp16") else sharded
+    low = plan.fsdp and plan.autocast in ("bf16", "fp16")
+    gathered = sharded // 2 if low else sharded
     if plan.fsdp:  # the gathered parameters and the unsharded gradients, from the first backward to the last
-        buffers = buffers + 2 * gathered
+        # FSDP2 accumulates a low-dtype gradient across micro-batches in its reduce dtype, fp32
+        # (FSDPParam.to_accumulated_grad_if_needed), each stage's backward first making its own in the
+        # low dtype: with more than one micro-batch, fp32 gradients plus one stage's low-dtype ones
+        accumulating = low and m > 1
+        grads_held = sharded + by_rank(st.param_bytes, "max") // 2 if accumulating else gathered
+        buffers = buffers + gathered + grads_held
     parts.update(activations=acts, outputs_and_loss=outputs, communication_buffers=buffers)
     total = sum(parts.values())
     busiest = int(np.argmax(total))
@@ -198,7 +209,8 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(plan.autocast or "", "float32")
     peak = hw.peak_flops.get(dtype, hw.peak_flops["float32"])
     mfu = model_flops / (step * plan.world_size * peak) if step > 0 else 0.0
-    comm_tp = float(by_rank(st.tp_seconds, "sum")[0]) * m
+    again = st.recompute_tp_seconds if st.recompute_tp_seconds is not None else np.zeros_like(st.tp_seconds)
+    comm_tp = float(by_rank(st.tp_seconds + again, "sum")[0]) * m
     comm_a2a = float(by_rank(st.a2a_seconds, "sum").max()) * m if st.a2a_seconds is not None else 0.0
     comm_cp = float(by_rank(st.cp_seconds, "sum").max()) * m if st.cp_seconds is not None else 0.0
     return Estimate(

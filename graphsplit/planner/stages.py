@@ -19,7 +19,8 @@ Activations kept for backward under each checkpoint policy, per stage:
 
 With a policy, backward recomputes each region once: its full activations are
 live meanwhile (the largest region's count towards the peak), and its forward
-runs again (selective: only the ops whose outputs it did not keep).
+runs again, tp collectives included (selective: only the ops whose outputs it did
+not keep, and every collective).
 
 What does not depend on the policy (the cut, parameters, times, sends) is computed
 once per (stages, micro-batch size) and cached on the table.
@@ -166,28 +167,54 @@ def _stage_of(bounds: list[int], positions: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.asarray(bounds[1:-1]), positions, side="right")
 
 
+def tp_op_seconds(table: OpTable, b: float, hw: Hardware, direction: str | None = None) -> np.ndarray:
+    """Each op's tp collectives at `b` samples (those of `direction` only, when given), on the tp
+    group's link: a ring, factor x (tp - 1) / tp of the bytes over each link, one latency per step."""
+    key = ("tp_seconds", b, hw.name, direction)
+    found = table.cache.get(key)
+    if found is not None:
+        return found
+    found = np.zeros(table.n)
+    tp_ops = [c for c in table.collectives if c[2] not in ("all_to_all", "cp_gather")
+              and (direction is None or c[1] == direction)]
+    if tp_ops and table.tp > 1:
+        ops = np.array([c[0] for c in tp_ops])
+        nbytes = np.array([c[3] * b + c[4] for c in tp_ops], dtype=np.float64)
+        factor = np.array([2.0 if c[2] == "all_reduce" else 1.0 for c in tp_ops])
+        bw, lat = group_link(hw, table.tp)
+        times = factor * (table.tp - 1) / table.tp * nbytes / bw + factor * (table.tp - 1) * lat
+        found = np.bincount(ops, weights=np.where(nbytes > 0, times, 0.0), minlength=table.n)
+    table.cache[key] = found
+    return found
+
+
+def _gathered_low(plan: Plan) -> bool:
+    """FSDP gathers the parameters in the low dtype: under --autocast bf16/fp16 (apply_fsdp)."""
+    return plan.fsdp and plan.autocast in ("bf16", "fp16")
+
+
+def as_run(table: OpTable, plan: Plan) -> OpTable:
+    """`table` as `plan`'s program runs its ops: one ep rank's experts, and no weight casts where FSDP
+    gathers the weights already cast. (The cut is the compiler's, priced on the table as compiled.)"""
+    table = table.for_ep(plan.ep)
+    return table.for_gathered_low() if _gathered_low(plan) else table
+
+
 def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.ndarray | list[int]]:
     """What the policy does not change, for `plan.num_stages` stages at `b` samples per micro-batch."""
-    key = ("split", plan.num_stages, b, plan.tp, plan.ep, plan.cp, plan.pp, hw.name, plan.compile)
+    key = ("split", plan.num_stages, b, plan.tp, plan.ep, plan.cp, plan.pp, hw.name, plan.compile, _gathered_low(plan))
     if key in table.cache:
         return table.cache[key]
     n, count = table.n, plan.num_stages
     bounds = [0, *cuts(table, count, b), n]  # the compiler's cut (its analysis holds every expert)
     param_bytes = _held(table, bounds, 1, plan.ep)
     expert_bytes = _held(table, bounds, 1, plan.ep, only_experts=True)
-    secs = op_seconds(table.for_ep(plan.ep), b, hw, plan.compile)
+    secs = op_seconds(as_run(table, plan), b, hw, plan.compile)
     prefix = np.concatenate([[0.0], np.cumsum(secs)])
     forward = prefix[bounds[1:]] - prefix[bounds[:-1]]
-    tp_seconds = np.zeros(count)
-    tp_ops = [c for c in table.collectives if c[2] not in ("all_to_all", "cp_gather")]
-    if tp_ops and plan.tp > 1:
-        ops = np.array([c[0] for c in tp_ops])
-        nbytes = np.array([c[3] * b + c[4] for c in tp_ops], dtype=np.float64)
-        factor = np.array([2.0 if c[2] == "all_reduce" else 1.0 for c in tp_ops])
-        bw, lat = group_link(hw, plan.tp)
-        # a ring collective: factor x (tp - 1) / tp of the bytes over each link, one latency per step
-        times = factor * (plan.tp - 1) / plan.tp * nbytes / bw + factor * (plan.tp - 1) * lat
-        tp_seconds = np.bincount(_stage_of(bounds, ops), weights=np.where(nbytes > 0, times, 0.0), minlength=count)
+    per_op = tp_op_seconds(table, b, hw)
+    tp_seconds = np.bincount(_stage_of(bounds, np.arange(n)), weights=per_op, minlength=count) if per_op.any() \
+        else np.zeros(count)
     a2a_seconds = np.zeros(count)
     exchanges = [c for c in table.collectives if c[2] == "all_to_all"]
     if exchanges and plan.ep > 1:
@@ -243,7 +270,8 @@ def _regions(table: OpTable, a: int, e: int, per: int) -> tuple[list[tuple[int, 
     return [r for r in regions if r not in plain], outside
 
 
-def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray) -> tuple[int, int, float]:
+def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray, comm: np.ndarray
+          ) -> tuple[int, int, float]:
     """(kept for backward, the largest region's activations, recompute seconds) of stage [a, e)."""
     if policy == "none":
         return table.saved(range(a, e), b), 0, 0.0
@@ -267,14 +295,15 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray)
             (stream, common) = table.block_inputs[bi]
             kept += stream[0] * b + stream[1]
             shared = max(shared, common[0] * b + common[1])
-        add, region_peak, region_recompute = _region(table, lo, hi, b, secs, selective)
+        add, region_peak, region_recompute = _region(table, lo, hi, b, secs, comm, selective)
         kept += add
         peak = max(peak, region_peak)
         recompute += region_recompute
     return kept + shared, peak, recompute
 
 
-def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, selective: bool) -> tuple[int, int, float]:
+def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: bool
+            ) -> tuple[int, int, float]:
     """One checkpoint region [lo, hi): (what it keeps beyond its inputs, its activations while it is
     recomputed, its recompute seconds); priced once per shape, as stages are (`_shifts`)."""
     shift = 0
@@ -292,7 +321,9 @@ def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, selectiv
         keeps = table.compute[lo:hi] & in_blocks
         chosen = table.at(table.selective, b)
         found = (int(chosen[lo:hi][in_blocks].sum()) + table.saved(lo + np.flatnonzero(~in_blocks), b),
-                 table.saved(lo + np.flatnonzero(in_blocks), b), float(secs[lo:hi][~keeps & in_blocks].sum()))
+                 table.saved(lo + np.flatnonzero(in_blocks), b),
+                 # the ops it did not keep, and the collectives of those it did (a kept matmul's gather)
+                 float(secs[lo:hi][~keeps & in_blocks].sum() + comm[lo:hi][keeps].sum()))
     else:
         found = (0, table.saved(range(lo, hi), b), float(secs[lo:hi].sum()))
     table.cache[key] = found
@@ -312,10 +343,20 @@ def _shifts(table: OpTable, bounds: np.ndarray) -> np.ndarray:
     return np.where((a >= first) & (k > 2) & (e <= end - length), (k - 2) * length, 0)
 
 
+def _recompute_seconds(table: OpTable, b: float, hw: Hardware, fused: bool) -> np.ndarray:
+    """What recomputing each op costs: its forward, and its forward tp collectives, which a
+    checkpointed region runs again in backward (report/summary.py lists them as "recompute")."""
+    key = ("recompute_seconds", b, hw.name, fused)
+    found = table.cache.get(key)
+    if found is None:
+        found = table.cache[key] = op_seconds(table, b, hw, fused) + tp_op_seconds(table, b, hw, "forward")
+    return found
+
+
 def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hardware, fused: bool = False
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`_kept` of every stage of `bounds` as three arrays, each shape priced once: a deep model's
-    middle stages are the same ops."""
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`_kept` of every stage of `bounds` as arrays, each shape priced once (a deep model's middle
+    stages are the same ops), and the seconds of the tp collectives among the recompute's."""
     edges = np.asarray(bounds, dtype=np.int64)
     shift = _shifts(table, edges)
     shapes, which = np.unique((edges[:-1] - shift) * (table.n + 1) + edges[1:] - shift, return_inverse=True)
@@ -325,10 +366,15 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
         key = ("kept", policy, a, e, b, hw.name, fused)
         kept = table.cache.get(key)
         if kept is None:
-            kept = table.cache[key] = _kept(table, policy, a, e, b, op_seconds(table, b, hw, fused))
+            comm = tp_op_seconds(table, b, hw, "forward")
+            kept = _kept(table, policy, a, e, b, _recompute_seconds(table, b, hw, fused), comm)
+            # the share of it the recompute's collectives take: the same regions priced by those alone
+            again = _kept(table, policy, a, e, b, comm, comm)[2] if comm.any() and policy != "none" else 0.0
+            kept = table.cache[key] = (*kept, again)
         found.append(kept)
-    saved, peak, recompute = (np.array([k[i] for k in found]) for i in range(3))
-    return saved[which].astype(np.int64), peak[which].astype(np.int64), recompute[which].astype(np.float64)
+    saved, peak, recompute, again = (np.array([k[i] for k in found]) for i in range(4))
+    return (saved[which].astype(np.int64), peak[which].astype(np.int64), recompute[which].astype(np.float64),
+            again[which].astype(np.float64))
 
 
 def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
@@ -348,7 +394,8 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         return table.cache[key]
     split = _split(table, plan, b, hw)
     bounds = split["bounds"]
-    saved, peak, recompute = _stage_kept(table.for_ep(plan.ep), plan.checkpoint, bounds, b, hw, plan.compile)
+    saved, peak, recompute, recompute_tp = _stage_kept(as_run(table, plan), plan.checkpoint, bounds, b, hw,
+                                                       plan.compile)
     gathered = split["gathered"]
     if gathered.any():  # the gathered keys and values: kept for backward, or live while a region recomputes
         per_stage = np.array([gathered[a:e].sum() for a, e in zip(bounds[:-1], bounds[1:])])
@@ -365,6 +412,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         send_bytes=split["send"],
         forward_seconds=split["forward"],
         recompute_seconds=recompute,
+        recompute_tp_seconds=recompute_tp,
         tp_seconds=split["tp"],
         output_bytes=2 * output,  # the outputs, and the loss's buffer of their size (a log-softmax)
         expert_param_bytes=split["expert_bytes"],
