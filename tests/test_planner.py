@@ -305,6 +305,21 @@ def test_checkpointed_regions_are_priced_with_their_forward_collectives_run_agai
     assert (0 < found["blocks"]).all() and (found["blocks"] <= found["stage"] + 1e-15).all()
 
 
+def test_split_backward_schedules_price_a_recompute_per_parameter_group(llama):
+    """A checkpointed region is recomputed once for the input gradients and once per parameter group
+    the weight backward runs through it (tests/test_zero_bubble.py counts them): a stage of one Llama
+    block (9 parameters) recomputes 9 times more under zero-bubble, priced into its step."""
+    _, profile = llama
+    zb = Plan(pp=2, schedule="zero-bubble", stages_per_rank=2, microbatches=2, checkpoint="blocks")
+    st = plan_stages(profile, zb)
+    middle = st.recompute_seconds[1:-1]
+    assert middle.all() and st.split_recompute_seconds[1] == pytest.approx(9 * middle[0])
+    # a block the cut shares with the stage before: the parameters of its ops on this side
+    assert (st.split_recompute_seconds[1:-1] <= 9 * middle + 1e-12).all()
+    plain = predict(profile, zb.replace(checkpoint="none")).step_seconds
+    assert predict(profile, zb).step_seconds > plain + float(st.split_recompute_seconds.sum())
+
+
 def test_schedules_hold_what_torch_schedules_hold():
     # 1F1B: rank r holds pp - r micro-batches; GPipe all; interleaved per torch's warm-up count
     assert [in_flight_chunks("1f1b", 4, 8, 1, r) for r in range(4)] == [4, 3, 2, 1]

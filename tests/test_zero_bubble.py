@@ -11,15 +11,18 @@ import pytest
 import graphsplit.ir.program as program_module
 from graphsplit import Plan
 from graphsplit.cli import _plan_from
+from graphsplit.compile import compile_loaded
 from graphsplit.errors import GraphsplitError
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
+from graphsplit.ops.activation_checkpoint import CheckpointRegion
 from graphsplit.planner.schedules import (
     bubble_fraction,
     in_flight_chunks,
     last_stage_in_flight,
     rank_actions,
 )
+from graphsplit.report.summary import summarize
 
 from .conftest import EXAMPLES, MODELS
 
@@ -90,6 +93,40 @@ def test_split_backward_matches_untouched_model(name, plan):
     _, cmp = check_locally(load_model(str(path)), plan)
     assert cmp.ok, cmp.failures
     assert any("rank" in k for k in cmp.max_diff)
+
+
+def test_split_backward_recomputes_a_region_once_more_per_parameter_group(monkeypatch):
+    """Under 1F1B a checkpointed region runs twice a micro-batch (forward, recompute). Under the
+    split-backward schedules torch's weight backward runs one `autograd.grad` per parameter group,
+    and checkpoint recomputes the region for each backward through it: a Llama block reading 9
+    parameters runs 2 + 9 times. The planner prices it so (planner/stages.py `_kept`)."""
+    calls: list[list[int]] = []
+    original = CheckpointRegion._run_once
+
+    def counted(self):
+        run, mine = original(self), [0]
+        calls.append(mine)
+
+        def wrapper(*args):
+            mine[0] += 1
+            return run(*args)
+        return wrapper
+
+    monkeypatch.setattr(CheckpointRegion, "_run_once", counted)
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    per_block = len(list(loaded.build("cpu", seed=0).layers[0].parameters()))
+    found = {}
+    for schedule in ("interleaved-1f1b", "zero-bubble"):
+        calls.clear()
+        plan = Plan(pp=2, schedule=schedule, stages_per_rank=2, microbatches=2, checkpoint="blocks")
+        _, cmp = check_locally(loaded, plan)
+        assert cmp.ok, cmp.failures
+        found[schedule] = sorted({c[0] for c in calls})
+    assert found["interleaved-1f1b"] == [2]
+    assert max(found["zero-bubble"]) == 2 + per_block == 11, found
+    # the summary says so under the plan that pays it, and not under the one that does not
+    assert "recomputed 10 times" in summarize(compile_loaded(loaded, plan).program)["note"]
+    assert "recomputed" not in summarize(compile_loaded(loaded, plan.replace(schedule="interleaved-1f1b")).program)["note"]
 
 
 def test_stage_outputs_need_their_own_tensor_under_split_backward(monkeypatch):

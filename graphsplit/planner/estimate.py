@@ -22,7 +22,7 @@ Memory per rank, in the sources' five parts plus communication buffers:
   (`OpTable.for_gathered_low`).
 
 Step time: each stage's forward, backward (twice the forward: two matmuls per
-matmul) and recompute, every op priced by a roofline against the hardware
+matmul) and recompute (under the split-backward schedules once more per parameter group), every op priced by a roofline against the hardware
 (FLOPs at the matmul or the vector rate, bytes at the memory bandwidth); the tp
 collectives of a micro-batch on the tp group's link; the pipeline's sends; the
 schedule's bubble; expert parallelism's all-to-alls (each micro-batch's routed rows out and back,
@@ -71,6 +71,10 @@ class Stages:
     cp_seconds: np.ndarray | None = None
     # the forward tp collectives a checkpointed region runs again in backward (among recompute_seconds)
     recompute_tp_seconds: np.ndarray | None = None
+    # the recomputes the split-backward schedules add (one per parameter group the weight backward
+    # runs through a region), and the tp collectives among them
+    split_recompute_seconds: np.ndarray | None = None
+    split_recompute_tp_seconds: np.ndarray | None = None
 
 
 @dataclass
@@ -181,7 +185,17 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         if pp > 1 else np.zeros(plan.num_stages)
     a2a = st.a2a_seconds if st.a2a_seconds is not None else 0.0
     exchange = st.cp_seconds if st.cp_seconds is not None else 0.0
-    stage_time = (3 * st.forward_seconds + st.recompute_seconds) * share + st.tp_seconds + sends + a2a + exchange
+    zeros = np.zeros_like(st.tp_seconds)
+    again = st.recompute_tp_seconds if st.recompute_tp_seconds is not None else zeros
+    recompute, recompute_tp = st.recompute_seconds, again
+    if plan.schedule in ORDERED_SCHEDULES and st.split_recompute_seconds is not None:
+        # the split-backward schedules recompute a checkpointed region once for the input gradients and
+        # once per parameter group of the weight backward through it (torch's stage_backward_weight)
+        recompute = recompute + st.split_recompute_seconds
+        recompute_tp = recompute_tp + (st.split_recompute_tp_seconds if st.split_recompute_tp_seconds is not None
+                                       else zeros)
+    stage_time = (3 * st.forward_seconds + recompute - recompute_tp) * share + recompute_tp + st.tp_seconds \
+        + sends + a2a + exchange
     per_mb = by_rank(stage_time, "sum")
     bottleneck = float(per_mb.max())
     bubble = bubble_fraction(plan.schedule, pp, m, v)
@@ -209,8 +223,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(plan.autocast or "", "float32")
     peak = hw.peak_flops.get(dtype, hw.peak_flops["float32"])
     mfu = model_flops / (step * plan.world_size * peak) if step > 0 else 0.0
-    again = st.recompute_tp_seconds if st.recompute_tp_seconds is not None else np.zeros_like(st.tp_seconds)
-    comm_tp = float(by_rank(st.tp_seconds + again, "sum")[0]) * m
+    comm_tp = float(by_rank(st.tp_seconds + recompute_tp, "sum")[0]) * m
     comm_a2a = float(by_rank(st.a2a_seconds, "sum").max()) * m if st.a2a_seconds is not None else 0.0
     comm_cp = float(by_rank(st.cp_seconds, "sum").max()) * m if st.cp_seconds is not None else 0.0
     return Estimate(

@@ -94,6 +94,16 @@ def underfilled_note(plan: Any) -> str | None:
             "more per replica fills the pipeline")
 
 
+def split_backward_note(plan: Any) -> str | None:
+    """What a user should know when a split-backward schedule runs checkpointed regions."""
+    checkpointed = plan.checkpoint != "none" or any(p != "none" for _, p in plan.checkpoint_overrides)
+    if plan.schedule not in ORDERED_SCHEDULES or not checkpointed:
+        return None
+    return (f"{plan.schedule} with checkpointing: torch's weight backward runs once per parameter group, and each "
+            "run recomputes the checkpointed regions it passes (a block reading 9 weights is recomputed 10 times "
+            "a micro-batch, not once); interleaved-1f1b, or --checkpoint none, avoids it")
+
+
 Action = tuple[str, int, int]  # (F, I, W or B; stage index; micro-batch)
 
 
