@@ -172,8 +172,8 @@ def published() -> None:
                 p = zb.plan
                 print(f"    best zero-bubble plan: tp{p.tp} pp{p.pp} dp{p.dp} {label(p)}: "
                       f"{zb.mfu * hw.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s per GPU, step {zb.step_seconds:.1f} s "
-                      "(what fits checkpoints, and torch's weight backward recomputes a region once per parameter "
-                      "group; under --compile with FSDP, bf16 and tp > 1 zero-bubble is refused)")
+                      "(under --compile with FSDP, bf16 and tp > 1 zero-bubble is refused: torch's weight backward "
+                      "fails there)")
         else:
             print(f"    planner's own search ({took:.1f} s): nothing fits")
 

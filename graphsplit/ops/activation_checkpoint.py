@@ -4,18 +4,25 @@ Forward runs the region under non-reentrant `torch.utils.checkpoint`, which keep
 only the region's inputs and recomputes the rest during backward (RNG state is
 restored, so dropout draws the same masks). `selective=True` keeps the outputs
 of matmul-class ops instead of recomputing them and recomputes only the cheap
-ops around them (`create_selective_checkpoint_contexts`). Under a zero-bubble
-schedule the backward runs twice through each region (input gradients, then
-weight gradients: two recomputes), and torch's selective checkpoint hands each
-kept output out once; `backward_twice=True` gives them out again. Buffers a region
+ops around them (`create_selective_checkpoint_contexts`). Buffers a region
 updates in place (BatchNorm's running mean, variance and count) are put back
 after the recompute, so they are updated once per forward, as without
 checkpointing.
+
+Under a split-backward (zero-bubble) schedule, `backward_twice=True`: the input
+gradients and the weight gradients are separate backwards, and torch's weight
+backward runs one `autograd.grad` per parameter group; torch's checkpoint
+recomputes a region for every backward through it (a Llama block 10 times a
+micro-batch). There the region runs under `_RecomputeOnce` instead: the same
+non-reentrant scheme (saved tensors replaced by handles, the region run again at
+the first unpack, RNG restored), but what the recompute saves is kept for every
+later backward through the region until autograd drops the region's graph, so
+it runs once.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +32,8 @@ from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
     create_selective_checkpoint_contexts,
+    get_device_states,
+    set_device_states,
 )
 
 aten = torch.ops.aten
@@ -40,34 +49,78 @@ def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPol
     return CheckpointPolicy.MUST_SAVE if op in SELECTIVE_KEEPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _selective_contexts(backward_twice: bool) -> tuple[Any, Any]:
-    forward_mode, recompute_mode = create_selective_checkpoint_contexts(_keep_matmuls)
-    return forward_mode, (_KeptTwice(recompute_mode) if backward_twice else recompute_mode)
+def _selective_contexts() -> tuple[Any, Any]:
+    return create_selective_checkpoint_contexts(_keep_matmuls)
 
 
-class _KeptTwice:
-    """The recompute context of a selective region that each backward may enter: what the forward
-    kept is handed out by the recompute and put back for the next one (torch marks it consumed).
-    The kept outputs live as long as the region's graph, as they would for one backward that
-    retains the graph."""
+class _Handle:
+    """What autograd holds for one tensor a region saved: its place in the region's save order."""
 
-    def __init__(self, mode: Any) -> None:
-        if not isinstance(getattr(mode, "storage", None), dict):
-            raise RuntimeError("this torch's selective checkpoint keeps its outputs where graphsplit cannot "
-                               "find them; use --checkpoint blocks with zero-bubble schedules")
-        self.mode = mode
+    __slots__ = ("frame", "index")
 
-    def __enter__(self) -> Any:
-        self.kept = {key: dict(entries) for key, entries in self.mode.storage.items()}
-        return self.mode.__enter__()
+    def __init__(self, frame: _RecomputeOnce, index: int) -> None:
+        self.frame = frame
+        self.index = index
 
-    def __exit__(self, *exc: Any) -> Any:
-        try:
-            return self.mode.__exit__(*exc)
-        finally:
-            for key, entries in self.kept.items():
-                self.mode.storage[key].update(entries)
-            self.kept = {}
+
+class _RecomputeOnce:
+    """One forward of a checkpointed region whose saved tensors are recomputed once, at the first
+    backward through it, and kept for the others (the weight backwards of a split-backward schedule).
+
+    The forward runs under saved-tensor hooks that keep a handle, not the tensor; the region's inputs
+    are kept. The first unpack runs the region again on them (detached, with their requires_grad, and
+    the forward's RNG state), keeping each tensor it saves in the same order. Everything lives as long
+    as autograd holds a handle: until the region's graph is freed after its last backward."""
+
+    def __init__(self, run: Callable[..., Any], args: tuple[Any, ...], context_fn: Callable[[], tuple[Any, Any]] | None
+                 ) -> None:
+        self.run = run
+        self.args = args
+        self.context_fn = context_fn
+        self.count = 0
+        self.values: list[torch.Tensor] | None = None
+        self.cpu_rng = torch.get_rng_state()
+        self.devices, self.device_rng = get_device_states(*args)
+
+    def forward(self) -> Any:
+        forward_ctx, self.recompute_ctx = self.context_fn() if self.context_fn is not None else (
+            contextlib.nullcontext(), contextlib.nullcontext())
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), forward_ctx:
+            return self.run(*self.args)
+
+    def _pack(self, t: torch.Tensor) -> _Handle:
+        handle = _Handle(self, self.count)
+        self.count += 1
+        return handle
+
+    @staticmethod
+    def _unpack(handle: _Handle) -> torch.Tensor:
+        frame = handle.frame
+        if frame.values is None:
+            frame._recompute()
+        assert frame.values is not None  # noqa: S101
+        return frame.values[handle.index]
+
+    def _recompute(self) -> None:
+        values: list[torch.Tensor] = []
+
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            values.append(t)
+            return t
+
+        args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                     for a in self.args)
+        with torch.random.fork_rng(devices=self.devices), torch.enable_grad():
+            torch.set_rng_state(self.cpu_rng)
+            if self.devices:
+                set_device_states(self.devices, self.device_rng)
+            with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), self.recompute_ctx:
+                self.run(*args)
+        if len(values) != self.count:
+            raise RuntimeError(f"internal: a checkpointed region saved {self.count} tensors in its forward and "
+                               f"{len(values)} when recomputed")
+        self.values = [v.detach() if v.requires_grad else v for v in values]
+        self.args = ()  # the recomputed values replace the inputs
 
 
 class CheckpointRegion(nn.Module):
@@ -81,7 +134,9 @@ class CheckpointRegion(nn.Module):
     def forward(self, *args: Any) -> Any:
         if not torch.is_grad_enabled() or not self.enabled:
             return self.inner(*args)
-        context = functools.partial(_selective_contexts, self.backward_twice) if self.selective else None
+        context = _selective_contexts if self.selective else None
+        if self.backward_twice:
+            return _RecomputeOnce(self._run_once(), args, context).forward()
         kwargs = {"context_fn": context} if context is not None else {}
         return checkpoint(self._run_once(), *args, use_reentrant=False, **kwargs)
 

@@ -22,7 +22,7 @@ Memory per rank, in the sources' five parts plus communication buffers:
   (`OpTable.for_gathered_low`).
 
 Step time: each stage's forward, backward (twice the forward: two matmuls per
-matmul) and recompute (under the split-backward schedules once more per parameter group), every op priced by a roofline against the hardware
+matmul) and recompute, every op priced by a roofline against the hardware
 (FLOPs at the matmul or the vector rate, bytes at the memory bandwidth); the tp
 collectives of a micro-batch on the tp group's link; the pipeline's sends; the
 schedule's bubble; expert parallelism's all-to-alls (each micro-batch's routed rows out and back,
@@ -42,7 +42,13 @@ import numpy as np
 
 from ..plan import V_SCHEDULES, Plan
 from .hardware import Hardware
-from .schedules import ORDERED_SCHEDULES, bubble_fraction, in_flight, last_stage_in_flight
+from .schedules import (
+    ORDERED_SCHEDULES,
+    awaiting_weights,
+    bubble_fraction,
+    in_flight,
+    last_stage_in_flight,
+)
 
 FP32 = 4
 ADAMW_STATES = 2  # exp_avg, exp_avg_sq
@@ -71,10 +77,9 @@ class Stages:
     cp_seconds: np.ndarray | None = None
     # the forward tp collectives a checkpointed region runs again in backward (among recompute_seconds)
     recompute_tp_seconds: np.ndarray | None = None
-    # the recomputes the split-backward schedules add (one per parameter group the weight backward
-    # runs through a region), and the tp collectives among them
-    split_recompute_seconds: np.ndarray | None = None
-    split_recompute_tp_seconds: np.ndarray | None = None
+    # what a chunk's checkpointed regions keep once recomputed (all they save, as without the policy):
+    # under a split-backward schedule, from its input gradient to its weight gradient
+    recomputed_bytes: np.ndarray | None = None
 
 
 @dataclass
@@ -151,6 +156,9 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
 
     params = by_rank(st.param_bytes, "sum")
     acts = in_flight(plan.schedule, pp, m, v) * by_rank(st.saved_bytes, "max") + by_rank(st.recompute_peak, "max")
+    if st.recomputed_bytes is not None and plan.checkpoint != "none":
+        # a split-backward schedule keeps a chunk's recomputed activations until its weight gradient
+        acts = acts + awaiting_weights(plan.schedule, pp, m, v) * by_rank(st.recomputed_bytes, "max")
     outputs = np.zeros(pp, dtype=np.int64)
     outputs[plan.stage_rank(plan.num_stages - 1)] = st.output_bytes * last_stage_in_flight(plan.schedule, pp, m, v)
     states = ADAMW_STATES if optimizer == "adamw" else 0
@@ -188,12 +196,6 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     zeros = np.zeros_like(st.tp_seconds)
     again = st.recompute_tp_seconds if st.recompute_tp_seconds is not None else zeros
     recompute, recompute_tp = st.recompute_seconds, again
-    if plan.schedule in ORDERED_SCHEDULES and st.split_recompute_seconds is not None:
-        # the split-backward schedules recompute a checkpointed region once for the input gradients and
-        # once per parameter group of the weight backward through it (torch's stage_backward_weight)
-        recompute = recompute + st.split_recompute_seconds
-        recompute_tp = recompute_tp + (st.split_recompute_tp_seconds if st.split_recompute_tp_seconds is not None
-                                       else zeros)
     stage_time = (3 * st.forward_seconds + recompute - recompute_tp) * share + recompute_tp + st.tp_seconds \
         + sends + a2a + exchange
     per_mb = by_rank(stage_time, "sum")

@@ -94,16 +94,6 @@ def underfilled_note(plan: Any) -> str | None:
             "more per replica fills the pipeline")
 
 
-def split_backward_note(plan: Any) -> str | None:
-    """What a user should know when a split-backward schedule runs checkpointed regions."""
-    checkpointed = plan.checkpoint != "none" or any(p != "none" for _, p in plan.checkpoint_overrides)
-    if plan.schedule not in ORDERED_SCHEDULES or not checkpointed:
-        return None
-    return (f"{plan.schedule} with checkpointing: torch's weight backward runs once per parameter group, and each "
-            "run recomputes the checkpointed regions it passes (a block reading 9 weights is recomputed 10 times "
-            "a micro-batch, not once); interleaved-1f1b, or --checkpoint none, avoids it")
-
-
 Action = tuple[str, int, int]  # (F, I, W or B; stage index; micro-batch)
 
 
@@ -151,6 +141,23 @@ def _peak_held(actions: tuple[Action, ...]) -> int:
         held += 1 if kind == "F" else -1 if kind in ("W", "B") else 0
         peak = max(peak, held)
     return peak
+
+
+@functools.cache
+def awaiting_weights(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> np.ndarray:
+    """Per pp rank, the most stage-chunks whose input gradient has run and weight gradient not yet:
+    a checkpointed chunk keeps its recomputed activations that long (ops/activation_checkpoint.py's
+    `_RecomputeOnce`). Zero for the schedules without a split backward."""
+    found = np.zeros(pp, dtype=np.int64)
+    if schedule in ORDERED_SCHEDULES and pp > 1:
+        for rank, actions in enumerate(rank_actions(schedule, pp, microbatches, stages_per_rank)):
+            waiting = peak = 0
+            for kind, _, _ in actions:
+                waiting += 1 if kind == "I" else -1 if kind == "W" else 0
+                peak = max(peak, waiting)
+            found[rank] = peak
+    found.flags.writeable = False
+    return found
 
 
 @functools.cache

@@ -270,28 +270,15 @@ def _regions(table: OpTable, a: int, e: int, per: int) -> tuple[list[tuple[int, 
     return [r for r in regions if r not in plain], outside
 
 
-def _params_in(table: OpTable, lo: int, hi: int) -> int:
-    """How many parameters the ops [lo, hi) read."""
-    key = ("params_in", lo, hi)
-    found = table.cache.get(key)
-    if found is None:
-        found = table.cache[key] = len({name for i in range(lo, hi) for name in table.params[i]})
-    return found
-
-
 def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray, comm: np.ndarray
-          ) -> tuple[int, int, float, float]:
-    """(kept for backward, the largest region's activations, recompute seconds, the recompute the
-    split-backward schedules add) of stage [a, e).
-
-    The last: torch's weight backward (`stage_backward_weight`) runs one `autograd.grad` per
-    parameter group, and a checkpointed region is recomputed for each backward through it: a region
-    reading P parameters is recomputed P more times (measured: tests/test_zero_bubble.py)."""
+          ) -> tuple[int, int, float, int]:
+    """(kept for backward, the largest region's activations, recompute seconds, what its regions keep
+    once recomputed) of stage [a, e)."""
     if policy == "none":
-        return table.saved(range(a, e), b), 0, 0.0, 0.0
+        return table.saved(range(a, e), b), 0, 0.0, 0
     if policy == "stage":
-        whole = float(secs[a:e].sum())
-        return int(table.at(table.live, b)[a]), table.saved(range(a, e), b), whole, whole * _params_in(table, a, e)
+        whole = table.saved(range(a, e), b)
+        return int(table.at(table.live, b)[a]), whole, float(secs[a:e].sum()), whole
     per = int(policy.split(":")[1]) if policy.startswith("every:") else 1
     selective = policy == "selective"
     regions, outside = _regions(table, a, e, per)
@@ -299,7 +286,7 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray,
         count = int(policy.split(":")[1])
         outside = [*outside, *(i for lo, hi in regions[count:] for i in range(lo, hi))]
         regions = regions[:count]
-    kept, peak, recompute, shared, split = table.saved(outside, b), 0, 0.0, 0, 0.0
+    kept, peak, recompute, shared, recomputed = table.saved(outside, b), 0, 0.0, 0, 0
     for lo, hi in regions:
         bi = int(table.block[lo])
         if lo == a and a > 0 and int(table.block[a - 1]) == bi:
@@ -314,8 +301,8 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray,
         kept += add
         peak = max(peak, region_peak)
         recompute += region_recompute
-        split += region_recompute * _params_in(table, lo, hi)
-    return kept + shared, peak, recompute, split
+        recomputed += region_peak
+    return kept + shared, peak, recompute, recomputed
 
 
 def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: bool
@@ -372,8 +359,8 @@ def _recompute_seconds(table: OpTable, b: float, hw: Hardware, fused: bool) -> n
 def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hardware, fused: bool = False
                 ) -> tuple[np.ndarray, ...]:
     """`_kept` of every stage of `bounds` as arrays, each shape priced once (a deep model's middle
-    stages are the same ops): kept, peak, recompute, the tp collectives among the recompute's, the
-    recompute split backward adds, and the tp collectives among that."""
+    stages are the same ops): kept, peak, recompute, the tp collectives among the recompute's, and what
+    the regions keep once recomputed."""
     edges = np.asarray(bounds, dtype=np.int64)
     shift = _shifts(table, edges)
     shapes, which = np.unique((edges[:-1] - shift) * (table.n + 1) + edges[1:] - shift, return_inverse=True)
@@ -386,12 +373,12 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
             comm = tp_op_seconds(table, b, hw, "forward")
             kept = _kept(table, policy, a, e, b, _recompute_seconds(table, b, hw, fused), comm)
             # the share of it the recompute's collectives take: the same regions priced by those alone
-            again = _kept(table, policy, a, e, b, comm, comm) if comm.any() and policy != "none" else (0, 0, 0.0, 0.0)
-            kept = table.cache[key] = (*kept, again[2], again[3])
+            again = _kept(table, policy, a, e, b, comm, comm)[2] if comm.any() and policy != "none" else 0.0
+            kept = table.cache[key] = (*kept, again)
         found.append(kept)
-    saved, peak, recompute, split, again, split_again = (np.array([k[i] for k in found]) for i in range(6))
+    saved, peak, recompute, recomputed, again = (np.array([k[i] for k in found]) for i in range(5))
     return (saved[which].astype(np.int64), peak[which].astype(np.int64), recompute[which].astype(np.float64),
-            again[which].astype(np.float64), split[which].astype(np.float64), split_again[which].astype(np.float64))
+            again[which].astype(np.float64), recomputed[which].astype(np.int64))
 
 
 def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
@@ -411,7 +398,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         return table.cache[key]
     split = _split(table, plan, b, hw)
     bounds = split["bounds"]
-    saved, peak, recompute, recompute_tp, weight_recompute, weight_recompute_tp = _stage_kept(
+    saved, peak, recompute, recompute_tp, recomputed = _stage_kept(
         as_run(table, plan), plan.checkpoint, bounds, b, hw, plan.compile)
     gathered = split["gathered"]
     if gathered.any():  # the gathered keys and values: kept for backward, or live while a region recomputes
@@ -430,8 +417,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         forward_seconds=split["forward"],
         recompute_seconds=recompute,
         recompute_tp_seconds=recompute_tp,
-        split_recompute_seconds=weight_recompute,
-        split_recompute_tp_seconds=weight_recompute_tp,
+        recomputed_bytes=recomputed,
         tp_seconds=split["tp"],
         output_bytes=2 * output,  # the outputs, and the loss's buffer of their size (a log-softmax)
         expert_param_bytes=split["expert_bytes"],

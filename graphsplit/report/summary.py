@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..ir.meta import group_of
 from ..ir.program import Program
-from ..planner.schedules import split_backward_note, underfilled_note
+from ..planner.schedules import underfilled_note
 
 
 def _fmt_bytes(n: float) -> str:
@@ -101,7 +101,7 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
         "plan": plan.to_dict(),
         "num_stages": plan.num_stages,
         "microbatches": plan.num_microbatches,
-        "note": "; ".join(n for n in (underfilled_note(plan), split_backward_note(plan)) if n) or None,
+        "note": underfilled_note(plan),
         "balance": program.balance(),
         "stages": stages,
         "boundaries": boundaries,
