@@ -63,19 +63,22 @@ WORLD_4 = [Plan(pp=4), Plan(dp=2, pp=2), Plan(pp=2, tp=2), Plan(dp=2, tp=2, fsdp
            Plan(dp=2, pp=2, fsdp=True, checkpoint="blocks"), Plan(pp=2, tp=2, autocast="bf16"), Plan(tp=4),
            Plan(dp=2, pp=2, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=4), Plan(dp=4),
            Plan(dp=4, fsdp=True), Plan(dp=4, autocast="bf16"), Plan(dp=4, fsdp=True, autocast="bf16"),
-           Plan(dp=2, tp=2, fsdp=True, autocast="bf16", sequence_parallel=True)]
+           Plan(dp=2, tp=2, fsdp=True, autocast="bf16", sequence_parallel=True),
+           Plan(dp=2, pp=2, fsdp=True, autocast="bf16", microbatches=2)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, tmp_path):
-    """13 plans, one torchrun launch: every pp rank's parameters, gradients and AdamW state, as
+    """14 plans, one torchrun launch: every pp rank's parameters, gradients and AdamW state, as
     measured after one step on real gloo processes, are what the planner predicts, byte for byte; and
     on one stage (pp 1, one micro-batch) the activations the step keeps for backward, counted as
     autograd saves them, within 10% of the planner's activations and loss buffers (two of the outputs'
     size: torch's cross-entropy keeps one, the vocab-parallel one two).
     FSDP under bf16 keeps no cast copy of a weight (the gathered bf16 weight is the parameter): less
-    than the same plan without FSDP, measured and predicted alike."""
+    than the same plan without FSDP, measured and predicted alike. Across micro-batches FSDP under bf16
+    accumulates each stage's gradients unsharded in fp32 (its reduce dtype): the bytes it holds at their
+    peak are the rank's stages' whole fp32 parameters, as the planner prices them."""
     loaded, profile = gpt
     checked = 0
     for world, plans in ((4, WORLD_4),):
@@ -97,6 +100,10 @@ def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, t
                         assert measured[part] <= want, (plan, part)  # later dp shards are never larger
                     else:
                         assert measured[part] == want, (plan, part, measured, predicted)
+                if plan.fsdp and plan.autocast and plan.num_microbatches > 1:
+                    stages = plan_stages(profile, plan).param_bytes
+                    mine = sum(int(stages[s]) for s in plan.stages_of_rank(measured["pp_rank"]))
+                    assert measured["accumulated_gradients"] == mine, (plan, measured, mine)
                 if plan.pp == 1:
                     want = predicted["activations"][0] + predicted["outputs_and_loss"][0]
                     assert abs(measured["activations"] - want) <= 0.10 * want, (plan, measured, want)

@@ -49,6 +49,26 @@ class SavedStorages:
         return sum(self.bytes.values())
 
 
+class AccumulatedGradients:
+    """FSDP's unsharded gradients accumulated across micro-batches (`unsharded_accumulated_grad`: kept in
+    its reduce dtype when that differs from the parameters'), at their largest after any stage's backward."""
+
+    def __init__(self, module) -> None:
+        self.peak = 0
+        self.stages = list(module.pipeline.modules.values())
+        for stage in self.stages:
+            stage.register_full_backward_hook(lambda *_: self.note())
+
+    def note(self) -> None:
+        held = 0
+        for stage in self.stages:
+            group = stage._get_fsdp_state()._fsdp_param_group
+            for fsdp_param in group.fsdp_params if group is not None else ():
+                grad = fsdp_param.unsharded_accumulated_grad
+                held += grad.numel() * grad.element_size() if grad is not None else 0
+        self.peak = max(self.peak, held)
+
+
 def main() -> None:
     model_path, out = sys.argv[1], Path(sys.argv[2])
     plans = [Plan.from_json(text) for text in sys.argv[3:]]
@@ -63,6 +83,7 @@ def main() -> None:
         module = parallelize(model, plan, example_inputs=inputs, loss_fn=loaded.loss_fn, example_target=target)
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
         saved = SavedStorages(module)
+        accumulated = AccumulatedGradients(module) if plan.fsdp else None
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             module.train_step(*inputs, target=target)
         grads = sum(local_bytes(p.grad) for p in module.parameters() if p.grad is not None)
@@ -72,6 +93,7 @@ def main() -> None:
             "parameters": sum(local_bytes(p) for p in module.parameters()),
             "gradients": grads,
             "activations": saved.total(),
+            "accumulated_gradients": accumulated.peak if accumulated is not None else None,
             "optimizer_state": sum(local_bytes(t) for s in optimizer.state.values() for t in s.values()
                                    if isinstance(t, torch.Tensor) and t.dim()),
         })
