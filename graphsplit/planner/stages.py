@@ -271,14 +271,14 @@ def _regions(table: OpTable, a: int, e: int, per: int) -> tuple[list[tuple[int, 
 
 
 def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray, comm: np.ndarray
-          ) -> tuple[int, int, float, int]:
+          ) -> tuple[int, int, float, int, float]:
     """(kept for backward, the largest region's activations, recompute seconds, what its regions keep
-    once recomputed) of stage [a, e)."""
+    once recomputed, the tp collectives among the recompute's seconds) of stage [a, e)."""
     if policy == "none":
-        return table.saved(range(a, e), b), 0, 0.0, 0
+        return table.saved(range(a, e), b), 0, 0.0, 0, 0.0
     if policy == "stage":
         whole = table.saved(range(a, e), b)
-        return int(table.at(table.live, b)[a]), whole, float(secs[a:e].sum()), whole
+        return int(table.at(table.live, b)[a]), whole, float(secs[a:e].sum()), whole, float(comm[a:e].sum())
     per = int(policy.split(":")[1]) if policy.startswith("every:") else 1
     selective = policy == "selective"
     regions, outside = _regions(table, a, e, per)
@@ -286,7 +286,7 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray,
         count = int(policy.split(":")[1])
         outside = [*outside, *(i for lo, hi in regions[count:] for i in range(lo, hi))]
         regions = regions[:count]
-    kept, peak, recompute, shared, recomputed = table.saved(outside, b), 0, 0.0, 0, 0
+    kept, peak, recompute, shared, recomputed, again = table.saved(outside, b), 0, 0.0, 0, 0, 0.0
     for lo, hi in regions:
         bi = int(table.block[lo])
         if lo == a and a > 0 and int(table.block[a - 1]) == bi:
@@ -302,7 +302,9 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray,
         peak = max(peak, region_peak)
         recompute += region_recompute
         recomputed += region_peak
-    return kept + shared, peak, recompute, recomputed
+        # every collective of the region runs again (selective: those of its blocks' ops, kept or not)
+        again += float(comm[lo:hi][table.block[lo:hi] >= 0].sum() if selective else comm[lo:hi].sum())
+    return kept + shared, peak, recompute, recomputed, again
 
 
 def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: bool
@@ -371,10 +373,7 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
         kept = table.cache.get(key)
         if kept is None:
             comm = tp_op_seconds(table, b, hw, "forward")
-            kept = _kept(table, policy, a, e, b, _recompute_seconds(table, b, hw, fused), comm)
-            # the share of it the recompute's collectives take: the same regions priced by those alone
-            again = _kept(table, policy, a, e, b, comm, comm)[2] if comm.any() and policy != "none" else 0.0
-            kept = table.cache[key] = (*kept, again)
+            kept = table.cache[key] = _kept(table, policy, a, e, b, _recompute_seconds(table, b, hw, fused), comm)
         found.append(kept)
     saved, peak, recompute, recomputed, again = (np.array([k[i] for k in found]) for i in range(5))
     return (saved[which].astype(np.int64), peak[which].astype(np.int64), recompute[which].astype(np.float64),
