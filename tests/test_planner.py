@@ -322,7 +322,9 @@ def test_split_backward_schedules_keep_a_recomputed_chunk_until_its_weight_gradi
     assert (waiting >= 1).all() and not awaiting_weights("interleaved-1f1b", 2, 4, 2).any()
     st = plan_stages(profile, zb)
     plain = plan_stages(profile, zb.replace(checkpoint="none"))
-    assert st.recomputed_bytes[1:-1] == pytest.approx(plain.saved_bytes[1:-1], rel=0.35)
+    # a stage of blocks recomputes all it would keep without the policy; the first keeps its head's anyway
+    assert list(st.recomputed_bytes[1:]) == list(plain.saved_bytes[1:])
+    assert 0 < st.recomputed_bytes[0] < plain.saved_bytes[0]
     with_window = predict(profile, zb).memory["activations"]
     without = predict(profile, zb.replace(schedule="interleaved-1f1b")).memory["activations"]
     assert with_window > without

@@ -309,7 +309,7 @@ def build_program(
         else:
             outs = [get(v) for v in out_tensors]
             graph.output(outs[0] if len(outs) == 1 else tuple(outs))
-        _drop_unused_scalars(graph, {env[n] for n in members if n in recomp and info(n).value == "tensor"})
+        _drop_unused(graph, {env[n] for n in members if n in recomp and info(n).value == "tensor"})
         graph.lint()
         stage_gm = fx.GraphModule(gm, graph, class_name=f"Stage{s}")
         modules = []
@@ -349,7 +349,7 @@ def _send_cost(boundary: Boundary) -> float:
     return boundary_cost(boundary.nbytes)
 
 
-def _drop_unused_scalars(graph: fx.Graph, recomputed: set[fx.Node] = frozenset()) -> None:
+def _drop_unused(graph: fx.Graph, recomputed: set[fx.Node] = frozenset()) -> None:
     """Remove shape queries, detaches and `recomputed` values (computed from parameters, buffers and
     sizes alone: pure by construction) whose value no node of this stage reads: a parameter's detach
     or low-precision cast that the stage using it recomputes for itself, made here only because the

@@ -156,7 +156,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
 
     params = by_rank(st.param_bytes, "sum")
     acts = in_flight(plan.schedule, pp, m, v) * by_rank(st.saved_bytes, "max") + by_rank(st.recompute_peak, "max")
-    if st.recomputed_bytes is not None and plan.checkpoint != "none":
+    if st.recomputed_bytes is not None:
         # a split-backward schedule keeps a chunk's recomputed activations until its weight gradient
         acts = acts + awaiting_weights(plan.schedule, pp, m, v) * by_rank(st.recomputed_bytes, "max")
     outputs = np.zeros(pp, dtype=np.int64)
@@ -193,9 +193,8 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         if pp > 1 else np.zeros(plan.num_stages)
     a2a = st.a2a_seconds if st.a2a_seconds is not None else 0.0
     exchange = st.cp_seconds if st.cp_seconds is not None else 0.0
-    zeros = np.zeros_like(st.tp_seconds)
-    again = st.recompute_tp_seconds if st.recompute_tp_seconds is not None else zeros
-    recompute, recompute_tp = st.recompute_seconds, again
+    recompute = st.recompute_seconds
+    recompute_tp = st.recompute_tp_seconds if st.recompute_tp_seconds is not None else np.zeros_like(st.tp_seconds)
     stage_time = (3 * st.forward_seconds + recompute - recompute_tp) * share + recompute_tp + st.tp_seconds \
         + sends + a2a + exchange
     per_mb = by_rank(stage_time, "sum")

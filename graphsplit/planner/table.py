@@ -119,19 +119,16 @@ class OpTable:
         """This table as FSDP runs it under --autocast bf16/fp16: the parameters are gathered in the low
         dtype (apply_fsdp's MixedPrecisionPolicy), so a matmul's weight cast returns the gathered weight
         itself: it moves no bytes, and what the matmul keeps for backward is FSDP's gathered parameter
-        (priced with FSDP's buffers), not a copy per micro-batch. (The fp32 copies the program reads of
-        a norm's or an embedding's weight under FSDP are not priced: a few rows or vectors.)"""
+        (priced with FSDP's buffers), not a copy per micro-batch. (The fp32 copies the program makes under
+        FSDP of a weight read outside a matmul, a norm's or an embedding's table, are not priced: each is
+        made and dropped within its op's forward, not kept for backward.)"""
         if not self.low or self.weight_cast is None or not self.weight_cast.any():
             return self
         found = self.cache.get("gathered_low")
         if found is None:
             gone = self.weight_cast
-            zero = np.zeros_like
-            storage = [part.copy() for part in self.storage]
-            if self.cast_storage is not None:
-                for part in storage:
-                    part[self.cast_storage] = 0
+            kept = self.cast_storage if self.cast_storage is not None else np.zeros(len(self.storage[0]), dtype=bool)
             found = self.cache["gathered_low"] = dataclasses.replace(
-                self, bytes=tuple(np.where(gone, zero(x), x) for x in self.bytes),
-                out=tuple(np.where(gone, zero(x), x) for x in self.out), storage=tuple(storage), cache={})
+                self, bytes=tuple(np.where(gone, 0, x) for x in self.bytes), out=tuple(np.where(gone, 0, x) for x in self.out),
+                storage=tuple(np.where(kept, 0, x) for x in self.storage), cache={})
         return found
