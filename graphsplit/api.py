@@ -65,7 +65,10 @@ class PipelinedModule(nn.Module):
     `train_step(*args, target=..., **kwargs)` runs one forward + backward of the
     whole pipeline over the micro-batches and returns the mean loss on the
     rank holding the last stage (None elsewhere). Gradients land in
-    `.parameters()`: step any optimizer over them.
+    `.parameters()`: step any optimizer over them. With `keep_output=True` the
+    model's output on this rank's batch is kept in `.last_output` (the last stage's
+    rank); by default it is dropped once the loss is computed, as an eager step
+    drops its logits.
     """
 
     def __init__(self, rank: RankProgram) -> None:
@@ -85,14 +88,14 @@ class PipelinedModule(nn.Module):
         """This process's place on the mesh's tp axis (which shard of each sharded tensor it holds)."""
         return self.rank_program.tp_rank
 
-    def train_step(self, *args: Any, target: Any = None, **kwargs: Any) -> torch.Tensor | None:
+    def train_step(self, *args: Any, target: Any = None, keep_output: bool = False, **kwargs: Any) -> torch.Tensor | None:
         from .runtime.microbatch import batch_size
         from .runtime.training import default_target
 
         inputs = self.program.traced.flatten_inputs(args, kwargs)
         if target is None:
             target = default_target(inputs, batch_size(self.program, inputs))
-        loss, output = self.pipeline.step(inputs, target)
+        loss, output = self.pipeline.step(inputs, target, keep_output)
         # vocab-parallel cross-entropy keeps logits sharded: there is no whole output to show
         whole = output is not None and not self.program.sharded_outputs
         self.last_output = self.program.unflatten_output(output) if whole else None

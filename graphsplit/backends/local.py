@@ -120,8 +120,13 @@ class LocalPipeline:
             values = stage(*values) if isinstance(values, tuple) else stage(values)
         return values
 
-    def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor, Any]:
-        """Forward + backward over all micro-batches; returns (mean loss, merged raw output)."""
+    def step(self, inputs: tuple[torch.Tensor, ...], target: Any,
+             keep_output: bool = True) -> tuple[torch.Tensor, Any]:
+        """Forward + backward over all micro-batches; returns (mean loss, merged raw output).
+
+        `keep_output=False`: the output is None, and each micro-batch's is dropped once its loss is
+        computed, as an eager training step drops its logits (for a language model the largest tensor
+        of the step: kept, it and its merged copy would outlive the backward and the optimizer step)."""
         n = self.program.plan.num_microbatches
         self._own_factors(inputs, target)
         losses, outputs = [], []
@@ -136,15 +141,20 @@ class LocalPipeline:
                 else:
                     out = self.forward_stages(mb_in)
                     loss = self.loss_fn(out, mb_target)
+                    if not keep_output:
+                        out = None
                     loss.backward()
             losses.append(loss.detach())
-            outputs.append(out)
+            if keep_output:
+                outputs.append(out)
+            del out
         for stage in self.stages:
             for p in stage.parameters():
                 if p.grad is not None:
                     p.grad.div_(n)
         sync_tied_grads(self.program, dict(enumerate(self.stages)))
-        return torch.stack(losses).mean(), join_outputs(outputs, stage_output_dims(self.program))
+        merged = join_outputs(outputs, stage_output_dims(self.program)) if keep_output else None
+        return torch.stack(losses).mean(), merged
 
     def evaluate(self, inputs: tuple[torch.Tensor, ...], target: Any) -> torch.Tensor:
         """Forward only over all micro-batches (call under no_grad): the mean loss."""

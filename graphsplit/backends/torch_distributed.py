@@ -18,6 +18,7 @@ is what they make: it runs a step, the optimizer step and reports gradients.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
 from datetime import timedelta
@@ -196,15 +197,18 @@ class DistributedPipeline:
 
         set_factors(self._counted, token_factors(self.program, [(inputs, target)], over_replicas))
 
-    def step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
-        """One training step's forward and backward; (mean loss, merged output) on the last stage."""
+    def step(self, inputs: tuple[torch.Tensor, ...], target: Any,
+             keep_output: bool = True) -> tuple[torch.Tensor | None, Any]:
+        """One training step's forward and backward; (mean loss, merged output) on the last stage.
+        `keep_output=False`: no output (None), and the last stage does not keep its micro-batches'
+        outputs past their losses (see `LocalPipeline.step`)."""
         self.count_tokens(inputs, target)
         if self.scaler is not None:
             self._scale_used = self.scaler.get_scale()
         if isinstance(self.schedule, LocalPipeline):
-            loss, output = self.schedule.step(inputs, target)
+            loss, output = self.schedule.step(inputs, target, keep_output)
         else:
-            loss, output = self._pipeline_step(inputs, target)
+            loss, output = self._pipeline_step(inputs, target, keep_output)
         if self.expert_averager is not None:
             self.expert_averager.average()
         if loss is not None and self.scaler is not None:
@@ -238,12 +242,17 @@ class DistributedPipeline:
             loss /= self.plan.dp
         return loss
 
-    def _pipeline_step(self, inputs: tuple[torch.Tensor, ...], target: Any) -> tuple[torch.Tensor | None, Any]:
+    def _pipeline_step(self, inputs: tuple[torch.Tensor, ...], target: Any,
+                       keep_output: bool) -> tuple[torch.Tensor | None, Any]:
         losses: list[torch.Tensor] = []
         args = inputs if self.is_first else ()
         kwargs: dict[str, Any] = {"losses": losses}
         if self.is_last:
             kwargs["target"] = batch_first(self.program, target)
+        if not keep_output and _takes_return_outputs(self.schedule):
+            # the stage then keeps no output chunk and merges none (torch's schedules before this
+            # argument keep them until the next step; any other keyword would reach the model)
+            kwargs["return_outputs"] = False
         output = self.schedule.step(*args, **kwargs)
         if self.dp_averager is not None:
             self.dp_averager.average()
@@ -258,7 +267,7 @@ class DistributedPipeline:
         sync_tied_grads(self.program, self.modules, reduce)
         if not self.is_last:
             return None, None
-        return torch.stack([loss.detach() for loss in losses]).mean(), output
+        return torch.stack([loss.detach() for loss in losses]).mean(), output if keep_output else None
 
     def expert_tokens(self) -> dict[str, list[int]]:
         """Expert parallelism's load balance: the tokens (routed rows) each expert of each layer received
@@ -302,3 +311,8 @@ class DistributedPipeline:
                 p = module.get_parameter(local).detach()
                 found.setdefault(canonical, (p.full_tensor() if isinstance(p, dtensor) else p).cpu().clone())
         return found
+
+
+def _takes_return_outputs(schedule: Any) -> bool:
+    """Whether this torch's schedule `step` has `return_outputs` (newer releases)."""
+    return "return_outputs" in inspect.signature(schedule.step).parameters

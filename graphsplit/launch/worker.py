@@ -171,7 +171,9 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         reporter.at(f"during step {step}")
         inputs, target = next(batches)
         started = time.perf_counter()
-        loss, output = pipe.step(inputs, target)
+        # the output only where --check compares it: kept, a language model's logits (and their merged
+        # copy) would outlive the backward and the optimizer step
+        loss, output = pipe.step(inputs, target, keep_output=step == done + 1 and bool(spec.dump_dir))
         expert_tokens = pipe.expert_tokens()  # every rank: one all-reduce under ep (before eval adds its own)
         if step == done + 1 and spec.dump_dir:
             whole = gather_outputs(program, output, pipe.tp_comm)
