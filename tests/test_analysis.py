@@ -47,3 +47,22 @@ def test_analysis_of_a_real_model_touches_no_weights():
     annotate(t.gm, (x,))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert info(next(n for n in t.gm.graph.nodes if n.name == "fc1")).flops == 2 * 5 * 16 * 32
+
+
+class Casts(nn.Module):
+    def forward(self, x):
+        y = x.float().to(torch.float32).type_as(x).contiguous()  # fp32 already: torch returns x itself each time
+        y = y + 1
+        y.add_(1)  # in place: returns its input too, but reads and writes it
+        return y.to(torch.bfloat16)
+
+
+def test_a_cast_to_the_dtype_a_tensor_has_moves_no_bytes():
+    """torch returns the input itself and runs no kernel; priced as a copy, they made a bf16 Llama stage's
+    compute 8% slower in the planner's eyes than on an H200 (bench/gpu_stage.py)."""
+    x = torch.randn(4, 8)
+    t = trace_model(Casts(), (x,), {})
+    annotate(t.gm, (x,))
+    moved = {n.name: info(n).bytes_moved for n in t.gm.graph.nodes if n.op in ("call_method", "call_function")}
+    assert {k: v for k, v in moved.items() if v == 0} == {"float_1": 0, "to": 0, "type_as": 0, "contiguous": 0}
+    assert moved["add_"] == 2 * 4 * 8 * 4 and moved["to_1"] == 4 * 8 * (4 + 2)

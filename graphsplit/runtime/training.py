@@ -154,6 +154,12 @@ def make_optimizer(name: str, params: list[nn.Parameter], lr: float, weight_deca
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, **extra)
     if name == "adamw":
+        if params and all(p.device.type == "cuda" for p in params):
+            # one kernel over all parameters instead of the foreach implementation's eight passes: on an
+            # H200 the foreach AdamW of a 2.8B-parameter stage took 63 ms a step, three times what one
+            # pass over the parameters and their gradient and states takes (bench/gpu_stage.py), as the
+            # planner prices it; torchtitan's default too
+            extra["fused"] = True
         return torch.optim.AdamW(params, lr=lr, **extra, **({} if betas is None else {"betas": tuple(betas)}))
     raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
 
