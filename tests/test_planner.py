@@ -498,3 +498,16 @@ def test_long_sequences_get_context_parallel_plans_and_the_reason():
     assert 0.45 < two.time["compute_and_tp"] / one.time["compute_and_tp"] < 0.6
     assert cp_degrees(8, 2048, 8192) == [1] and cp_degrees(8, 4, 8192) == [1, 2, 4, 8]
     assert cp_degrees(8, 8, LONG_SEQUENCE) == [1, 2, 4, 8] and cp_degrees(8, 8, 0) == [1]
+
+
+def test_a_one_sample_model_is_priced_with_its_flops(tmp_path):
+    """With one sample no dim scales with the batch: every op's FLOPs are the constant part of the table,
+    which the model's FLOPs per sample (and so its MFU) left out: 0% for any plan."""
+    mfu = {}
+    for batch in (1, 2):
+        path = tmp_path / f"llama_{batch}.py"
+        path.write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'bench' / 'models')!r})\nfrom llama3 import model_file\n"
+                        f"build_model, example_inputs, example_target, loss_fn = model_file(dict(n_layers=2, max_seq_len=32), {batch})\n")
+        profile = profile_model(load_model(str(path)))
+        mfu[batch] = profile.model_flops_per_sample
+    assert mfu[1] > 0 and mfu[1] == pytest.approx(mfu[2], rel=1e-6)

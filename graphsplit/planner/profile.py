@@ -73,7 +73,9 @@ class ModelProfile:
         """What the tp 1 fp32 table says of the model: its FLOPs, its places to cut, whether it has
         repeated blocks. Raises when the model cannot be compiled at all."""
         reference = self.table(Plan())
-        self.model_flops_per_sample = float(reference.flops[0].sum())
+        # the FLOPs of the whole example batch per sample: with one sample no dim scales with the batch, and
+        # every op's FLOPs are the constant part (a model's MFU was 0 there)
+        self.model_flops_per_sample = float(reference.flops[0].sum() + reference.flops[1].sum() / max(self.batch, 1))
         self.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
         self.has_blocks = bool((reference.block >= 0).any())
         counts = set(reference.expert_params().values())
