@@ -4,6 +4,7 @@ model at the same precision, beside the planner's prediction for the same stage,
     python bench/gpu_stage.py                     # 8 layers of Llama 3 8B's width, 2 x 8,192 tokens, bf16
     python bench/gpu_stage.py --plans none,blocks # fewer plans
     python bench/gpu_stage.py --small             # tiny shapes: checks the script itself (CPU is fine)
+    python bench/gpu_stage.py --predict-only h200 # the planner's columns alone, on any machine
 
 The stage: the Llama example (examples/llama.py: RMSNorm, rotary, GQA through scaled_dot_product_attention,
 SwiGLU) at Llama 3 8B's width (dim 4,096, 32 heads, 8 key/value heads, FFN 14,336, vocabulary 128,256), with
@@ -217,14 +218,16 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each graphsplit run")
     parser.add_argument("--small", action="store_true", help="tiny shapes, to check the script")
+    parser.add_argument("--predict-only", metavar="PROFILE",
+                        help="only the planner's predictions on this hardware profile (h100, h200): no device needed")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    hw = load_hardware(profile_name(device))
+    hw = load_hardware(args.predict_only or profile_name(device))
     config = {**(SMALL if args.small else WIDTH_8B), "n_layers": args.layers}
     names = args.plans.split(",")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
           f"profile {hw.name}; model {config}, batch {args.batch}", flush=True)
-    if device.type == "cuda":
+    if device.type == "cuda" and not args.predict_only:
         the_gpu(device, hw)
         kernels(device, hw, config, args.batch * config["max_seq_len"])
         torch.cuda.empty_cache()
@@ -240,6 +243,12 @@ def main() -> None:
         print(f"planner profile and predictions in {time.perf_counter() - start:.1f} s", flush=True)
         work = 3 * profile.model_flops_per_sample * profile.batch
         peak_flops = hw.peak_flops["bfloat16"]
+        if args.predict_only:
+            for name, est in predicted.items():
+                print(f"program {name:25} predicted {est.step_seconds:.3f} s, {est.memory['total'] / 2**30:.1f} GiB, "
+                      f"MFU {est.mfu:.1%}  (" + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in est.time.items()
+                                                           if v >= 5e-4) + ")")
+            return
         rows: list[tuple[str, Any, Any]] = []
         measured = eager(loaded, device, args.steps, args.warmup, args.lr)
         print(f"eager: {measured}", flush=True)
@@ -248,11 +257,11 @@ def main() -> None:
             torch.cuda.empty_cache()
         for name in names:
             got = graphsplit_run(path, name, args.steps, args.lr, args.timeout)
-            print(f"graphsplit {name}: {got if isinstance(got, str) else (got[0][args.warmup:], got[1], got[2])}",
+            print(f"program {name}: {got if isinstance(got, str) else (got[0][args.warmup:], got[1], got[2])}",
                   flush=True)
             if not isinstance(got, str):
                 got = (got[0][args.warmup:], got[1], got[2])
-            rows.append((f"graphsplit {name}", got, predicted[name]))
+            rows.append((f"program {name}", got, predicted[name]))
     base = statistics.median(rows[0][1][0])
     print(f"\n{'':32} {'step s':>8} {'vs eager':>8} {'peak GiB':>9} {'MFU':>6} {'loss 1':>9} | "
           f"{'predicted s':>11} {'GiB':>6} {'MFU':>6} {'meas/pred':>9}")

@@ -33,7 +33,7 @@ import numpy as np
 from ..analysis.balance import balanced_cuts
 from ..analysis.cost import BYTES_TO_FLOPS
 from ..errors import GraphsplitError
-from ..plan import Plan
+from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .estimate import Stages, group_link
 from .hardware import Hardware
 from .profile import ModelProfile, OpTable
@@ -270,15 +270,18 @@ def _regions(table: OpTable, a: int, e: int, per: int) -> tuple[list[tuple[int, 
     return [r for r in regions if r not in plain], outside
 
 
-def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray, comm: np.ndarray
-          ) -> tuple[int, int, float, int, float]:
+def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray, comm: np.ndarray,
+          early_stop: bool = True) -> tuple[int, int, float, int, float]:
     """(kept for backward, the largest region's activations, recompute seconds, what its regions keep
-    once recomputed, the tp collectives among the recompute's seconds) of stage [a, e)."""
+    once recomputed, the tp collectives among the recompute's seconds) of stage [a, e). `early_stop`:
+    a recompute ends at the region's last op that keeps anything (`OpTable.recompute_stop`), as torch's
+    checkpoint does; a split-backward schedule's region runs whole (ops/activation_checkpoint.py)."""
     if policy == "none":
         return table.saved(range(a, e), b), 0, 0.0, 0, 0.0
     if policy == "stage":
         whole = table.saved(range(a, e), b)
-        return int(table.at(table.live, b)[a]), whole, float(secs[a:e].sum()), whole, float(comm[a:e].sum())
+        stop = table.recompute_stop(a, e) if early_stop else e
+        return int(table.at(table.live, b)[a]), whole, float(secs[a:stop].sum()), whole, float(comm[a:stop].sum())
     per = int(policy.split(":")[1]) if policy.startswith("every:") else 1
     selective = policy == "selective"
     regions, outside = _regions(table, a, e, per)
@@ -297,18 +300,19 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray,
             (stream, common) = table.block_inputs[bi]
             kept += stream[0] * b + stream[1]
             shared = max(shared, common[0] * b + common[1])
-        add, region_peak, region_recompute = _region(table, lo, hi, b, secs, comm, selective)
+        add, region_peak, region_recompute = _region(table, lo, hi, b, secs, comm, selective, early_stop)
         kept += add
         peak = max(peak, region_peak)
         recompute += region_recompute
         recomputed += region_peak
-        # every collective of the region runs again (selective: those of its blocks' ops, kept or not)
-        again += float(comm[lo:hi][table.block[lo:hi] >= 0].sum() if selective else comm[lo:hi].sum())
+        # every collective of the recomputed ops runs again (selective: those of its blocks' ops, kept or not)
+        stop = table.recompute_stop(lo, hi) if early_stop else hi
+        again += float(comm[lo:stop][table.block[lo:stop] >= 0].sum() if selective else comm[lo:stop].sum())
     return kept + shared, peak, recompute, recomputed, again
 
 
-def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: bool
-            ) -> tuple[int, int, float]:
+def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: bool,
+            early_stop: bool = True) -> tuple[int, int, float]:
     """One checkpoint region [lo, hi): (what it keeps beyond its inputs, its activations while it is
     recomputed, its recompute seconds); priced once per shape, as stages are (`_shifts`)."""
     shift = 0
@@ -316,21 +320,23 @@ def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np
         first, length, end = table.period
         k = (lo - first) // length
         shift = (k - 2) * length if lo >= first and k > 2 and hi <= end - length else 0
-    key = ("region", selective, lo - shift, hi - shift, b, id(secs))  # secs: cached on the table, per (b, hardware)
+    key = ("region", selective, early_stop, lo - shift, hi - shift, b, id(secs))  # secs: cached per (b, hardware)
     found = table.cache.get(key)
     if found is not None:
         return found
     lo, hi = lo - shift, hi - shift
+    stop = table.recompute_stop(lo, hi) if early_stop else hi
     in_blocks = table.block[lo:hi] >= 0
+    ran = np.arange(lo, hi) < stop  # the ops the recompute runs
     if selective:
         keeps = table.compute[lo:hi] & in_blocks
         chosen = table.at(table.selective, b)
         found = (int(chosen[lo:hi][in_blocks].sum()) + table.saved(lo + np.flatnonzero(~in_blocks), b),
                  table.saved(lo + np.flatnonzero(in_blocks), b),
                  # the ops it did not keep, and the collectives of those it did (a kept matmul's gather)
-                 float(secs[lo:hi][~keeps & in_blocks].sum() + comm[lo:hi][keeps].sum()))
+                 float(secs[lo:hi][~keeps & in_blocks & ran].sum() + comm[lo:hi][keeps & ran].sum()))
     else:
-        found = (0, table.saved(range(lo, hi), b), float(secs[lo:hi].sum()))
+        found = (0, table.saved(range(lo, hi), b), float(secs[lo:stop].sum()))
     table.cache[key] = found
     return found
 
@@ -358,8 +364,8 @@ def _recompute_seconds(table: OpTable, b: float, hw: Hardware, fused: bool) -> n
     return found
 
 
-def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hardware, fused: bool = False
-                ) -> tuple[np.ndarray, ...]:
+def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hardware, fused: bool = False,
+                early_stop: bool = True) -> tuple[np.ndarray, ...]:
     """`_kept` of every stage of `bounds` as arrays, each shape priced once (a deep model's middle
     stages are the same ops): kept, peak, recompute, the tp collectives among the recompute's, and what
     the regions keep once recomputed."""
@@ -369,11 +375,12 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
     found = []
     for code in shapes.tolist():
         a, e = divmod(code, table.n + 1)
-        key = ("kept", policy, a, e, b, hw.name, fused)
+        key = ("kept", policy, a, e, b, hw.name, fused, early_stop)
         kept = table.cache.get(key)
         if kept is None:
             comm = tp_op_seconds(table, b, hw, "forward")
-            kept = table.cache[key] = _kept(table, policy, a, e, b, _recompute_seconds(table, b, hw, fused), comm)
+            kept = table.cache[key] = _kept(table, policy, a, e, b, _recompute_seconds(table, b, hw, fused), comm,
+                                            early_stop)
         found.append(kept)
     saved, peak, recompute, recomputed, again = (np.array([k[i] for k in found]) for i in range(5))
     return (saved[which].astype(np.int64), peak[which].astype(np.int64), recompute[which].astype(np.float64),
@@ -392,13 +399,14 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     # queries over the whole sequence): priced as 1/cp of a sample
     b: float = samples / plan.cp if plan.cp > 1 else samples
     key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, plan.ep, plan.cp,
-           plan.pp, hw.name, plan.compile)
+           plan.pp, hw.name, plan.compile, plan.schedule in SPLIT_BACKWARD_SCHEDULES)
     if key in table.cache:
         return table.cache[key]
     split = _split(table, plan, b, hw)
     bounds = split["bounds"]
     saved, peak, recompute, recompute_tp, recomputed = _stage_kept(
-        as_run(table, plan), plan.checkpoint, bounds, b, hw, plan.compile)
+        as_run(table, plan), plan.checkpoint, bounds, b, hw, plan.compile,
+        early_stop=plan.schedule not in SPLIT_BACKWARD_SCHEDULES)
     gathered = split["gathered"]
     if gathered.any():  # the gathered keys and values: kept for backward, or live while a region recomputes
         per_stage = np.array([gathered[a:e].sum() for a, e in zip(bounds[:-1], bounds[1:])])

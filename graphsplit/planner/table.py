@@ -51,6 +51,10 @@ class OpTable:
     # storage: made by one. Under FSDP with a low param dtype neither exists (`for_gathered_low`)
     weight_cast: np.ndarray | None = None
     cast_storage: np.ndarray | None = None
+    # per op: it keeps its own output for backward (a softmax, an attention), where a matmul keeps only
+    # its inputs. A checkpointed region's recompute stops at the last op that keeps anything: before it
+    # when that op keeps only inputs (torch packs them before running it), after it otherwise
+    keeps_output: np.ndarray | None = None
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -113,6 +117,22 @@ class OpTable:
                 storage[self.expert_storage] //= ep
             found = self.cache[key] = dataclasses.replace(
                 self, bytes=(self.bytes[0], self.bytes[1] - less), storage=(self.storage[0], storage), cache={})
+        return found
+
+    def recompute_stop(self, lo: int, hi: int) -> int:
+        """Where recomputing region [lo, hi) ends: torch's non-reentrant checkpoint stops once every tensor
+        the region kept is recomputed (its early stop), so the ops after the last one that keeps anything
+        (a block's last projection and its residual add) do not run again."""
+        key = ("stop", lo, hi)
+        found = self.cache.get(key)
+        if found is None:
+            keeping = [i for i in range(lo, hi) if self.kept[i]]
+            if not keeping:
+                found = lo
+            else:
+                last = keeping[-1]
+                found = last + 1 if self.keeps_output is None or self.keeps_output[last] else last
+            self.cache[key] = found
         return found
 
     def for_gathered_low(self) -> OpTable:
