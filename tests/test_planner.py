@@ -454,7 +454,30 @@ def test_compiled_stages_price_fused_elementwise_runs(llama):
     assert (groups[table.compute] == -1).all() and groups.max() > 10
     assert fused[~table.compute].sum() < 0.8 * eager[~table.compute].sum()
     plain, compiled = predict(profile, Plan(pp=2)), predict(profile, Plan(pp=2, compile=True))
-    assert compiled.step_seconds < plain.step_seconds and compiled.memory == plain.memory
+    assert compiled.step_seconds < plain.step_seconds
+    assert {k: v for k, v in compiled.memory.items() if k not in ("activations", "total")} == \
+        {k: v for k, v in plain.memory.items() if k not in ("activations", "total")}
+
+
+@pytest.mark.slow
+def test_compiled_stages_keep_what_the_partitioner_keeps(llama):
+    """Under --compile AOTAutograd recomputes a compiled piece's cheap ops in backward where saving the
+    piece's inputs costs fewer bytes: priced so (`OpTable.for_compiled`), and measured here by running
+    the program both ways in this process: the bytes autograd saves in a step, eager against compiled
+    (0.77x for the Llama example in bf16), against the planner's ratio of activations."""
+    _, profile = llama
+    table = profile.table(Plan(autocast="bf16"))
+    compiled = table.for_compiled()
+    inside = table.storage_maker >= 0
+    assert (compiled.storage[0] <= table.storage[0]).all() and compiled.storage[0].sum() < 0.9 * table.storage[0].sum()
+    assert inside.mean() > 0.5  # most kept storages are known by the op that made them
+    eager, fused = (predict(profile, Plan(autocast="bf16", compile=c)).memory["activations"] for c in (False, True))
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "compiled_saved.py")],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    measured_eager, measured_fused = (int(w) for w in out.stdout.split()[-2:])
+    assert measured_fused < 0.85 * measured_eager
+    assert fused / eager == pytest.approx(measured_fused / measured_eager, abs=0.06)
 
 
 def test_the_profile_cuts_a_seq_first_model_along_its_batch():

@@ -10,7 +10,7 @@ sequence (fold.Unfolding): FLOPs, bytes moved, output bytes, bytes live across e
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -143,6 +143,8 @@ class Measured:
     kept: list[list[tuple[tuple[str, int, int], int]]]  # per op: (storage key, bytes) of what it keeps
     makers: dict[tuple[str, int, int], str]  # storage key -> the node (of the compiled graph) that made it
     selective: np.ndarray  # per op: what selective checkpointing keeps of its outputs
+    # storage key -> where in the sequence the op that made it is (its output), where that is known
+    maker_pos: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
 
 def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, tp: int,
@@ -165,6 +167,7 @@ def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, t
             blocked[end + 1] -= 1
     kept = []
     makers: dict[tuple[str, int, int], str] = {}
+    maker_pos: dict[tuple[str, int, int], int] = {}
     for op in unf.sequence:
         mine = []
         for first, index, nbytes in saved.get(op[0].name, []):
@@ -173,6 +176,9 @@ def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, t
             mine.append((key, nbytes))
             if (first, index) in made_by:
                 makers[key] = made_by[(first, index)]
+                maker = by_name.get(makers[key])
+                if maker is not None and key not in maker_pos:
+                    maker_pos[key] = unf.position.get(unf.value(maker, op), -1)
         kept.append(mine)
     ops = [node for node, _ in unf.sequence]
     return Measured(
@@ -181,6 +187,7 @@ def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, t
         bytes=np.array([info(x).bytes_moved for x in ops], dtype=np.int64),
         out=np.array([size[x] for x in ops], dtype=np.int64),
         live=np.cumsum(live)[: n + 1], blocked=np.cumsum(blocked)[: n + 1] > 0, kept=kept, makers=makers,
+        maker_pos=maker_pos,
         selective=np.array([selective.get(x.name, 0) for x in ops], dtype=np.int64),
     )
 

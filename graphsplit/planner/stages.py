@@ -194,10 +194,12 @@ def _gathered_low(plan: Plan) -> bool:
 
 
 def as_run(table: OpTable, plan: Plan) -> OpTable:
-    """`table` as `plan`'s program runs its ops: one ep rank's experts, and no weight casts where FSDP
-    gathers the weights already cast. (The cut is the compiler's, priced on the table as compiled.)"""
+    """`table` as `plan`'s program runs its ops: one ep rank's experts, no weight casts where FSDP
+    gathers the weights already cast, and under --compile what the compiled pieces keep. (The cut is
+    the compiler's, priced on the table as compiled.)"""
     table = table.for_ep(plan.ep)
-    return table.for_gathered_low() if _gathered_low(plan) else table
+    table = table.for_gathered_low() if _gathered_low(plan) else table
+    return table.for_compiled() if plan.compile else table
 
 
 def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.ndarray | list[int]]:

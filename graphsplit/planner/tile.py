@@ -72,6 +72,7 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
     old_storage = list(zip(table.storage[0].tolist(), table.storage[1].tolist()))
     storage_flags: list[bool] = []
     cast_flags: list[bool] = []
+    makers: list[int] = []
     by_op: dict[int, list[tuple[int, str, str, int, int]]] = {}
     for c in table.collectives:
         by_op.setdefault(c[0], []).append(c)
@@ -95,6 +96,8 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
                 storage.append(old_storage[sid])
                 storage_flags.append(bool(table.expert_storage[sid]) if table.expert_storage is not None else False)
                 cast_flags.append(bool(table.cast_storage[sid]) if table.cast_storage is not None else False)
+                made = int(table.storage_maker[sid]) if table.storage_maker is not None else -1
+                makers.append(moved(made, i, j) if made >= 0 else -1)
             mine.append(keys[key])
         kept.append(tuple(mine))
         collectives += [(new, *c[1:]) for c in by_op.get(i, ())]
@@ -135,4 +138,5 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         weight_cast=per_op(table.weight_cast) if table.weight_cast is not None else None,
         cast_storage=np.array(cast_flags, dtype=bool) if table.cast_storage is not None else None,
         keeps_output=per_op(table.keeps_output) if table.keeps_output is not None else None,
+        storage_maker=np.array(makers, dtype=np.int64) if table.storage_maker is not None else None,
     )
