@@ -168,7 +168,8 @@ def eager(loaded: Any, device: torch.device, steps: int, warmup: int, lr: float)
     inputs = tuple(t.to(device) for t in loaded.args)
     target = loaded.target.to(device)
     times, parts, first = [], [], 0.0
-    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     for step in range(steps):
         sync(device)
         start = time.perf_counter()
