@@ -332,7 +332,7 @@ def test_a_recompute_stops_where_torchs_checkpoint_stops(llama):
     skipped = 0.0
     for lo, hi in regions:
         stop = table.recompute_stop(lo, hi)
-        assert lo < stop < hi and table.compute[stop] and not table.keeps_output[stop]  # a projection
+        assert lo < stop < hi and table.compute[stop] and not table.keeps_own_output(stop)  # a projection
         assert not any(table.kept[i] for i in range(stop + 1, hi))  # nothing after it keeps a tensor
         skipped += float(secs[stop:hi].sum())
     early = stages_module._kept(table, "blocks", 0, table.n, b, secs, comm, early_stop=True)[2]

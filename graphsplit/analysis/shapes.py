@@ -18,11 +18,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, module_path
-from ..ir.optable import OpKind, classify, op_name
+from ..ir.optable import OpKind, classify, family
 from ..ir.size_conditions import DECIDED
 
-# ops that return their input itself when there is nothing to do (a cast to its own dtype and device)
-_RETURNS_INPUT_WHEN_NOOP = frozenset({"to", "float", "half", "bfloat16", "double", "type_as", "type", "contiguous"})
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
 
 
@@ -42,13 +40,14 @@ def _tensor_bytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
-def _returns_its_input(n: fx.Node, value: Any, inputs: list[Any]) -> bool:
-    """A cast to the dtype a tensor has (`.float()` of an fp32 one, autocast's `.to(torch.float32)` before
-    a norm, `type_as` its own dtype) or a `contiguous()` of a contiguous one: torch returns the input
-    itself, and no kernel runs (an in-place op returns its input too, but reads and writes it)."""
-    if n.op not in ("call_method", "call_function") or op_name(n) not in _RETURNS_INPUT_WHEN_NOOP:
+def _returns_its_input(n: fx.Node, gm: fx.GraphModule, value: Any, inputs: list[Any]) -> bool:
+    """An identity-family op (the op table's) that had nothing to do: a cast to the dtype a tensor has
+    (`.float()` of an fp32 one, autocast's `.to(torch.float32)` before a norm), a `contiguous()` of a
+    contiguous one. torch returns the input itself, and no kernel runs (an in-place op returns its input
+    too, but reads and writes it: it is not of that family)."""
+    if not isinstance(value, torch.Tensor) or not any(t is value for t in inputs):
         return False
-    return isinstance(value, torch.Tensor) and any(t is value for t in inputs)
+    return n.op in ("call_method", "call_function") and family(n, gm) == OpKind.IDENTITY
 
 
 class _MetaAnnotator(fx.Interpreter):
@@ -101,7 +100,7 @@ class _MetaAnnotator(fx.Interpreter):
         # writes its output (a roofline's memory term).
         if n.op not in ("placeholder", "get_attr", "output") and ni.value != "scalar" and ni.kind != OpKind.VIEW:
             ins = [self.env[a] for a in n.all_input_nodes if a in self.env]
-            if not _returns_its_input(n, value, ins):
+            if not _returns_its_input(n, self.module, value, ins):
                 ni.bytes_moved = _tensor_bytes(ins) + _tensor_bytes(value) + ni.param_bytes
         return value
 

@@ -69,14 +69,9 @@ def op_seconds(table: OpTable, b: int, hw: Hardware, fused: bool = False) -> np.
 
 def fused_groups(table: OpTable) -> np.ndarray:
     """Each op's fused group as torch.compile (inductor) runs a stage: every maximal run of ops
-    between matmul-class ops (which stay library kernels) is one group; a matmul-class op is -1."""
-    found = table.cache.get(("groups",))
-    if found is None:
-        compute = table.compute
-        starts = np.concatenate([[True], compute[:-1]]) & ~compute  # a run begins after a matmul, or at 0
-        found = np.where(compute, -1, np.cumsum(starts) - 1)
-        table.cache[("groups",)] = found
-    return found
+    between matmul-class ops (which stay library kernels) is one group; a matmul-class op is -1.
+    (Priced across the eager tp collectives between compiled pieces, as before they were measured.)"""
+    return table.pieces()
 
 
 def fused_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:

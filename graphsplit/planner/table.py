@@ -51,11 +51,9 @@ class OpTable:
     # storage: made by one. Under FSDP with a low param dtype neither exists (`for_gathered_low`)
     weight_cast: np.ndarray | None = None
     cast_storage: np.ndarray | None = None
-    # per op: it keeps its own output for backward (a softmax, an attention), where a matmul keeps only
-    # its inputs. A checkpointed region's recompute stops at the last op that keeps anything: before it
-    # when that op keeps only inputs (torch packs them before running it), after it otherwise
-    keeps_output: np.ndarray | None = None
-    # per storage: where in the sequence the op whose output it is lies (-1: not known, an input)
+    # per storage: where in the sequence the op whose output it is lies (-1: not known, an input). An op
+    # keeps its own output (a softmax, an attention) where a storage it keeps is made there; a matmul
+    # keeps only its inputs
     storage_maker: np.ndarray | None = None
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
@@ -121,10 +119,15 @@ class OpTable:
                 self, bytes=(self.bytes[0], self.bytes[1] - less), storage=(self.storage[0], storage), cache={})
         return found
 
+    def keeps_own_output(self, i: int) -> bool:
+        """Whether op `i` keeps its own output for backward (unknown makers count as yes)."""
+        return self.storage_maker is None or any(self.storage_maker[k] in (i, -1) for k in self.kept[i])
+
     def recompute_stop(self, lo: int, hi: int) -> int:
         """Where recomputing region [lo, hi) ends: torch's non-reentrant checkpoint stops once every tensor
-        the region kept is recomputed (its early stop), so the ops after the last one that keeps anything
-        (a block's last projection and its residual add) do not run again."""
+        the region kept is recomputed (its early stop). The last op that keeps anything runs again only
+        when it keeps its own output: a matmul packs its inputs before it runs. So a block's last
+        projection and its residual add do not run again."""
         key = ("stop", lo, hi)
         found = self.cache.get(key)
         if found is None:
@@ -133,8 +136,24 @@ class OpTable:
                 found = lo
             else:
                 last = keeping[-1]
-                found = last + 1 if self.keeps_output is None or self.keeps_output[last] else last
+                found = last + 1 if self.keeps_own_output(last) else last
             self.cache[key] = found
+        return found
+
+    def pieces(self, at_collectives: bool = False) -> np.ndarray:
+        """Each op's run of ops between matmul-class ops (which stay library kernels; with `at_collectives`,
+        between tp collectives too, which stay eager between compiled pieces): its index, -1 for a
+        breaking op."""
+        key = ("pieces", at_collectives)
+        found = self.cache.get(key)
+        if found is None:
+            breaks = self.compute.copy()
+            if at_collectives:
+                for op, _, kind, *_ in self.collectives:
+                    if kind != "all_to_all":
+                        breaks[op] = True
+            starts = np.concatenate([[True], breaks[:-1]]) & ~breaks  # a run begins after a break, or at 0
+            found = self.cache[key] = np.where(breaks, -1, np.cumsum(starts) - 1)
         return found
 
     def for_compiled(self) -> OpTable:
@@ -151,12 +170,7 @@ class OpTable:
             return self
         found = self.cache.get("compiled")
         if found is None:
-            breaks = self.compute.copy()
-            for op, _, kind, *_ in self.collectives:
-                if kind != "all_to_all":
-                    breaks[op] = True
-            starts = np.concatenate([[True], breaks[:-1]]) & ~breaks
-            group = np.where(breaks, -1, np.cumsum(starts) - 1)
+            group = self.pieces(at_collectives=True)
             maker = self.storage_maker
             made_in = np.where(maker >= 0, group[np.maximum(maker, 0)], -1)
             inside = made_in >= 0  # made by a piece's cheap op: recomputable in backward

@@ -221,8 +221,6 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         expert_storage=np.array([key[0] in expert_made or (key[0] in grouped_names and not storage[k, 0])
                                  for k, key in enumerate(ids)], dtype=bool),
         weight_cast=weight_cast, cast_storage=np.array([a.makers.get(key) in cast_made for key in ids], dtype=bool),
-        keeps_output=np.array([any(a.makers.get(key) == op[0].name for key, _ in mine)
-                               for op, mine in zip(a.unf.sequence, a.kept)], dtype=bool),
         storage_maker=np.array([a.maker_pos.get(key, -1) for key in ids], dtype=np.int64),
     )
     return expand(table, fold_, whole) if fold_ is not whole else table

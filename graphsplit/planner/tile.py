@@ -137,6 +137,5 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         expert_storage=np.array(storage_flags, dtype=bool) if table.expert_storage is not None else None,
         weight_cast=per_op(table.weight_cast) if table.weight_cast is not None else None,
         cast_storage=np.array(cast_flags, dtype=bool) if table.cast_storage is not None else None,
-        keeps_output=per_op(table.keeps_output) if table.keeps_output is not None else None,
         storage_maker=np.array(makers, dtype=np.int64) if table.storage_maker is not None else None,
     )

@@ -12,6 +12,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from measure_memory import SavedStorages  # noqa: E402  (this folder: the same count of saved bytes)
+
 from graphsplit import Plan  # noqa: E402
 from graphsplit.api import parallelize  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
@@ -29,19 +31,11 @@ def main() -> None:
     for compiled in (False, True):
         module = parallelize(loaded.build("cpu", seed=0), Plan(autocast="bf16", compile=compiled), (idx,),
                              loaded.loss_fn, loaded.target)
-        params = {p.untyped_storage()._cdata for p in module.parameters()}
-        saved: dict[int, tuple[int, object]] = {}
-
-        def pack(t: torch.Tensor, params=params, saved=saved) -> torch.Tensor:
-            storage = t.untyped_storage()
-            if storage._cdata not in params:
-                saved[storage._cdata] = (storage.nbytes(), storage)  # kept alive: its address stays its own
-            return t
-
+        saved = SavedStorages(module)
         module.train_step(idx, target=loaded.target)  # compiles
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             module.train_step(idx, target=loaded.target)
-        found.append(sum(n for n, _ in saved.values()))
+        found.append(saved.total())
     print(*found)
 
 
