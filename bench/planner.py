@@ -46,6 +46,7 @@ from graphsplit.plan import rounds_fit  # noqa: E402
 from graphsplit.planner import load_hardware, plan_model  # noqa: E402
 from graphsplit.planner.estimate import estimate  # noqa: E402
 from graphsplit.planner.profile import build_all_tables, profile_model  # noqa: E402
+from graphsplit.planner.search import CHECKPOINT_CHOICES  # noqa: E402
 from graphsplit.planner.stages import plan_stages  # noqa: E402
 
 WORLDS = {
@@ -127,7 +128,7 @@ def fastest_fitting(profile: Any, hw: Any, shape: Plan) -> Any:
     parallelism; None when nothing fits."""
     best = None
     for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8)):
-        for checkpoint in ("none", "selective", "blocks", "every:2", "every:4", "stage"):
+        for checkpoint in CHECKPOINT_CHOICES:
             for fsdp, compiled, sp in itertools.product((False, True), (False, True), (False, True)):
                 plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
                                      compile=compiled, sequence_parallel=sp)

@@ -46,7 +46,7 @@ from .schedules import (
     ORDERED_SCHEDULES,
     awaiting_weights,
     bubble_fraction,
-    in_flight,
+    held_activations,
     last_stage_in_flight,
 )
 
@@ -155,7 +155,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         return grid.sum(axis=0) if how == "sum" else grid.max(axis=0)
 
     params = by_rank(st.param_bytes, "sum")
-    acts = in_flight(plan.schedule, pp, m, v) * by_rank(st.saved_bytes, "max") + by_rank(st.recompute_peak, "max")
+    acts = held_activations(plan.schedule, pp, m, v, st.saved_bytes) + by_rank(st.recompute_peak, "max")
     if st.recomputed_bytes is not None:
         # a split-backward schedule keeps a chunk's recomputed activations until its weight gradient
         acts = acts + awaiting_weights(plan.schedule, pp, m, v) * by_rank(st.recomputed_bytes, "max")

@@ -12,6 +12,10 @@ drives), so the memory model holds what the runtime holds:
   rank's layers.
 - LoopedBFS runs all forwards of each local stage before any backward: m * v chunks.
 
+A rank's activations at its peak are the bytes of the chunks it holds then, each its own stage's
+(`held_activations`: a stage with the embedding or the head keeps more than one of blocks alone; the
+peak of interleaved 1F1B in closed form, the others walked in torch's order).
+
 The bubble is the idle fraction of the step: (pp - 1) / (m + pp - 1) for GPipe
 and 1F1B; interleaving divides the fill and drain by v (Narayanan et al. 2021,
 "Efficient Large-Scale Language Model Training on GPU Clusters", sec. 2.2.2).
@@ -62,6 +66,76 @@ def in_flight_chunks(schedule: str, pp: int, microbatches: int, stages_per_rank:
     if schedule in ORDERED_SCHEDULES:
         return _peak_held(rank_actions(schedule, pp, m, v)[rank])
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def held_activations(schedule: str, pp: int, microbatches: int, stages_per_rank: int,
+                     saved: np.ndarray) -> np.ndarray:
+    """Per pp rank, the most bytes of activations it holds at once, `saved[s]` being what one micro-batch
+    keeps on stage s: each forward adds its chunk's bytes and each backward (a weight backward under a
+    split backward) gives them back, in the order the schedule runs them. Where a rank's chunks differ
+    (a stage with the embedding or the head, a cut inside a block) this is not its count of chunks in
+    flight times its largest chunk: interleaving holds about as many micro-batches of each chunk."""
+    v, m = stages_per_rank, microbatches
+    if pp == 1:
+        return np.array([int(saved.sum())], dtype=np.int64)  # one micro-batch through every local stage
+    if v == 1 and schedule not in ORDERED_SCHEDULES:
+        return in_flight(schedule, pp, m, 1) * saved
+    if schedule == "looped-bfs":
+        return m * saved.reshape(v, pp).sum(axis=0)
+    if schedule == "interleaved-1f1b":
+        return _interleaved_held(pp, m, v, saved.reshape(v, pp).T)
+    stage, sign = _split_backward_order(schedule, pp, m, v)
+    return np.maximum(np.cumsum(saved[stage] * sign, axis=1).max(axis=1), 0)
+
+
+def _interleaved_held(pp: int, m: int, v: int, s: np.ndarray) -> np.ndarray:
+    """`held_activations` of interleaved 1F1B, `s[r, c]` being what rank r's local stage c keeps, in
+    closed form (the search prices plans up to pp and m in the thousands). torch's order
+    (`_get_1f1b_rank_ops`): W warm-up forwards, then step i runs forward W + i and backward i, then
+    the remaining backwards; forward k runs local stage (k // P) % v, backward j stage v - 1 - (j // P)
+    % v, P micro-batches a round. After step i's forward a rank holds g(i) = F(W + i + 1) - B(i),
+    F and B the bytes of the first forwards and backwards; g is periodic in i with period P * v (a
+    period adds and gives back every stage P times) and linear between the steps where either stage
+    changes, so its peak is at one of those steps."""
+    rounds = max(1, m // pp)
+    per = m // rounds
+    ranks = np.arange(pp)
+    warmup = np.minimum((v - 1) * per + 2 * (pp - 1 - ranks), m * v)[:, None]
+    total = s.sum(axis=1)[:, None]
+
+    def taken(order: np.ndarray, k: np.ndarray) -> np.ndarray:  # bytes of the first k actions of `order`
+        before = np.concatenate([np.zeros((pp, 1), dtype=order.dtype), np.cumsum(order, axis=1)], axis=1)
+        q = k // per
+        full = (q // v) * total + np.take_along_axis(before, q % v, axis=1)
+        return per * full + (k % per) * np.take_along_axis(order, q % v, axis=1)
+
+    steady = m * v - warmup  # steps with a forward and a backward
+    last = np.minimum(per * v, steady) - 1
+    turns = np.arange(v + 1)[None, :] * per
+    steps = np.concatenate([np.zeros((pp, 1), dtype=np.int64), last, np.broadcast_to(turns, (pp, v + 1)),
+                            (-(warmup + 1)) % per + turns], axis=1)
+    steps = np.clip(steps, 0, np.maximum(last, 0))
+    held = taken(s, warmup + steps + 1) - taken(s[:, ::-1], steps)
+    held = np.where(steady > 0, held, 0).max(axis=1)
+    return np.maximum(held, taken(s, warmup)[:, 0]).astype(np.int64)
+
+
+@functools.cache
+def _split_backward_order(schedule: str, pp: int, microbatches: int,
+                          stages_per_rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """`held_activations`' order for the schedules read from torch (`rank_actions`): per pp rank, the
+    stage of each action that takes (+1) or gives back (-1) a chunk's activations, padded with 0."""
+    takes = {"F": 1, "W": -1, "B": -1}
+    rows = [[(stage, takes[kind]) for kind, stage, _ in actions if kind in takes]
+            for actions in rank_actions(schedule, pp, microbatches, stages_per_rank)]
+    width = max(len(r) for r in rows)
+    stage = np.zeros((pp, width), dtype=np.int64)
+    sign = np.zeros((pp, width), dtype=np.int64)
+    for r, row in enumerate(rows):
+        stage[r, :len(row)] = [s for s, _ in row]
+        sign[r, :len(row)] = [t for _, t in row]
+    stage.flags.writeable = sign.flags.writeable = False
+    return stage, sign
 
 
 @functools.cache

@@ -2,7 +2,9 @@
 AdamW step, and record the bytes this rank holds: parameters, gradients, optimizer state (what the
 planner predicts exactly), and the activations the step keeps for backward: every distinct storage
 autograd saves, parameters aside (FSDP's gathered ones included: they are parameters while gathered),
-summed over the step's micro-batches. One JSON file per rank in OUT.
+summed over the step's micro-batches, and the most of those bytes alive at once (a micro-batch's are
+given back as its backward frees them: what a pipeline schedule holds at its peak). One JSON file per
+rank in OUT.
 
     python -m torch.distributed.run --nproc-per-node W tests/workers/measure_memory.py MODEL OUT PLAN.json...
 """
@@ -10,6 +12,7 @@ summed over the step's micro-batches. One JSON file per rank in OUT.
 import json
 import os
 import sys
+import weakref
 from pathlib import Path
 
 import torch
@@ -37,13 +40,26 @@ class SavedStorages:
         self.module = module
         self.bytes: dict[int, int] = {}
         self.alive: list[object] = []  # a storage freed mid-step would hand its address to the next one
+        self.holders: dict[int, int] = {}  # storage -> saved tensors alive that hold it
+        self.held = self.peak = 0
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         if all(storage._cdata != local(p).untyped_storage()._cdata for p in self.module.parameters()):
-            self.bytes[storage._cdata] = storage.nbytes()
+            key = storage._cdata
+            self.bytes[key] = storage.nbytes()
             self.alive.append(storage)
+            if not self.holders.get(key):
+                self.held += storage.nbytes()
+                self.peak = max(self.peak, self.held)
+            self.holders[key] = self.holders.get(key, 0) + 1
+            weakref.finalize(t, self.release, key)  # autograd drops what it saved once its backward ran
         return t
+
+    def release(self, key: int) -> None:
+        self.holders[key] -= 1
+        if not self.holders[key]:
+            self.held -= self.bytes[key]
 
     def total(self) -> int:
         return sum(self.bytes.values())
@@ -93,6 +109,7 @@ def main() -> None:
             "parameters": sum(local_bytes(p) for p in module.parameters()),
             "gradients": grads,
             "activations": saved.total(),
+            "peak_activations": saved.peak,
             "accumulated_gradients": accumulated.peak if accumulated is not None else None,
             "optimizer_state": sum(local_bytes(t) for s in optimizer.state.values() for t in s.values()
                                    if isinstance(t, torch.Tensor) and t.dim()),
