@@ -237,6 +237,13 @@ class Plan:
     def num_microbatches(self) -> int:
         return self.microbatches if self.microbatches is not None else self.num_stages
 
+    @property
+    def fsdp_per_region(self) -> bool:
+        """FSDP shards each checkpointed region (a block under --checkpoint blocks) as a unit of its own,
+        the rest of a stage as another: not under --compile (a stage compiles whole, FSDP's hooks
+        outside it) nor a split backward (its weight gradients by `autograd.grad`), one unit a stage there."""
+        return self.fsdp and not self.compile and self.schedule not in SPLIT_BACKWARD_SCHEDULES
+
     def for_batch(self, share: int) -> Plan:
         """This plan with its micro-batches decided for a replica's batch of `share` samples, when it names
         none and the default (one per stage) does not divide that batch: the fewest counts that fill the

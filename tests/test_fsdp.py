@@ -23,12 +23,15 @@ def test_fsdp_needs_data_parallel_replicas():
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_fsdp_with_tensor_parallel_matches_the_untouched_model_and_its_checkpoint_loads_without_fsdp(tmp_path):
-    """FSDP over dp x tp (2D, 4 processes) trains like the untouched model; its dp-sharded blocks, AdamW
-    state included, load into ranks that do not shard over dp. FSDP under a pipeline too (3D, 8
-    processes) is tests/test_parallelize.py's dp2 x pp2 x tp2 run."""
+    """FSDP over dp x tp (2D, 4 processes), each checkpointed block an FSDP unit of its own (gathered
+    for its forward, freed, gathered again for its recompute and backward), trains like the untouched
+    model; its dp-sharded blocks, AdamW state included, load into ranks that do not shard over dp. FSDP
+    under a pipeline too (3D, 8 processes) is tests/test_parallelize.py's dp2 x pp2 x tp2 run."""
     lines: list[str] = []
     opts = RunOptions(steps=3, optimizer="adamw", check=True, timeout_s=240, save=str(tmp_path / "fsdp"))
-    cmp = run_training(str(EXAMPLES / "llama.py"), Plan(dp=2, tp=2, fsdp=True), opts, echo=lines.append)
+    plan = Plan(dp=2, tp=2, fsdp=True, checkpoint="blocks")
+    assert plan.fsdp_per_region and not plan.replace(compile=True).fsdp_per_region
+    cmp = run_training(str(EXAMPLES / "llama.py"), plan, opts, echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("loss curve    3 steps" in line for line in lines)
     # each rank ran the model's constructor keeping only its own parameters (runtime/lean_init.py)

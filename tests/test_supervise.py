@@ -179,7 +179,7 @@ def test_interrupt_stops_every_rank_and_saves_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_timeout_stops_every_rank(tmp_path):
-    run = _long_run(tmp_path, "--timeout", "20")
+    run = _long_run(tmp_path, "--timeout", "15")
     ranks: set[int] = set()
     while run.proc.poll() is None:  # every rank seen before the timeout hits
         ranks.update(run.ranks())
@@ -187,7 +187,7 @@ def test_timeout_stops_every_rank(tmp_path):
     code, err, _ = run.finish(timeout=60)
     assert len(ranks) == 2
     assert not _gone_within(sorted(ranks), 10)
-    assert code == 124 and err.startswith("error: training did not finish within --timeout 20 s"), err
+    assert code == 124 and err.startswith("error: training did not finish within --timeout 15 s"), err
     assert not (tmp_path / "ckpt").exists()
 
 

@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ..errors import GraphsplitError
 from ..ir.program import Program
+from ..ops.activation_checkpoint import CheckpointRegion
 from ..ops.cp import CPComm
 from ..ops.ep import EPComm
 from ..ops.sync_bn import bind_dp_group
@@ -121,8 +122,11 @@ def apply_sync_bn(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) ->
 
 
 def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | None = None,
-               ignored: frozenset[int] = frozenset()) -> None:
-    """ZeRO-3: FSDP2 `fully_shard` each stage module over the mesh's dp axis.
+               ignored: frozenset[int] = frozenset(), per_region: bool = False,
+               reshard_after_forward: bool = False) -> None:
+    """ZeRO-3: FSDP2 `fully_shard` over the mesh's dp axis, each checkpointed region of a stage a unit
+    of its own (`per_region`: one per block under --checkpoint blocks, as torchtitan wraps each
+    transformer block), then each stage module (its other parameters).
 
     Parameters (already this tp rank's shards) become DTensors sharded on dim 0 over
     the dp replicas; FSDP gathers them around each forward and backward and
@@ -132,7 +136,10 @@ def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | N
     optimizer's master weights, and gradients are reduced in fp32 (FSDP2's MixedPrecisionPolicy,
     as torchtitan trains): half the gathered bytes, half the all-gather's time. `ignored`: ids of
     parameters FSDP leaves alone (expert weights under ep: each ep rank holds its own experts whole,
-    their gradients averaged by `ExpertGradAverager`).
+    their gradients averaged by `ExpertGradAverager`). `reshard_after_forward`: a region frees its
+    gathered parameters after its forward and gathers them again for its backward (one micro-batch,
+    no pipeline: a stage holds about two regions' parameters at once, not all of them); under a
+    pipeline they stay gathered between micro-batches, as torchtitan keeps them under pp.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -141,8 +148,30 @@ def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | N
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False) \
         if low is not None else MixedPrecisionPolicy()  # the default: no casts
     for module in modules:
+        for region in fsdp_regions(module) if per_region else ():
+            skip = {p for p in region.parameters() if id(p) in ignored}
+            fully_shard(region, mesh=mesh["dp"], mp_policy=policy, ignored_params=skip or None,
+                        reshard_after_forward=reshard_after_forward)
         skip = {p for p in module.parameters() if id(p) in ignored}
         fully_shard(module, mesh=mesh["dp"], mp_policy=policy, ignored_params=skip or None)
+
+
+def fsdp_regions(module: nn.Module) -> list[nn.Module]:
+    """A stage's checkpointed regions that can be FSDP units of their own: those holding parameters that
+    nothing else in the stage reads (FSDP shards a parameter in one unit: a region holding a weight tied
+    to one outside it, a tied LM head, stays in the stage's unit)."""
+    names = {name for name, m in module.named_children() if isinstance(m, CheckpointRegion)}
+    owners: dict[int, set[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        top = name.split(".")[0]
+        owners.setdefault(id(p), set()).add(top if top in names else "")
+    found = []
+    for name in sorted(names, key=lambda n: int(n.rsplit("_", 1)[-1])):
+        region = module.get_submodule(name)
+        mine = [owners[id(p)] for p in region.parameters()]
+        if mine and all(o == {name} for o in mine):
+            found.append(region)
+    return found
 
 
 def tied_groups(program: Program, mesh: DeviceMesh) -> dict[str, dist.ProcessGroup]:
@@ -295,8 +324,9 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
         apply_compile(modules.values())
     experts = apply_ep(program, modules, mesh)
     skip = frozenset(id(p) for p in experts.params) if experts is not None else frozenset()
-    if plan.fsdp:
-        apply_fsdp(modules.values(), mesh, plan.autocast, skip)
+    if plan.fsdp:  # a region per block (not under compile, nor a split backward: one unit per stage there)
+        apply_fsdp(modules.values(), mesh, plan.autocast, skip, per_region=plan.fsdp_per_region,
+                   reshard_after_forward=plan.num_stages == 1)
     tied = tied_groups(program, mesh)
     runners, averager = dict(modules), None
     if plan.dp > 1 and not plan.fsdp:

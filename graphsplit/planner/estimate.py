@@ -13,10 +13,13 @@ Memory per rank, in the sources' five parts plus communication buffers:
   loss's own buffers (a cross-entropy keeps its log-softmax).
 - expert weights under expert parallelism (ep): one ep rank's experts (E / ep of them).
 - communication buffers: DDP's gradient buckets, the pipeline's send/receive buffers;
-  FSDP (as graphsplit applies it: one `fully_shard` unit per stage, driven by
-  torch.distributed.pipelining, which keeps the unit unsharded from its first backward
-  to the step's last) gathers the whole unit's parameters and accumulates its gradients
-  unsharded until the last micro-batch's backward reduce-scatters them; under --autocast
+  FSDP (as graphsplit applies it: a `fully_shard` unit per checkpointed region and one per
+  stage for the rest, one per stage under --compile; driven by torch.distributed.pipelining,
+  which keeps every unit unsharded from its first backward to the step's last) gathers the
+  rank's parameters and accumulates their gradients unsharded until the last micro-batch's
+  backward reduce-scatters them; with one stage and no pipeline a region's unit is resharded
+  after its forward and its gradients reduce-scattered after its backward (the stage's other
+  parameters and two regions' held at once, the regions gathered twice); under --autocast
   bf16/fp16 it gathers them in that dtype and accumulates the gradients in fp32 (its reduce
   dtype), and a matmul keeps the gathered weight for backward, not a cast copy per micro-batch
   (`OpTable.for_gathered_low`).
@@ -80,6 +83,9 @@ class Stages:
     # what a chunk's checkpointed regions keep once recomputed (all they save, as without the policy):
     # under a split-backward schedule, from its input gradient to its weight gradient
     recomputed_bytes: np.ndarray | None = None
+    # FSDP with one stage and a unit per checkpointed region (Plan.fsdp_per_region): per stage, the largest
+    # region's parameter bytes and all regions' together
+    fsdp_regions: np.ndarray | None = None
 
 
 @dataclass
@@ -181,7 +187,16 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         # low dtype: with more than one micro-batch, fp32 gradients plus one stage's low-dtype ones
         accumulating = low and m > 1
         grads_held = sharded + by_rank(st.param_bytes, "max") // 2 if accumulating else gathered
-        buffers = buffers + gathered + grads_held
+        if st.fsdp_regions is not None:
+            # a unit per region, resharded after its forward and gathered again for its backward, the next
+            # one's gathered ahead; its gradients reduce-scattered after its backward: the stage's other
+            # parameters and two regions' at once (apply_fsdp)
+            largest, regions = st.fsdp_regions[0]
+            held = np.maximum(sharded - regions, 0) + min(2 * int(largest), int(regions))
+            grads_held = held // 2 if low else held
+            buffers = buffers + 2 * grads_held
+        else:
+            buffers = buffers + gathered + grads_held
     parts.update(activations=acts, outputs_and_loss=outputs, communication_buffers=buffers)
     total = sum(parts.values())
     busiest = int(np.argmax(total))
@@ -207,7 +222,10 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     # each ep rank's expert slice is summed over the dp / ep ranks holding it (left out of DDP and FSDP)
     expert_comm = ring_seconds(experts, dp // plan.ep, rest_bw, rest_lat, 2) if experts else 0.0
     if dp > 1 and plan.fsdp:  # gather once (in the gathered dtype), reduce-scatter once in fp32
-        dp_comm = ring_seconds(float(gathered.max()), dp, dp_bw, dp_lat, 1) + \
+        # a unit per region: its parameters gathered again for its backward
+        again = float(st.fsdp_regions[0][1]) * float(gathered.max()) / max(float(sharded.max()), 1.0) \
+            if st.fsdp_regions is not None else 0.0
+        dp_comm = ring_seconds(float(gathered.max()) + again, dp, dp_bw, dp_lat, 1) + \
             ring_seconds(grads - experts, dp, dp_bw, dp_lat, 1) + expert_comm
     elif dp > 1:
         dp_comm = ring_seconds(grads - experts, dp, dp_bw, dp_lat, 2) + expert_comm
@@ -215,7 +233,9 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         dp_comm = 0.0
     # overlapped with the last micro-batch's backward; under the zero-bubble schedules the gradients are
     # averaged after the step (runtime/grad_average.py) or reduce-scattered after the last weight backward
-    overlap = 0.0 if plan.schedule in ORDERED_SCHEDULES else 2 * bottleneck / 3
+    # (a unit per region: each gathered ahead of its forward and its backward, the whole pass overlaps)
+    overlap = 0.0 if plan.schedule in ORDERED_SCHEDULES else bottleneck if st.fsdp_regions is not None \
+        else 2 * bottleneck / 3
     exposed_dp = max(0.0, dp_comm - overlap)
     opt_bytes = grads * (7 if optimizer == "adamw" else 3) / (dp if plan.fsdp else 1)
     optimizer_seconds = opt_bytes / (hw.memory_bandwidth * hw.memory_efficiency) * share

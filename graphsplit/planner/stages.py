@@ -36,6 +36,7 @@ from ..errors import GraphsplitError
 from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .estimate import Stages, group_link
 from .hardware import Hardware
+from .param_reads import held, stage_of, unit_bytes
 from .profile import ModelProfile, OpTable
 
 
@@ -119,49 +120,6 @@ def fused_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:
     return found
 
 
-def _uses(table: OpTable, dp: int = 1, ep: int = 1,
-          only_experts: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(op position, parameter index) of every parameter read, and each parameter's bytes: whole, or
-    (dp > 1) the first FSDP shard of it (dim 0 cut in dp pieces, rounded up, as DTensor cuts it); an
-    expert weight under expert parallelism (ep > 1) one ep rank's experts. `only_experts`: the expert
-    weights alone (the rest count 0)."""
-    key = ("uses", dp, ep, only_experts)
-    if key not in table.cache:
-        experts = table.expert_params()
-        names = sorted({name for here in table.params for name in here})
-        index = {name: i for i, name in enumerate(names)}
-        pos = np.array([i for i, here in enumerate(table.params) for _ in here], dtype=np.int64)
-        which = np.array([index[name] for here in table.params for name in here], dtype=np.int64)
-        sizes = []
-        for name in names:
-            shape, whole = table.param_shapes[name], table.param_bytes[name]
-            if only_experts and name not in experts:
-                sizes.append(0)
-            elif ep > 1 and name in experts:
-                sizes.append(whole // ep)
-            elif dp > 1 and shape:
-                per_row = whole // max(shape[0], 1) if shape[0] else 0
-                sizes.append(min(-(-shape[0] // dp), shape[0]) * per_row)
-            else:
-                sizes.append(whole)
-        table.cache[key] = (pos, which, np.array(sizes, dtype=np.int64))
-    return table.cache[key]
-
-
-def _held(table: OpTable, bounds: list[int], dp: int = 1, ep: int = 1, only_experts: bool = False) -> np.ndarray:
-    """Bytes of the parameters each stage holds (a parameter read by two stages counts on both)."""
-    pos, which, sizes = _uses(table, dp, ep, only_experts)
-    count = len(bounds) - 1
-    if not len(sizes):
-        return np.zeros(count, dtype=np.int64)
-    pairs = np.unique(_stage_of(bounds, pos) * len(sizes) + which)
-    return np.bincount(pairs // len(sizes), weights=sizes[pairs % len(sizes)], minlength=count).astype(np.int64)
-
-
-def _stage_of(bounds: list[int], positions: np.ndarray) -> np.ndarray:
-    return np.searchsorted(np.asarray(bounds[1:-1]), positions, side="right")
-
-
 def tp_op_seconds(table: OpTable, b: float, hw: Hardware, direction: str | None = None) -> np.ndarray:
     """Each op's tp collectives at `b` samples (those of `direction` only, when given), on the tp
     group's link: a ring, factor x (tp - 1) / tp of the bytes over each link, one latency per step."""
@@ -204,13 +162,13 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
         return table.cache[key]
     n, count = table.n, plan.num_stages
     bounds = [0, *cuts(table, count, b), n]  # the compiler's cut (its analysis holds every expert)
-    param_bytes = _held(table, bounds, 1, plan.ep)
-    expert_bytes = _held(table, bounds, 1, plan.ep, only_experts=True)
+    param_bytes = held(table, bounds, 1, plan.ep)
+    expert_bytes = held(table, bounds, 1, plan.ep, only_experts=True)
     secs = op_seconds(as_run(table, plan), b, hw, plan.compile)
     prefix = np.concatenate([[0.0], np.cumsum(secs)])
     forward = prefix[bounds[1:]] - prefix[bounds[:-1]]
     per_op = tp_op_seconds(table, b, hw)
-    tp_seconds = np.bincount(_stage_of(bounds, np.arange(n)), weights=per_op, minlength=count) if per_op.any() \
+    tp_seconds = np.bincount(stage_of(bounds, np.arange(n)), weights=per_op, minlength=count) if per_op.any() \
         else np.zeros(count)
     a2a_seconds = np.zeros(count)
     exchanges = [c for c in table.collectives if c[2] == "all_to_all"]
@@ -221,7 +179,7 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
         # sends (ep - 1) / ep of the rows away, each pair of ranks one message (ep - 1 latencies)
         bw, lat = group_link(hw, plan.tp * plan.pp * plan.ep)
         times = (plan.ep - 1) / plan.ep * nbytes / bw + (plan.ep - 1) * lat
-        a2a_seconds = np.bincount(_stage_of(bounds, ops), weights=np.where(nbytes > 0, times, 0.0), minlength=count)
+        a2a_seconds = np.bincount(stage_of(bounds, ops), weights=np.where(nbytes > 0, times, 0.0), minlength=count)
     cp_seconds, gathered = np.zeros(count), np.zeros(n)
     attention = [c for c in table.collectives if c[2] == "cp_gather"]
     if attention and plan.cp > 1:
@@ -232,7 +190,7 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
         # recompute, priced with the forward), a reduce-scatter backward: (cp - 1) / cp of it over each link
         bw, lat = group_link(hw, plan.tp * plan.pp * plan.cp)
         times = (plan.cp - 1) / plan.cp * whole / bw + (plan.cp - 1) * lat
-        cp_seconds = np.bincount(_stage_of(bounds, ops), weights=np.where(whole > 0, times, 0.0), minlength=count)
+        cp_seconds = np.bincount(stage_of(bounds, ops), weights=np.where(whole > 0, times, 0.0), minlength=count)
         for op, w in [(c[0], w) for c, w in zip(attention, whole) if c[1] == "forward"]:  # the gathered keys and values attention keeps for backward, beyond its shard
             gathered[op] = (plan.cp - 1) / plan.cp * w
     live = table.at(table.live, b)
@@ -265,6 +223,14 @@ def _regions(table: OpTable, a: int, e: int, per: int) -> tuple[list[tuple[int, 
     for lo, hi in plain:
         outside.extend(range(lo, hi))
     return [r for r in regions if r not in plain], outside
+
+
+def region_spans(table: OpTable, policy: str, a: int, e: int) -> list[tuple[int, int]]:
+    """The checkpointed regions of stage [a, e) under `policy` (the program's CheckpointRegion modules)."""
+    if policy in ("none", "stage"):
+        return [] if policy == "none" else [(a, e)]
+    regions, _ = _regions(table, a, e, int(policy.split(":")[1]) if policy.startswith("every:") else 1)
+    return regions[:int(policy.split(":")[1])] if policy.startswith("first:") else regions
 
 
 def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray, comm: np.ndarray,
@@ -412,9 +378,13 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         else:
             peak = peak + np.array([gathered[a:e].max() for a, e in zip(bounds[:-1], bounds[1:])]).astype(np.int64)
     output = int(table.output[0] * b + table.output[1])
+    units = None
+    if plan.fsdp_per_region and plan.num_stages == 1:  # FSDP units of their own, gathered one or two at a time
+        sizes = unit_bytes(table, region_spans(table, plan.checkpoint, 0, table.n))
+        units = np.array([[sizes.max(initial=0), sizes.sum()]], dtype=np.int64)
     found = Stages(
         param_bytes=split["param_bytes"],
-        kept_param_bytes=_held(table, bounds, plan.dp, plan.ep) if plan.fsdp else split["param_bytes"],
+        kept_param_bytes=held(table, bounds, plan.dp, plan.ep) if plan.fsdp else split["param_bytes"],
         saved_bytes=saved,
         recompute_peak=peak,
         send_bytes=split["send"],
@@ -427,6 +397,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         expert_param_bytes=split["expert_bytes"],
         a2a_seconds=split["a2a"],
         cp_seconds=split["cp"] if plan.cp > 1 else None,
+        fsdp_regions=units,
     )
     table.cache[key] = found
     return found

@@ -3,8 +3,8 @@ AdamW step, and record the bytes this rank holds: parameters, gradients, optimiz
 planner predicts exactly), and the activations the step keeps for backward: every distinct storage
 autograd saves, parameters aside (FSDP's gathered ones included: they are parameters while gathered),
 summed over the step's micro-batches, and the most of those bytes alive at once (a micro-batch's are
-given back as its backward frees them: what a pipeline schedule holds at its peak). One JSON file per
-rank in OUT.
+given back as its backward frees them: what a pipeline schedule holds at its peak); FSDP's units and
+its gathered parameters and unsharded gradients at their largest. One JSON file per rank in OUT.
 
     python -m torch.distributed.run --nproc-per-node W tests/workers/measure_memory.py MODEL OUT PLAN.json...
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from graphsplit import Plan, parallelize
 from graphsplit.loader import load_model
@@ -85,6 +86,29 @@ class AccumulatedGradients:
         self.peak = max(self.peak, held)
 
 
+class GatheredBytes:
+    """FSDP's gathered parameters and unsharded gradients alive at once, at their largest: sampled as
+    each unit's forward starts and ends and as its backward starts, and after the step."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.peak = 0
+        self.units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        for unit in self.units:
+            unit.register_forward_pre_hook(lambda *_: self.note())
+            unit.register_forward_hook(lambda *_: self.note())
+            unit.register_full_backward_pre_hook(lambda *_: self.note())
+
+    def note(self) -> None:
+        held = 0
+        for unit in self.units:
+            group = unit._get_fsdp_state()._fsdp_param_group
+            for fsdp_param in group.fsdp_params if group is not None else ():
+                whole = getattr(fsdp_param, "_unsharded_param", None)
+                for t in (whole, whole.grad if whole is not None else None, fsdp_param.unsharded_accumulated_grad):
+                    held += t.untyped_storage().nbytes() if t is not None else 0
+        self.peak = max(self.peak, held)
+
+
 def main() -> None:
     model_path, out = sys.argv[1], Path(sys.argv[2])
     plans = [Plan.from_json(text) for text in sys.argv[3:]]
@@ -100,8 +124,11 @@ def main() -> None:
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
         saved = SavedStorages(module)
         accumulated = AccumulatedGradients(module) if plan.fsdp else None
+        gathered = GatheredBytes(module) if plan.fsdp else None
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             module.train_step(*inputs, target=target)
+        if gathered is not None:
+            gathered.note()
         grads = sum(local_bytes(p.grad) for p in module.parameters() if p.grad is not None)
         module.optimizer_step(optimizer)
         found.append({
@@ -110,6 +137,8 @@ def main() -> None:
             "gradients": grads,
             "activations": saved.total(),
             "peak_activations": saved.peak,
+            "fsdp_units": sum(isinstance(m, FSDPModule) for m in module.modules()),
+            "gathered_peak": gathered.peak if gathered is not None else None,
             "accumulated_gradients": accumulated.peak if accumulated is not None else None,
             "optimizer_state": sum(local_bytes(t) for s in optimizer.state.values() for t in s.values()
                                    if isinstance(t, torch.Tensor) and t.dim()),
