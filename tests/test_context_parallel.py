@@ -162,8 +162,9 @@ REAL = [("models", "llama_data.py", Plan(dp=2, cp=2, tp=2, pp=2)),  # the Llama 
         # nanoGPT's attention written out (q @ k^T, a tril buffer sliced to T, softmax, @ v): one SDPA call
         ("examples", "gpt.py", Plan(dp=2, cp=2, pp=2)),
         # HF's LlamaForCausalLM unmodified, through torch.export: its mask built from positions becomes
-        # SDPA's is_causal, its position ids this rank's global positions
-        ("models", "hf_llama.py", Plan(dp=2, cp=2, tp=2))]
+        # SDPA's is_causal, its position ids this rank's global positions; with FSDP, each checkpointed
+        # block a unit of its own (the planner's plan for Llama 3 70B at 131K tokens)
+        ("models", "hf_llama.py", Plan(dp=2, cp=2, tp=2, fsdp=True, checkpoint="blocks"))]
 
 
 @pytest.mark.slow
