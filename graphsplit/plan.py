@@ -239,8 +239,8 @@ class Plan:
 
     @property
     def fsdp_per_region(self) -> bool:
-        """FSDP shards each checkpointed region (a block under --checkpoint blocks) as a unit of its own,
-        the rest of a stage as another: not under --compile (a stage compiles whole, FSDP's hooks
+        """FSDP shards each region of a stage (a block: checkpointed, or with one stage and no checkpointing
+        run plainly) as a unit of its own, the rest of the stage as another: not under --compile (a stage compiles whole, FSDP's hooks
         outside it) nor a split backward (its weight gradients by `autograd.grad`), one unit a stage there."""
         return self.fsdp and not self.compile and self.schedule not in SPLIT_BACKWARD_SCHEDULES
 

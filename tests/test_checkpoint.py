@@ -236,3 +236,23 @@ def test_cli_bad_checkpoint_module_is_a_one_line_error(tmp_path, value, message)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0]), r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_fsdp_with_one_stage_runs_each_block_as_a_region_of_its_own():
+    """FSDP shards a module per unit: with one stage and no checkpointing each block becomes `block_N`,
+    run plainly (nothing recomputed, nothing less kept, the same numbers bit for bit); under --compile
+    the stage is one unit, and no block is wrapped."""
+    from graphsplit.ops.activation_checkpoint import CheckpointRegion
+
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    program, loss, grads = step(loaded, Plan(dp=2, fsdp=True))
+    _, plain_loss, plain_grads = step(loaded, Plan(dp=2))
+    st = program.stages[0]
+    regions = {name: m for name, m in st.gm.named_children() if isinstance(m, CheckpointRegion)}
+    assert sorted(regions) == [f"block_{i}" for i in range(4)] and not any(m.recompute for m in regions.values())
+    assert torch.equal(loss, plain_loss) and grads.keys() == plain_grads.keys()
+    assert all(torch.equal(grads[name], plain_grads[name]) for name in grads)
+    inputs = st.input_examples()
+    assert saved_bytes(st.gm, inputs) == saved_bytes(st.gm, inputs, checkpointing=False)
+    compiled = compile_loaded(loaded, Plan(dp=2, fsdp=True, compile=True)).program
+    assert not any(isinstance(m, CheckpointRegion) for m in compiled.stages[0].gm.modules())

@@ -124,9 +124,9 @@ def apply_sync_bn(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) ->
 def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | None = None,
                ignored: frozenset[int] = frozenset(), per_region: bool = False,
                reshard_after_forward: bool = False) -> None:
-    """ZeRO-3: FSDP2 `fully_shard` over the mesh's dp axis, each checkpointed region of a stage a unit
-    of its own (`per_region`: one per block under --checkpoint blocks, as torchtitan wraps each
-    transformer block), then each stage module (its other parameters).
+    """ZeRO-3: FSDP2 `fully_shard` over the mesh's dp axis, each region of a stage a unit of its own
+    (`per_region`: a block's, checkpointed or, with one stage and no checkpointing, run plainly as
+    `block_N`; as torchtitan wraps each transformer block), then each stage module (the rest).
 
     Parameters (already this tp rank's shards) become DTensors sharded on dim 0 over
     the dp replicas; FSDP gathers them around each forward and backward and

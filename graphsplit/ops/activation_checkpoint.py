@@ -124,15 +124,20 @@ class _RecomputeOnce:
 
 
 class CheckpointRegion(nn.Module):
-    def __init__(self, inner: nn.Module, selective: bool = False, backward_twice: bool = False) -> None:
+    """`recompute=False`: a block run plainly, wrapped only to be an FSDP unit of its own (`block_N`:
+    FSDP with no checkpointing, passes/activation_checkpoint.py)."""
+
+    def __init__(self, inner: nn.Module, selective: bool = False, backward_twice: bool = False,
+                 recompute: bool = True) -> None:
         super().__init__()
         self.inner = inner
         self.selective = selective
         self.backward_twice = backward_twice
+        self.recompute = recompute
         self.enabled = True
 
     def forward(self, *args: Any) -> Any:
-        if not torch.is_grad_enabled() or not self.enabled:
+        if not torch.is_grad_enabled() or not self.enabled or not self.recompute:
             return self.inner(*args)
         context = _selective_contexts if self.selective else None
         if self.backward_twice:

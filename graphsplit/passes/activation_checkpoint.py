@@ -207,7 +207,8 @@ def _no_containers_leave(region: list[fx.Node]) -> bool:
     members = set(region)
     return all(info(n).value != "container" for n in region if any(u not in members for u in n.users))
 
-def _wrap(gm: fx.GraphModule, found: Region, index: int, recomp: set[fx.Node], backward_twice: bool) -> None:
+def _wrap(gm: fx.GraphModule, found: Region, index: int, recomp: set[fx.Node], backward_twice: bool,
+          recompute: bool = True) -> None:
     region = found.nodes
     members = set(region)
     # tensors the region reads that come from weights and buffers alone (a RoPE table cut to the
@@ -249,8 +250,9 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int, recomp: set[fx.Node], b
     for n in list(sub.nodes):
         if n.op == "get_attr" and not n.users:  # nor its weight held by this stage for nothing
             sub.erase_node(n)
-    name = f"ckpt_{index}"
-    gm.add_submodule(name, CheckpointRegion(fx.GraphModule(gm, sub, class_name="Region"), found.selective, backward_twice))
+    name = f"ckpt_{index}" if recompute else f"block_{index}"
+    gm.add_submodule(name, CheckpointRegion(fx.GraphModule(gm, sub, class_name="Region"), found.selective, backward_twice,
+                                            recompute))
     stage = info(region[0]).stage
     with gm.graph.inserting_before(region[0]):
         call = gm.graph.call_module(name, tuple(inputs))
@@ -258,7 +260,8 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int, recomp: set[fx.Node], b
     call.meta[META_KEY] = NodeInfo(kind=OpKind.CHECKPOINT, value="container", module=info(region[0]).module,
                                        stage=stage, flops=sum(info(n).flops for n in region))
     call.meta[META_KEY].extra.update(
-        region=[n.name for n in region], unit=found.unit, policy="selective" if found.selective else "full",
+        region=[n.name for n in region], unit=found.unit,
+        policy="none" if not recompute else "selective" if found.selective else "full",
         modules=list(dict.fromkeys(info(n).module for n in region)))
     top = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for a in {a for n in needed for a in n.all_input_nodes if a.op == "get_attr"} - {top}:
@@ -320,10 +323,13 @@ class CheckpointRegions:
 
 def checkpoint_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, CheckpointRegions | None]:
     plan = inp.plan
-    if plan.checkpoint == "none" and not plan.checkpoint_overrides:
+    plain = plan.checkpoint == "none" and not plan.checkpoint_overrides
+    if plain and not (plan.fsdp_per_region and plan.num_stages == 1):
         return gm, None
-    found = regions(gm, plan)
+    # FSDP with one stage and no checkpointing: each block still a region of its own, run plainly (`block_N`),
+    # so FSDP shards and gathers it as a unit (backends/parallelize.py: apply_fsdp)
+    found = regions(gm, "blocks" if plain else plan)
     for i, region in enumerate(found):
-        _wrap(gm, region, i, recomputable(gm.graph), plan.schedule in SPLIT_BACKWARD_SCHEDULES)
+        _wrap(gm, region, i, recomputable(gm.graph), plan.schedule in SPLIT_BACKWARD_SCHEDULES, recompute=not plain)
     gm.recompile()
     return gm, CheckpointRegions(tuple(tuple(n.name for n in r.nodes) for r in found))

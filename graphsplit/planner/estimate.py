@@ -13,8 +13,8 @@ Memory per rank, in the sources' five parts plus communication buffers:
   loss's own buffers (a cross-entropy keeps its log-softmax).
 - expert weights under expert parallelism (ep): one ep rank's experts (E / ep of them).
 - communication buffers: DDP's gradient buckets, the pipeline's send/receive buffers;
-  FSDP (as graphsplit applies it: a `fully_shard` unit per checkpointed region and one per
-  stage for the rest, one per stage under --compile; driven by torch.distributed.pipelining,
+  FSDP (as graphsplit applies it: a `fully_shard` unit per block region, checkpointed or with one
+  stage run plainly, and one per stage for the rest, one per stage under --compile; driven by torch.distributed.pipelining,
   which keeps every unit unsharded from its first backward to the step's last) gathers the
   rank's parameters and accumulates their gradients unsharded until the last micro-batch's
   backward reduce-scatters them; with one stage and no pipeline a region's unit is resharded

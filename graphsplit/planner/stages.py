@@ -380,7 +380,9 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     output = int(table.output[0] * b + table.output[1])
     units = None
     if plan.fsdp_per_region and plan.num_stages == 1:  # FSDP units of their own, gathered one or two at a time
-        sizes = unit_bytes(table, region_spans(table, plan.checkpoint, 0, table.n))
+        # (no checkpointing: each block a region run plainly, an FSDP unit all the same)
+        sizes = unit_bytes(table, region_spans(table, "blocks" if plan.checkpoint == "none" else plan.checkpoint,
+                                               0, table.n))
         units = np.array([[sizes.max(initial=0), sizes.sum()]], dtype=np.int64)
     found = Stages(
         param_bytes=split["param_bytes"],

@@ -123,7 +123,8 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
         graphs = [m.graph for st in program.stages for m in st.gm.modules() if isinstance(m, fx.GraphModule)]
         found = collectives(graphs)
         # checkpointed regions run their forward collectives again during backward
-        regions = [m.inner.graph for st in program.stages for m in st.gm.modules() if isinstance(m, CheckpointRegion)]
+        regions = [m.inner.graph for st in program.stages for m in st.gm.modules()
+                   if isinstance(m, CheckpointRegion) and m.recompute]
         found += [(b, "recompute", k) for b, d, k in collectives(regions) if d == "forward"]
         if program.loss_gm is not None:
             found += collectives([program.loss_gm.graph], default_block="loss")
