@@ -75,6 +75,20 @@ def held_activations(schedule: str, pp: int, microbatches: int, stages_per_rank:
     split backward) gives them back, in the order the schedule runs them. Where a rank's chunks differ
     (a stage with the embedding or the head, a cut inside a block) this is not its count of chunks in
     flight times its largest chunk: interleaving holds about as many micro-batches of each chunk."""
+    key = (schedule, pp, microbatches, stages_per_rank, saved.tobytes())
+    found = _HELD.get(key)
+    if found is None:
+        if len(_HELD) > 100_000:  # plans of one search share their stages' bytes; a new search starts afresh
+            _HELD.clear()
+        found = _HELD[key] = _held(schedule, pp, microbatches, stages_per_rank, saved)
+        found.flags.writeable = False
+    return found
+
+
+_HELD: dict[tuple[Any, ...], np.ndarray] = {}
+
+
+def _held(schedule: str, pp: int, microbatches: int, stages_per_rank: int, saved: np.ndarray) -> np.ndarray:
     v, m = stages_per_rank, microbatches
     if pp == 1:
         return np.array([int(saved.sum())], dtype=np.int64)  # one micro-batch through every local stage
@@ -96,28 +110,42 @@ def _interleaved_held(pp: int, m: int, v: int, s: np.ndarray) -> np.ndarray:
     % v, P micro-batches a round. After step i's forward a rank holds g(i) = F(W + i + 1) - B(i),
     F and B the bytes of the first forwards and backwards; g is periodic in i with period P * v (a
     period adds and gives back every stage P times) and linear between the steps where either stage
-    changes, so its peak is at one of those steps."""
+    changes, so its peak is at one of those steps (`_interleaved_steps`)."""
+    rows, per, fwd, bwd, warm, steady = _interleaved_steps(pp, m, v)
+    total = s.sum(axis=1)[:, None]
+    before = np.concatenate([np.zeros((pp, 1), dtype=s.dtype), np.cumsum(s, axis=1)], axis=1)
+    reverse = np.concatenate([np.zeros((pp, 1), dtype=s.dtype), np.cumsum(s[:, ::-1], axis=1)], axis=1)
+
+    def taken(prefix: np.ndarray, order: np.ndarray, at: tuple[np.ndarray, ...]) -> np.ndarray:
+        cycles, stage, rest = at  # bytes of the first k actions: whole cycles, whole rounds, a part round
+        return per * (cycles * total + prefix[rows, stage]) + rest * order[rows, stage]
+
+    held = taken(before, s, fwd) - taken(reverse, s[:, ::-1], bwd)
+    held = np.where(steady, held, 0).max(axis=1)
+    return np.maximum(held, taken(before, s, warm)[:, 0]).astype(np.int64)
+
+
+@functools.cache
+def _interleaved_steps(pp: int, m: int, v: int) -> tuple[Any, ...]:
+    """The steps `_interleaved_held` reads for (pp, m, v), as (whole cycles, local stage, part of a
+    round) of the forwards and backwards before each: the step 0, the last of the first period, and
+    where either stage changes."""
     rounds = max(1, m // pp)
     per = m // rounds
     ranks = np.arange(pp)
     warmup = np.minimum((v - 1) * per + 2 * (pp - 1 - ranks), m * v)[:, None]
-    total = s.sum(axis=1)[:, None]
-
-    def taken(order: np.ndarray, k: np.ndarray) -> np.ndarray:  # bytes of the first k actions of `order`
-        before = np.concatenate([np.zeros((pp, 1), dtype=order.dtype), np.cumsum(order, axis=1)], axis=1)
-        q = k // per
-        full = (q // v) * total + np.take_along_axis(before, q % v, axis=1)
-        return per * full + (k % per) * np.take_along_axis(order, q % v, axis=1)
-
     steady = m * v - warmup  # steps with a forward and a backward
     last = np.minimum(per * v, steady) - 1
     turns = np.arange(v + 1)[None, :] * per
     steps = np.concatenate([np.zeros((pp, 1), dtype=np.int64), last, np.broadcast_to(turns, (pp, v + 1)),
                             (-(warmup + 1)) % per + turns], axis=1)
     steps = np.clip(steps, 0, np.maximum(last, 0))
-    held = taken(s, warmup + steps + 1) - taken(s[:, ::-1], steps)
-    held = np.where(steady > 0, held, 0).max(axis=1)
-    return np.maximum(held, taken(s, warmup)[:, 0]).astype(np.int64)
+
+    def split(k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        q = k // per
+        return q // v, q % v, k % per
+
+    return ranks[:, None], per, split(warmup + steps + 1), split(steps), split(warmup), steady > 0
 
 
 @functools.cache
