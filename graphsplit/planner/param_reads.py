@@ -9,7 +9,7 @@ from .table import OpTable
 
 
 def uses(table: OpTable, dp: int = 1, ep: int = 1,
-          only_experts: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+         only_experts: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(op position, parameter index) of every parameter read, and each parameter's bytes: whole, or
     (dp > 1) the first FSDP shard of it (dim 0 cut in dp pieces, rounded up, as DTensor cuts it); an
     expert weight under expert parallelism (ep > 1) one ep rank's experts. `only_experts`: the expert
