@@ -61,6 +61,20 @@ def _merge_runs(names: list[str]) -> list[str]:
     return out
 
 
+def _fsdp_units(program: Program) -> list[dict[str, Any]]:
+    """Per stage, the regions FSDP shards as units of their own (backends/parallelize.py: apply_fsdp)."""
+    from ..backends.parallelize import fsdp_regions
+
+    plan = program.plan
+    found = []
+    for st in program.stages:
+        units = fsdp_regions(st.gm) if plan.fsdp_per_region else []
+        names = {id(m): n for n, m in st.gm.named_children()}
+        found.append({"stage": st.index, "regions": [names[id(m)] for m in units],
+                      "reshard_after_forward": plan.num_stages == 1})
+    return found
+
+
 def summarize(program: Program, transform_seconds: float | None = None, timings: dict[str, float] | None = None) -> dict[str, Any]:
     plan = program.plan
     groups = module_groups(program)
@@ -109,6 +123,8 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
     }
     if plan.checkpoint != "none" or plan.checkpoint_overrides:
         data["activation_bytes"] = _activation_bytes(program)
+    if plan.fsdp:
+        data["fsdp_units"] = _fsdp_units(program)
     if plan.tp > 1:
         import torch.fx as fx
 
@@ -268,6 +284,12 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     if summary["tied_parameters"]:
         tied = ", ".join(f"{k} (stages {', '.join(map(str, v))})" for k, v in summary["tied_parameters"].items())
         console.print(f"tied parameters, gradients summed across stages: {tied}")
+    if summary.get("fsdp_units"):
+        console.print(f"FSDP over dp={plan['dp']}: " + "; ".join(
+            f"stage {u['stage']}: " + (f"{len(u['regions'])} block units ({u['regions'][0]}..{u['regions'][-1]}"
+                                       f"{', freed after each forward' if u['reshard_after_forward'] else ''}) and one "
+                                       "for the rest" if u["regions"] else "one unit")
+            for u in summary["fsdp_units"]))
     if "activation_bytes" in summary:
         parts = [
             f"stage {r['stage']}: {_fmt_bytes(r['with']) if r['with'] is not None else 'not measured'} "
