@@ -240,9 +240,10 @@ class Plan:
     @property
     def fsdp_per_region(self) -> bool:
         """FSDP shards each region of a stage (a block: checkpointed, or with one stage and no checkpointing
-        run plainly) as a unit of its own, the rest of the stage as another: not under --compile (a stage compiles whole, FSDP's hooks
-        outside it) nor a split backward (its weight gradients by `autograd.grad`), one unit a stage there."""
-        return self.fsdp and not self.compile and self.schedule not in SPLIT_BACKWARD_SCHEDULES
+        run plainly) as a unit of its own, the rest of the stage as another (under --compile too: FSDP's
+        hooks are dynamo-disabled, a graph break at each region); not under a split backward (its weight
+        gradients by `autograd.grad`): one unit a stage there."""
+        return self.fsdp and self.schedule not in SPLIT_BACKWARD_SCHEDULES
 
     def for_batch(self, share: int) -> Plan:
         """This plan with its micro-batches decided for a replica's batch of `share` samples, when it names

@@ -241,7 +241,7 @@ def test_cli_bad_checkpoint_module_is_a_one_line_error(tmp_path, value, message)
 def test_fsdp_with_one_stage_runs_each_block_as_a_region_of_its_own():
     """FSDP shards a module per unit: with one stage and no checkpointing each block becomes `block_N`,
     run plainly (nothing recomputed, nothing less kept, the same numbers bit for bit), and `transform`'s
-    summary lists the units; under --compile the stage is one unit, and no block is wrapped."""
+    summary lists the units; under a split-backward schedule a stage is one unit, and no block is wrapped."""
     from graphsplit.ops.activation_checkpoint import CheckpointRegion
 
     loaded = load_model(str(EXAMPLES / "llama.py"))
@@ -255,6 +255,6 @@ def test_fsdp_with_one_stage_runs_each_block_as_a_region_of_its_own():
     inputs = st.input_examples()
     assert saved_bytes(st.gm, inputs) == saved_bytes(st.gm, inputs, checkpointing=False)
     assert summarize(program)["fsdp_units"] == [{"stage": 0, "regions": sorted(regions), "reshard_after_forward": True}]
-    compiled = compile_loaded(loaded, Plan(dp=2, fsdp=True, compile=True)).program
-    assert not any(isinstance(m, CheckpointRegion) for m in compiled.stages[0].gm.modules())
-    assert summarize(compiled)["fsdp_units"][0]["regions"] == []  # transform says: one unit
+    zero_bubble = compile_loaded(loaded, Plan(dp=2, pp=2, fsdp=True, schedule="zbv", stages_per_rank=2)).program
+    assert not any(isinstance(m, CheckpointRegion) for st in zero_bubble.stages for m in st.gm.modules())
+    assert all(u["regions"] == [] for u in summarize(zero_bubble)["fsdp_units"])  # transform says: one unit

@@ -18,7 +18,10 @@ What dynamo sees in a stage graph:
 
 The stage, not each block, is the unit: a stage's blocks are separate fx code
 objects, so dynamo would not reuse one block's compilation for the next anyway,
-and one graph per piece fuses across block boundaries.
+and one graph per piece fuses across block boundaries. Under FSDP each block
+region is an FSDP unit inside the compiled stage: FSDP2's hooks are
+dynamo-disabled (torch's `_dynamo_disable`), so each region's call is a graph
+break, as a tp collective is, and the hooks run eagerly around it.
 """
 
 from __future__ import annotations

@@ -324,7 +324,7 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
         apply_compile(modules.values())
     experts = apply_ep(program, modules, mesh)
     skip = frozenset(id(p) for p in experts.params) if experts is not None else frozenset()
-    if plan.fsdp:  # a region per block (not under compile, nor a split backward: one unit per stage there)
+    if plan.fsdp:  # a unit per block region (not under a split backward: one unit per stage there)
         apply_fsdp(modules.values(), mesh, plan.autocast, skip, per_region=plan.fsdp_per_region,
                    reshard_after_forward=plan.num_stages == 1)
     tied = tied_groups(program, mesh)

@@ -14,7 +14,7 @@ Memory per rank, in the sources' five parts plus communication buffers:
 - expert weights under expert parallelism (ep): one ep rank's experts (E / ep of them).
 - communication buffers: DDP's gradient buckets, the pipeline's send/receive buffers;
   FSDP (as graphsplit applies it: a `fully_shard` unit per block region, checkpointed or with one
-  stage run plainly, and one per stage for the rest, one per stage under --compile; driven by torch.distributed.pipelining,
+  stage run plainly, and one per stage for the rest, one per stage under a split backward; driven by torch.distributed.pipelining,
   which keeps every unit unsharded from its first backward to the step's last) gathers the
   rank's parameters and accumulates their gradients unsharded until the last micro-batch's
   backward reduce-scatters them; with one stage and no pipeline a region's unit is resharded
@@ -83,8 +83,8 @@ class Stages:
     # what a chunk's checkpointed regions keep once recomputed (all they save, as without the policy):
     # under a split-backward schedule, from its input gradient to its weight gradient
     recomputed_bytes: np.ndarray | None = None
-    # FSDP with one stage and a unit per checkpointed region (Plan.fsdp_per_region): per stage, the largest
-    # region's parameter bytes and all regions' together
+    # FSDP with one stage and a unit per block region (Plan.fsdp_per_region): per stage, the largest
+    # region's parameter bytes, all regions' together, and how many regions are units
     fsdp_regions: np.ndarray | None = None
 
 
@@ -191,7 +191,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
             # a unit per region, resharded after its forward and gathered again for its backward, the next
             # one's gathered ahead; its gradients reduce-scattered after its backward: the stage's other
             # parameters and two regions' at once (apply_fsdp)
-            largest, regions = st.fsdp_regions[0]
+            largest, regions, _ = st.fsdp_regions[0]
             held = np.maximum(sharded - regions, 0) + min(2 * int(largest), int(regions))
             grads_held = held // 2 if low else held
             buffers = buffers + 2 * grads_held
@@ -222,11 +222,13 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     # each ep rank's expert slice is summed over the dp / ep ranks holding it (left out of DDP and FSDP)
     expert_comm = ring_seconds(experts, dp // plan.ep, rest_bw, rest_lat, 2) if experts else 0.0
     if dp > 1 and plan.fsdp:  # gather once (in the gathered dtype), reduce-scatter once in fp32
-        # a unit per region: its parameters gathered again for its backward
+        # a unit per region: its parameters gathered again for its backward, and each unit's two gathers
+        # and reduce-scatter a ring collective of their own (dp - 1 latencies each)
         again = float(st.fsdp_regions[0][1]) * float(gathered.max()) / max(float(sharded.max()), 1.0) \
             if st.fsdp_regions is not None else 0.0
+        unit_latency = 3 * float(st.fsdp_regions[0][2]) * (dp - 1) * dp_lat if st.fsdp_regions is not None else 0.0
         dp_comm = ring_seconds(float(gathered.max()) + again, dp, dp_bw, dp_lat, 1) + \
-            ring_seconds(grads - experts, dp, dp_bw, dp_lat, 1) + expert_comm
+            ring_seconds(grads - experts, dp, dp_bw, dp_lat, 1) + expert_comm + unit_latency
     elif dp > 1:
         dp_comm = ring_seconds(grads - experts, dp, dp_bw, dp_lat, 2) + expert_comm
     else:

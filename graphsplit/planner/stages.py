@@ -383,7 +383,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         # (no checkpointing: each block a region run plainly, an FSDP unit all the same)
         sizes = unit_bytes(table, region_spans(table, "blocks" if plan.checkpoint == "none" else plan.checkpoint,
                                                0, table.n))
-        units = np.array([[sizes.max(initial=0), sizes.sum()]], dtype=np.int64)
+        units = np.array([[sizes.max(initial=0), sizes.sum(), np.count_nonzero(sizes)]], dtype=np.int64)
     found = Stages(
         param_bytes=split["param_bytes"],
         kept_param_bytes=held(table, bounds, plan.dp, plan.ep) if plan.fsdp else split["param_bytes"],
