@@ -229,8 +229,18 @@ def region_spans(table: OpTable, policy: str, a: int, e: int) -> list[tuple[int,
     """The checkpointed regions of stage [a, e) under `policy` (the program's CheckpointRegion modules)."""
     if policy in ("none", "stage"):
         return [] if policy == "none" else [(a, e)]
-    regions, _ = _regions(table, a, e, int(policy.split(":")[1]) if policy.startswith("every:") else 1)
-    return regions[:int(policy.split(":")[1])] if policy.startswith("first:") else regions
+    return _policy_regions(table, policy, a, e)[0]
+
+
+def _policy_regions(table: OpTable, policy: str, a: int, e: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """`_regions` under a block policy (blocks, every:K, first:N, selective): first:N's other blocks
+    run plainly, among the ops outside every region."""
+    regions, outside = _regions(table, a, e, int(policy.split(":")[1]) if policy.startswith("every:") else 1)
+    if policy.startswith("first:"):  # the first N blocks recomputed, the others keep their activations
+        count = int(policy.split(":")[1])
+        outside = [*outside, *(i for lo, hi in regions[count:] for i in range(lo, hi))]
+        regions = regions[:count]
+    return regions, outside
 
 
 def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray, comm: np.ndarray,
@@ -245,13 +255,8 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray,
         whole = table.saved(range(a, e), b)
         stop = table.recompute_stop(a, e) if early_stop else e
         return int(table.at(table.live, b)[a]), whole, float(secs[a:stop].sum()), whole, float(comm[a:stop].sum())
-    per = int(policy.split(":")[1]) if policy.startswith("every:") else 1
     selective = policy == "selective"
-    regions, outside = _regions(table, a, e, per)
-    if policy.startswith("first:"):  # the first N blocks recomputed, the others keep their activations
-        count = int(policy.split(":")[1])
-        outside = [*outside, *(i for lo, hi in regions[count:] for i in range(lo, hi))]
-        regions = regions[:count]
+    regions, outside = _policy_regions(table, policy, a, e)
     kept, peak, recompute, shared, recomputed, again = table.saved(outside, b), 0, 0.0, 0, 0, 0.0
     for lo, hi in regions:
         bi = int(table.block[lo])

@@ -66,6 +66,12 @@ class SavedStorages:
         return sum(self.bytes.values())
 
 
+def fsdp_params(units: list[torch.nn.Module]) -> list[object]:
+    """The FSDPParams of FSDP units (torch's internal records of each sharded parameter)."""
+    groups = [unit._get_fsdp_state()._fsdp_param_group for unit in units]
+    return [p for group in groups if group is not None for p in group.fsdp_params]
+
+
 class AccumulatedGradients:
     """FSDP's unsharded gradients accumulated across micro-batches (`unsharded_accumulated_grad`: kept in
     its reduce dtype when that differs from the parameters'), at their largest after any stage's backward."""
@@ -78,11 +84,9 @@ class AccumulatedGradients:
 
     def note(self) -> None:
         held = 0
-        for stage in self.stages:
-            group = stage._get_fsdp_state()._fsdp_param_group
-            for fsdp_param in group.fsdp_params if group is not None else ():
-                grad = fsdp_param.unsharded_accumulated_grad
-                held += grad.numel() * grad.element_size() if grad is not None else 0
+        for fsdp_param in fsdp_params(self.stages):
+            grad = fsdp_param.unsharded_accumulated_grad
+            held += grad.numel() * grad.element_size() if grad is not None else 0
         self.peak = max(self.peak, held)
 
 
@@ -100,12 +104,10 @@ class GatheredBytes:
 
     def note(self) -> None:
         held = 0
-        for unit in self.units:
-            group = unit._get_fsdp_state()._fsdp_param_group
-            for fsdp_param in group.fsdp_params if group is not None else ():
-                whole = getattr(fsdp_param, "_unsharded_param", None)
-                for t in (whole, whole.grad if whole is not None else None, fsdp_param.unsharded_accumulated_grad):
-                    held += t.untyped_storage().nbytes() if t is not None else 0
+        for fsdp_param in fsdp_params(self.units):
+            whole = getattr(fsdp_param, "_unsharded_param", None)
+            for t in (whole, whole.grad if whole is not None else None, fsdp_param.unsharded_accumulated_grad):
+                held += t.untyped_storage().nbytes() if t is not None else 0
         self.peak = max(self.peak, held)
 
 
