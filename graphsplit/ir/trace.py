@@ -30,6 +30,7 @@ import torch.utils._pytree as pytree
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..errors import GraphsplitError
+from .autograd_functions import FunctionCapture, defined_at, functions_applied
 from .grad_regions import (
     GradModeProxy,
     training_grad_mode,
@@ -81,10 +82,17 @@ def trace_model(
     except Exception as fx_exc:  # any tracer failure: try the other tracer
         fx_error = fx_exc
     try:
-        with quiet_torch_logs(), training_grad_mode(), left_as_found(model):
+        with quiet_torch_logs(), training_grad_mode(), left_as_found(model), functions_applied() as functions:
             traced = trace_export(model, args, kwargs, batch_dims)
         fx_at = user_frame(fx_error, source) or model_frame(fx_error)
-        traced.reason = f"torch.export: torch.fx failed{f' at {fx_at}' if fx_at else ''}: {first_line(fx_error)}"
+        failed = f"torch.fx failed{f' at {fx_at}' if fx_at else ''}: {first_line(fx_error)}"
+        if functions:  # export traces through them: their own backward would be lost, silently
+            names = ", ".join(f"{cls.__qualname__} ({defined_at(cls)})" for cls in functions)
+            raise GraphsplitError(
+                f"cannot keep the autograd Function {names} whole: {failed}, and torch.export, the fallback, "
+                "traces through a Function's forward and loses its own backward; make that code traceable by "
+                "torch.fx (the Function itself may stay as it is)")
+        traced.reason = f"torch.export: {failed}"
         return traced
     except GraphsplitError:
         raise
@@ -144,6 +152,9 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
 
     places = "; ".join(dict.fromkeys(tracer.conditions))  # a block's condition once, not once per block
     decided = f" (sizes decided on the example inputs: {places})" if places else ""
+    kept = ", ".join(dict.fromkeys(tracer.functions.kept)) if tracer.functions is not None else ""
+    if kept:
+        decided += f" (autograd Functions kept whole, each with its own backward: {kept})"
     return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls, f"torch.fx{decided}")
 
 
@@ -171,6 +182,7 @@ class _Tracer(fx.Tracer):
         self.calls: dict[str, tuple[Any, Any, Any]] = {}
         self.sizes = sizes
         self.conditions: list[str] = []  # where each decided condition is (size_conditions.py)
+        self.functions: FunctionCapture | None = None  # the user's autograd Functions, kept whole
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         """`assert t <= 64`, `if x.size(1) > 1:` on sizes known from the example inputs: decided here and
@@ -247,7 +259,11 @@ class _Tracer(fx.Tracer):
         if isinstance(root, nn.Module):
             self._names = ({id(p): n for n, p in root.named_parameters()},
                            {id(b): n for n, b in root.named_buffers()})
-        return super().trace(root, concrete_args)
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            if self.functions is not None:
+                self.functions.finish()
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
         # fx finds an attribute's name by walking every parameter of the model at each access, which
@@ -278,6 +294,9 @@ class _Tracer(fx.Tracer):
         # tracing runs the model's Python, so its no_grad / inference_mode regions are in force
         # here; the graph has no other record of them (passes/grad_mode.py keeps them)
         ni.grad_enabled = torch.is_grad_enabled()
+        if self.functions is None or self.functions.graph is not self.graph:
+            self.functions = FunctionCapture(self.create_proxy, self.graph)
+        self.functions.on_node(node)
         return node
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
