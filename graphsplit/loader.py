@@ -65,15 +65,32 @@ class LoadedModel:
         return f"{self.path}:{self.factory}"
 
     def build(self, device: str | torch.device = "meta", seed: int | None = None) -> nn.Module:
-        """Build the model; on `meta` it costs no weight memory."""
+        """Build the model; on `meta` it costs no weight memory, and its plain tensor attributes (a
+        RoPE table or a mask assigned as `self.x = tensor`, not registered as a buffer) keep their
+        values: `meta` would lose them, and the graph reads them as constants (`plain_tensors`)."""
         if seed is None:  # the same model wherever it is built, the caller's generators left as they were
             with forked_generators():
                 seed_generators(self.seed)
                 with torch.device(device):
-                    return self._call_builder()
-        seed_generators(seed)
-        with torch.device(device):
-            return self._call_builder()
+                    model = self._call_builder()
+        else:
+            seed_generators(seed)
+            with torch.device(device):
+                model = self._call_builder()
+        if torch.device(device).type == "meta" and plain_tensors(model):
+            self._restore_plain_tensors(model)
+        return model
+
+    def _restore_plain_tensors(self, model: nn.Module) -> None:
+        """The values of `model`'s plain tensor attributes, from a build whose non-parameter tensors are
+        real (`build_buffers_only`, seeded alike: random tables match)."""
+        with forked_generators():
+            seed_generators(self.seed)
+            real = self.build_buffers_only()
+        for owner, attr in plain_tensors(model):
+            value = getattr(real.get_submodule(owner), attr, None)
+            if isinstance(value, torch.Tensor) and value.device.type != "meta":
+                setattr(model.get_submodule(owner), attr, value)
 
     def buffer_values(self) -> dict[str, torch.Tensor]:
         """Every buffer's real value by qualified name (`build_buffers_only`: parameters on meta)."""
@@ -110,6 +127,13 @@ class LoadedModel:
                 f"{self.factory}() in {self.path} returned {type(model).__name__}, not an nn.Module"
             )
         return model
+
+
+def plain_tensors(model: nn.Module) -> list[tuple[str, str]]:
+    """(module name, attribute) of every tensor a module holds as a plain attribute on `meta`: neither
+    a parameter nor a buffer, so building on `meta` lost its value."""
+    return [(name, attr) for name, module in model.named_modules() for attr, value in vars(module).items()
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.device.type == "meta"]
 
 
 RegistrationHook = Callable[[nn.Module, str, nn.Parameter], nn.Parameter | None]

@@ -46,11 +46,46 @@ def test_the_program_trains_as_the_untouched_model(plan):
     assert any(k.startswith("grad l1.") for k in cmp.max_diff), cmp.max_diff  # upstream of both Functions
 
 
-def test_a_model_only_torch_export_traces_is_refused_in_one_line():
+def test_through_torch_export_each_function_is_one_node_too():
+    """`forward(x, **kwargs)`: torch.fx is not tried, torch.export traces it, with each Function one op
+    while it traces (ir/autograd_functions.py: functions_as_ops), then that op the Function's own call."""
     loaded = load_model(f"{MODEL}:build_keyword_model")
+    traced = trace_loaded(loaded)
+    assert traced.tracer == "export" and "autograd Functions kept whole" in traced.reason
+    classes = [user_function(n) for n in traced.gm.graph.nodes if user_function(n) is not None]
+    assert [cls.__name__ for cls in classes] == ["GradReverse", "SignStraightThrough"]
+    assert not any("function_call" in str(n.target) for n in traced.gm.graph.nodes)
+    assert all("apply" not in vars(cls) for cls in classes)  # the trace left the classes as they were
+    program, cmp = check_locally(loaded, Plan(pp=2), traced=traced)
+    assert cmp.ok, cmp.failures
+
+
+def test_a_function_given_a_callable_is_refused_in_one_line():
+    """Kept whole, a Function given `self._forward` (a checkpointing Function) would run the model's own
+    module outside the program: refused, naming it."""
+
+    class Recompute(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, run, x):
+            ctx.run = run
+            return run(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return None, grad
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return Recompute.apply(self.inner, x)
+
+    from graphsplit.ir.trace import trace_model
+
     with pytest.raises(GraphsplitError) as exc:
-        trace_loaded(loaded)
+        trace_model(Net(), (torch.randn(2, 4),), {})
     message = str(exc.value)
-    assert message.startswith("cannot keep the autograd Function GradReverse (own_function.py:16), "
-                              "SignStraightThrough (own_function.py:27) whole: torch.fx failed")
-    assert "forward takes *args/**kwargs" in message and "\n" not in message
+    assert "the autograd Function" in message and "Recompute" in message and "takes a Linear" in message
+    assert "\n" not in message

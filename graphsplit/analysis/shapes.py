@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import GraphsplitError
+from ..ir.devices import on_meta as on_meta_device
 from ..ir.meta import TensorSpec, info, module_path
 from ..ir.optable import OpKind, classify, family
 from ..ir.size_conditions import DECIDED
@@ -147,9 +148,10 @@ def _on_cpu(module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
         z = torch.zeros(t.shape, dtype=t.dtype)
         return z.requires_grad_() if t.requires_grad else z
 
-    state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
-    cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
-    out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
+    with torch.device("cpu"):  # its own factory calls beside its zeros, not on meta
+        state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
+        cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
+        out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
 
     def to_meta(t: torch.Tensor) -> torch.Tensor:
         m = torch.empty(t.shape, dtype=t.dtype, device="meta")
@@ -175,7 +177,8 @@ def annotate(
     # touches weight memory, and never changes the user's modules.
     needs_copy = bool(param_shardings) or not _all_meta(gm)
     on_meta = meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
-    _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)  # on gm's own nodes
+    with on_meta_device():  # the model's own factory calls make meta tensors, as its others are here
+        _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)  # on gm's own nodes
 
 
 def _all_meta(gm: fx.GraphModule) -> bool:

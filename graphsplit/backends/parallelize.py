@@ -40,7 +40,7 @@ from ..ops.sync_bn import bind_dp_group
 from ..ops.tp_comm import TPComm, bind_tp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Plan
 from ..runtime.grad_average import DPGradAverager, ExpertGradAverager
-from ..runtime.microbatch import stage_output_dims, target_batch_dim
+from ..runtime.microbatch import stage_output_dims, target_batch_dim, whole_target
 from ..runtime.training import LossFn
 from .compile_stages import apply_compile
 from .local import LocalPipeline
@@ -291,11 +291,13 @@ def build_schedule(program: Program, runners: Mapping[int, nn.Module], loss_fn: 
     ]
     cls = schedule_class(plan.schedule)
     moved = target_batch_dim(program)
+    inner = loss_fn
     if moved is not None:  # torch cuts a target along dim 0: it arrives batch-first (`batch_first`), turned back here
-        inner = loss_fn
-
         def loss_fn(output: Any, target: Any) -> torch.Tensor:
             return inner(output, target.movedim(0, moved))
+    elif whole_target(program):  # no batch dim: each micro-batch got one copy of it (`batch_first`)
+        def loss_fn(output: Any, target: Any) -> torch.Tensor:
+            return inner(output, target[0])
 
     common: dict[str, Any] = dict(n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True,
                                   output_merge_spec=output_merge_spec(examples[-1][1], plan.num_microbatches,

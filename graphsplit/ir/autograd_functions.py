@@ -35,25 +35,58 @@ _APPLY = torch.autograd.Function.apply.__func__.__code__  # type: ignore[attr-de
 
 class FunctionCall:
     """`MyFn.apply` as a graph target: calling it runs the user's Function (forward and backward).
-    Named after the Function, so stage code reads `MyFn_apply(x, 0.5)`."""
+    Named after the Function, so stage code reads `MyFn_apply(x, 0.5)`.
 
-    def __init__(self, cls: type[torch.autograd.Function]) -> None:
+    With a `template` (torch.export's calls, `functions_as_ops`), the node passes the call's tensors
+    alone and gets the outputs as a flat list: the template holds the rest of the arguments."""
+
+    def __init__(self, cls: type[torch.autograd.Function],
+                 template: tuple[pytree.TreeSpec, tuple[Any, ...]] | None = None) -> None:
         self.cls = cls
+        self.template = template
         self.__name__ = f"{cls.__name__}_apply"
         self.__qualname__ = self.__name__
         self.__module__ = cls.__module__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.cls.apply(*args, **kwargs)
+        if self.template is None:
+            return self.cls.apply(*args, **kwargs)
+        spec, values = self.template
+        tensors = iter(args)
+        call_args, call_kwargs = pytree.tree_unflatten([next(tensors) if v is _TENSOR else v for v in values], spec)
+        return [v for v in pytree.tree_leaves(self.cls.apply(*call_args, **call_kwargs)) if isinstance(v, torch.Tensor)]
 
     def __repr__(self) -> str:
         return f"{self.cls.__module__}.{self.cls.__qualname__}.apply"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, FunctionCall) and other.cls is self.cls
+        return isinstance(other, FunctionCall) and other.cls is self.cls and other.template is self.template
 
     def __hash__(self) -> int:
-        return hash(self.cls)
+        return hash((self.cls, id(self.template)))
+
+
+class _Tensor:
+    """Where a tensor goes in a template's leaves."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+_TENSOR = _Tensor()
+# what a Function may take besides tensors and stay one node: values a graph can hold as constants
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def plain_arguments(cls: type, leaves: list[Any], is_value: Any) -> None:
+    """Refuse a Function call with an argument a graph cannot hold (a module, a callable): kept whole,
+    it would run the model's own objects outside the program (a checkpointing Function given
+    `self._forward`)."""
+    for leaf in leaves:
+        if not is_value(leaf) and not isinstance(leaf, _PLAIN):
+            raise TypeError(f"the autograd Function {cls.__qualname__} ({defined_at(cls)}) takes a "
+                            f"{type(leaf).__name__} among its arguments; graphsplit keeps a Function whole when it "
+                            "takes tensors and plain values (numbers, strings, dtypes)")
 
 
 def user_function(node: fx.Node) -> type[torch.autograd.Function] | None:
@@ -122,6 +155,8 @@ class FunctionCapture:
             raise error
 
     def _close(self, call: _Open, out: Any) -> None:
+        plain_arguments(call.cls, pytree.tree_leaves((call.args, call.kwargs)),
+                        lambda v: isinstance(v, fx.Proxy | torch.Tensor))
         made = _nodes_from(self.graph, call.first)
         leaves = pytree.tree_flatten_with_path(out)[0]
         own = set(made)
@@ -181,30 +216,6 @@ def _user_function_classes() -> list[type]:
     return found
 
 
-@contextlib.contextmanager
-def functions_applied() -> Iterator[list[type]]:
-    """Inside, the user's Functions applied are listed (in the yielded list): for torch.export, which
-    traces through them and cannot keep their backward. A profile hook watches for `Function.apply`
-    only while some user Function class exists at all."""
-    seen: list[type] = []
-    if not _user_function_classes():
-        yield seen
-        return
-    previous = sys.getprofile()
-
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if frame.f_code is _APPLY and event == "call":
-            cls = frame.f_locals.get("cls")
-            if isinstance(cls, type) and not _framework(cls) and cls not in seen:
-                seen.append(cls)
-
-    sys.setprofile(profile)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
-
-
 def defined_at(cls: type) -> str:
     """`file.py:line` of a class's definition (its name alone when its source is not on disk)."""
     try:
@@ -212,3 +223,94 @@ def defined_at(cls: type) -> str:
         return f"{Path(inspect.getsourcefile(cls) or '?').name}:{start}"
     except (OSError, TypeError):
         return cls.__qualname__
+
+
+# torch.export's calls of the user's Functions, by key: (class, arguments' spec, leaves with the tensors
+# marked), filled while export traces and read back when the graph is rewritten (`functions_as_calls`);
+# and each call's output: its spec and leaves with the tensors marked (the op returns the tensors alone)
+_EXPORTED: dict[int, tuple[type, pytree.TreeSpec, tuple[Any, ...]]] = {}
+_OUTPUTS: dict[int, tuple[pytree.TreeSpec, tuple[Any, ...]]] = {}
+_ORIGINAL: dict[type, Any] = {}  # while `functions_as_ops` holds: each class's own `apply`, if it had one
+
+
+@torch.library.custom_op("graphsplit::function_call", mutates_args=())
+def _function_call(tensors: list[torch.Tensor], key: int) -> list[torch.Tensor]:
+    """Stands for one call of a user's Function while torch.export traces; replaced by a FunctionCall
+    node in the graph before anything runs it."""
+    raise RuntimeError("graphsplit::function_call stands for a Function while torch.export traces; it does not run")
+
+
+@_function_call.register_fake
+def _function_call_shapes(tensors: list[torch.Tensor], key: int) -> list[torch.Tensor]:
+    cls, spec, values = _EXPORTED[key]
+    with torch.no_grad():
+        leaves, out_spec = pytree.tree_flatten(_apply_original(cls, spec, values, tensors))
+    _OUTPUTS[key] = (out_spec, tuple(_TENSOR if isinstance(v, torch.Tensor) else v for v in leaves))
+    return [torch.empty_like(v) for v in leaves if isinstance(v, torch.Tensor)]
+
+
+def _apply_original(cls: type, spec: pytree.TreeSpec, values: tuple[Any, ...], tensors: Any) -> Any:
+    it = iter(tensors)
+    args, kwargs = pytree.tree_unflatten([next(it) if v is _TENSOR else v for v in values], spec)
+    own = _ORIGINAL.get(cls)
+    if own is not None:
+        return own.__get__(None, cls)(*args, **kwargs)
+    return torch.autograd.Function.apply.__func__(cls, *args, **kwargs)  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def functions_as_ops() -> Iterator[None]:
+    """While torch.export traces, each user Function call is one `graphsplit::function_call` op (its
+    forward runs only to give the op's shapes), so the graph keeps where the Function was; its
+    `apply` is redirected for the trace alone and restored after, as torch.fx's own `wrap` patches
+    a module's globals while it traces. `functions_as_calls` then makes each op a FunctionCall."""
+    saved: dict[type, Any] = {}
+    for cls in _user_function_classes():
+        saved[cls] = cls.__dict__.get("apply", _TENSOR)
+        if saved[cls] is not _TENSOR:
+            _ORIGINAL[cls] = saved[cls]
+        cls.apply = classmethod(_export_apply)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        for cls, original in saved.items():
+            _ORIGINAL.pop(cls, None)
+            if original is _TENSOR:
+                del cls.apply
+            else:
+                cls.apply = original  # type: ignore[method-assign]
+
+
+def _export_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    values = tuple(_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    if not tensors:  # nothing traced flows through it
+        return _apply_original(cls, spec, values, ())
+    plain_arguments(cls, leaves, lambda v: isinstance(v, torch.Tensor))
+    key = max(_EXPORTED, default=0) + 1
+    _EXPORTED[key] = (cls, spec, values)
+    outs = iter(torch.ops.graphsplit.function_call(tensors, key))
+    out_spec, out_values = _OUTPUTS[key]
+    return pytree.tree_unflatten([next(outs) if v is _TENSOR else v for v in out_values], out_spec)
+
+
+def functions_as_calls(gm: fx.GraphModule) -> list[str]:
+    """Each `graphsplit::function_call` op of an exported graph becomes the FunctionCall it stands for
+    (the same tensors in, the same flat list out); the names of the Functions kept."""
+    kept = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.graphsplit.function_call.default:
+            tensors, key = node.args
+            cls, spec, values = _EXPORTED.pop(key)
+            _OUTPUTS.pop(key, None)
+            node.target = FunctionCall(cls, (spec, values))
+            node.args = tuple(tensors)
+            kept.append(cls.__qualname__)
+    return kept
+
+
+def kept_whole(names: list[str]) -> str:
+    """The summary's words for the Functions kept as one node each (empty when none)."""
+    kept = ", ".join(dict.fromkeys(names))
+    return f" (autograd Functions kept whole, each with its own backward: {kept})" if kept else ""

@@ -30,7 +30,8 @@ import torch.utils._pytree as pytree
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..errors import GraphsplitError
-from .autograd_functions import FunctionCapture, defined_at, functions_applied
+from .autograd_functions import FunctionCapture, kept_whole
+from .devices import explicit_devices
 from .grad_regions import (
     GradModeProxy,
     training_grad_mode,
@@ -82,17 +83,11 @@ def trace_model(
     except Exception as fx_exc:  # any tracer failure: try the other tracer
         fx_error = fx_exc
     try:
-        with quiet_torch_logs(), training_grad_mode(), left_as_found(model), functions_applied() as functions:
+        with quiet_torch_logs(), training_grad_mode(), left_as_found(model):
             traced = trace_export(model, args, kwargs, batch_dims)
         fx_at = user_frame(fx_error, source) or model_frame(fx_error)
-        failed = f"torch.fx failed{f' at {fx_at}' if fx_at else ''}: {first_line(fx_error)}"
-        if functions:  # export traces through them: their own backward would be lost, silently
-            names = ", ".join(f"{cls.__qualname__} ({defined_at(cls)})" for cls in functions)
-            raise GraphsplitError(
-                f"cannot keep the autograd Function {names} whole: {failed}, and torch.export, the fallback, "
-                "traces through a Function's forward and loses its own backward; make that code traceable by "
-                "torch.fx (the Function itself may stay as it is)")
-        traced.reason = f"torch.export: {failed}"
+        traced.reason = f"torch.export: torch.fx failed{f' at {fx_at}' if fx_at else ''}: {first_line(fx_error)}" + \
+            traced.reason
         return traced
     except GraphsplitError:
         raise
@@ -135,6 +130,7 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}))
     graph = tracer.trace(model, concrete_args=concrete or None)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
+    explicit_devices(graph)  # `torch.arange(T)`: on the rank's device, not the default one
     hoist_checks(graph)
     spec = flat_output(graph)
     # Python code is generated on the first call, not here: the planner reads the graph of a deep
@@ -152,9 +148,7 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
 
     places = "; ".join(dict.fromkeys(tracer.conditions))  # a block's condition once, not once per block
     decided = f" (sizes decided on the example inputs: {places})" if places else ""
-    kept = ", ".join(dict.fromkeys(tracer.functions.kept)) if tracer.functions is not None else ""
-    if kept:
-        decided += f" (autograd Functions kept whole, each with its own backward: {kept})"
+    decided += kept_whole(tracer.functions.kept if tracer.functions is not None else [])
     return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls, f"torch.fx{decided}")
 
 

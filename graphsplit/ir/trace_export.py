@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.fx.graph import CodeGen
 
+from .autograd_functions import functions_as_calls, functions_as_ops, kept_whole
 from .export_views import views_to_reshapes
 from .grad_regions import inline_grad_regions, mark_inference_mode
 from .meta import info
@@ -79,6 +80,7 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                 torch.Tensor, functools.partial(fake_inputs, mode), (args, kwargs))
         else:
             meta_args, meta_kwargs = _to_model_device(model, (args, kwargs))
+        stack.enter_context(functions_as_ops())  # each of the model's own autograd Functions one op
         try:
             ep = torch.export.export(
                 model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs, batch_dims),
@@ -87,6 +89,7 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         except Exception:  # a symbolic batch dim is a bonus: retry fully static
             ep = torch.export.export(model, meta_args, meta_kwargs, strict=False)
         gm = ep.module()
+        kept = functions_as_calls(gm)  # ... and each op the Function's own call, its backward with it
         ranges = ep.range_constraints
     if on_meta(model):
         back_to_meta(gm, model)
@@ -124,4 +127,4 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         flat = torch.fx._pytree.tree_flatten_spec((call_args, call_kwargs), in_spec)
         return [flat[i] for i in keep]
 
-    return Traced(gm, "export", names, spec, flatten)
+    return Traced(gm, "export", names, spec, flatten, reason=kept_whole(kept))

@@ -99,9 +99,21 @@ def target_batch_dim(program: Program) -> int | None:
 
 
 def batch_first(program: Program, target: Any) -> Any:
-    """A one-tensor target with its batch dim moved to dim 0, for torch's schedules to cut."""
+    """A one-tensor target with its batch dim moved to dim 0, for torch's schedules to cut; one with no
+    batch dim (a 0-dim scale, a shared table) as a copy per micro-batch along a new dim 0 (an expanded
+    view), so each micro-batch's loss gets it whole (`whole_target`: the loss reads `target[0]`)."""
+    if not isinstance(target, torch.Tensor):
+        return target
+    if whole_target(program):
+        return target.unsqueeze(0).expand(program.plan.num_microbatches, *target.shape)
     moved = target_batch_dim(program)
-    return target.movedim(moved, 0) if moved is not None and isinstance(target, torch.Tensor) else target
+    return target.movedim(moved, 0) if moved is not None else target
+
+
+def whole_target(program: Program) -> bool:
+    """The target is one tensor with no batch dim: every micro-batch and replica takes it whole."""
+    dims = program.batch.target
+    return len(dims) == 1 and dims[0] is None
 
 
 def stage_output_dims(program: Program, per_leaf: Sequence[int | None] | None = None,

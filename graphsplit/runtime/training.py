@@ -3,6 +3,7 @@ tied copies."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -91,11 +92,15 @@ def make_loss(program: Program, user_loss: LossFn | None, loss_graph: nn.Module 
     graph = loss_graph if loss_graph is not None else program.loss_gm
 
     def loss(stage_output: Any, target: Any) -> torch.Tensor:
-        if graph is not None:
-            outs = (stage_output,) if isinstance(stage_output, torch.Tensor) else tuple(stage_output)
-            value = graph(*outs, target)
-        else:
-            value = fn(program.unflatten_output(stage_output), target)
+        # the loss's own factory calls (a contrastive loss's `torch.arange(batch)` labels) on the device of
+        # what it reads, as when the model runs as its author runs it
+        device = next((t.device for t in pytree.tree_leaves(stage_output) if isinstance(t, torch.Tensor)), None)
+        with device if device is not None else contextlib.nullcontext():
+            if graph is not None:
+                outs = (stage_output,) if isinstance(stage_output, torch.Tensor) else tuple(stage_output)
+                value = graph(*outs, target)
+            else:
+                value = fn(program.unflatten_output(stage_output), target)
         if not isinstance(value, torch.Tensor) or value.dim() != 0:
             raise GraphsplitError("loss_fn must return a scalar tensor")
         return value

@@ -13,6 +13,7 @@ import torch.utils._pytree as pytree
 
 from ...errors import GraphsplitError
 from ...ir.batch import BatchDims, SequenceDims
+from ...ir.devices import on_meta as meta_device
 from ...ir.meta import SourceLine, info
 from ...ir.optable import OpKind, classify
 from .mode import Discovery
@@ -73,9 +74,10 @@ class _Runner(fx.Interpreter):
             d.set(z, d.value(t).labels, d.value(t).reduced)
             return z
 
-        state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
-        cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
-        out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
+        with torch.device("cpu"):  # its own factory calls beside its zeros, not on meta
+            state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
+            cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
+            out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
 
         def to_meta(t: torch.Tensor) -> torch.Tensor:
             m = torch.empty(t.shape, dtype=t.dtype, device="meta")
@@ -127,7 +129,7 @@ def discover(
     unread: dict[str, torch.Tensor] = {}
     target_atoms: list[tuple[int, ...] | None] = []
     runner = _Runner(on_meta, d)
-    with torch.enable_grad(), d:
+    with torch.enable_grad(), d, meta_device():  # the model's and the loss's own factory calls on meta too
         for name, t in zip(input_names, meta_inputs):
             if isinstance(t, torch.Tensor):
                 input_atoms[name] = d.label_input(t)
