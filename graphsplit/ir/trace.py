@@ -58,6 +58,8 @@ from .user_source import (
     user_frame,
     user_source,
 )
+from .value_checks import VALUE_CHECK, ValueCheck, check_at, kept_checks
+from .value_checks import check_message as value_check_message
 
 _SPECIALIZED = ("has been specialized",)
 
@@ -149,6 +151,7 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     places = "; ".join(dict.fromkeys(tracer.conditions))  # a block's condition once, not once per block
     decided = f" (sizes decided on the example inputs: {places})" if places else ""
     decided += kept_whole(tracer.functions.kept if tracer.functions is not None else [])
+    decided += kept_checks(tracer.value_checks)
     return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls, f"torch.fx{decided}")
 
 
@@ -177,6 +180,7 @@ class _Tracer(fx.Tracer):
         self.sizes = sizes
         self.conditions: list[str] = []  # where each decided condition is (size_conditions.py)
         self.functions: FunctionCapture | None = None  # the user's autograd Functions, kept whole
+        self.value_checks: list[str] = []  # where each check on tensor values is (value_checks.py)
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         """`assert t <= 64`, `if x.size(1) > 1:` on sizes known from the example inputs: decided here and
@@ -186,7 +190,17 @@ class _Tracer(fx.Tracer):
                 raise Unknown(obj.node.name)
             decided = bool(self.sizes.plain(obj.node))
         except Unknown:
-            return super().to_bool(obj)  # fx's error: the model goes to torch.export
+            # a condition on tensor values: a check the model makes (`if labels.max() >= V: raise`) is taken
+            # the way that does not raise and kept as a check (value_checks.py); any other branch: fx's error,
+            # and the model goes to torch.export
+            check = check_at(condition_frame(sys._getframe(1)))
+            if check is None:
+                return super().to_bool(obj)
+            node = self.create_proxy("call_function", ValueCheck(check.holds, check.error, value_check_message(check)),
+                                     (obj,), {}).node
+            info(node).extra[VALUE_CHECK] = True
+            self.value_checks.append(check.place)
+            return check.holds
         place = self._place()
         holds = obj if decided else self.create_proxy("call_function", operator.not_, (obj,), {})
         self._check(holds, place, check_message(place, decided))

@@ -25,6 +25,7 @@ from .size_conditions import check_export_ranges
 from .trace_device import as_if_on_cpu, back_to_meta, fake_inputs, on_meta
 from .traced import Traced, bake, flat_output, mark_constants
 from .user_source import source_from_stack_trace
+from .value_checks import ExportChecks, checks_as_calls, kept_checks
 
 
 @contextlib.contextmanager
@@ -81,6 +82,7 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         else:
             meta_args, meta_kwargs = _to_model_device(model, (args, kwargs))
         stack.enter_context(functions_as_ops())  # each of the model's own autograd Functions one op
+        stack.enter_context(ExportChecks())  # the model's checks on values kept as checks
         try:
             ep = torch.export.export(
                 model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs, batch_dims),
@@ -90,6 +92,7 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             ep = torch.export.export(model, meta_args, meta_kwargs, strict=False)
         gm = ep.module()
         kept = functions_as_calls(gm)  # ... and each op the Function's own call, its backward with it
+        checks = checks_as_calls(gm)
         ranges = ep.range_constraints
     if on_meta(model):
         back_to_meta(gm, model)
@@ -127,4 +130,4 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         flat = torch.fx._pytree.tree_flatten_spec((call_args, call_kwargs), in_spec)
         return [flat[i] for i in keep]
 
-    return Traced(gm, "export", names, spec, flatten, reason=kept_whole(kept))
+    return Traced(gm, "export", names, spec, flatten, reason=kept_whole(kept) + kept_checks(checks))

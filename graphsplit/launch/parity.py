@@ -66,8 +66,9 @@ class Comparison:
 
 
 def _scaled_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    a = a.detach().double()
-    b = b.detach().double()
+    # a sparse gradient (nn.EmbeddingBag(sparse=True)) is compared as the dense tensor it stands for
+    a = (a.to_dense() if a.is_sparse else a).detach().double()
+    b = (b.to_dense() if b.is_sparse else b).detach().double()
     if a.shape != b.shape:
         return float("inf")
     if a.numel() == 0:
