@@ -29,9 +29,9 @@ def debug_enabled() -> bool:
 
 def fail(exc: GraphsplitError) -> None:
     click.echo(f"error: {exc}", err=True)
-    if getattr(exc, "detail", None):
-        click.echo(exc.detail.rstrip(), err=True)
-    if debug_enabled():
+    if debug_enabled():  # a rank's traceback (`detail`), then graphsplit's own
+        if getattr(exc, "detail", None):
+            click.echo(exc.detail.rstrip(), err=True)
         traceback.print_exception(exc, file=sys.stderr)
     sys.exit(exc.exit_code)
 

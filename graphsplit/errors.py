@@ -15,7 +15,7 @@ class GraphsplitError(Exception):
 
     def __init__(self, message: str, *, detail: str | None = None, exit_code: int | None = None) -> None:
         # One line on purpose: the CLI prints it as `error: <message>`; `detail` (a rank's
-        # traceback, say) is printed after that line, never before it.
+        # traceback, say) is printed after that line under --debug alone.
         super().__init__(" ".join(str(message).split()))
         self.detail = detail
         if exit_code is not None:

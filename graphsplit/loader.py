@@ -68,16 +68,26 @@ class LoadedModel:
         """Build the model; on `meta` it costs no weight memory, and its plain tensor attributes (a
         RoPE table or a mask assigned as `self.x = tensor`, not registered as a buffer) keep their
         values: `meta` would lose them, and the graph reads them as constants (`plain_tensors`)."""
-        if seed is None:  # the same model wherever it is built, the caller's generators left as they were
-            with forked_generators():
-                seed_generators(self.seed)
+        meta = torch.device(device).type == "meta"
+        try:
+            if seed is None:  # the same model wherever it is built, the caller's generators left as they were
+                with forked_generators():
+                    seed_generators(self.seed)
+                    with torch.device(device):
+                        model = self._call_builder()
+            else:
+                seed_generators(seed)
                 with torch.device(device):
                     model = self._call_builder()
-        else:
-            seed_generators(seed)
-            with torch.device(device):
-                model = self._call_builder()
-        if torch.device(device).type == "meta" and plain_tensors(model):
+        except GraphsplitError as exc:
+            if not meta or not _meta_cannot(exc.__cause__):
+                raise
+            # the constructor itself cannot run on meta (`.to_sparse()` of a buffer): each parameter goes to
+            # meta as it is registered, the rest is built for real (buffers cost little)
+            with forked_generators():
+                seed_generators(self.seed if seed is None else seed)
+                return self.build_buffers_only()
+        if meta and plain_tensors(model):
             self._restore_plain_tensors(model)
         return model
 
@@ -129,11 +139,23 @@ class LoadedModel:
         return model
 
 
-def plain_tensors(model: nn.Module) -> list[tuple[str, str]]:
-    """(module name, attribute) of every tensor a module holds as a plain attribute on `meta`: neither
-    a parameter nor a buffer, so building on `meta` lost its value."""
+def tensor_attributes(model: nn.Module) -> list[tuple[str, str]]:
+    """(module name, attribute) of every tensor a module holds as a plain attribute, neither a parameter
+    nor a buffer (a RoPE table or a mask assigned as `self.x = tensor`)."""
     return [(name, attr) for name, module in model.named_modules() for attr, value in vars(module).items()
-            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.device.type == "meta"]
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)]
+
+
+def plain_tensors(model: nn.Module) -> list[tuple[str, str]]:
+    """The plain tensor attributes (`tensor_attributes`) on `meta`: building on meta lost their values."""
+    return [(name, attr) for name, attr in tensor_attributes(model)
+            if getattr(model.get_submodule(name), attr).device.type == "meta"]
+
+
+def _meta_cannot(exc: BaseException | None) -> bool:
+    """An op of the constructor's has no meta kernel (or reads a meta tensor's values)."""
+    text = str(exc)
+    return isinstance(exc, NotImplementedError | RuntimeError) and ("Meta" in text or "meta" in text)
 
 
 RegistrationHook = Callable[[nn.Module, str, nn.Parameter], nn.Parameter | None]

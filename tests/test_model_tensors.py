@@ -29,9 +29,13 @@ def test_a_meta_build_keeps_the_values_of_plain_tensor_attributes():
 
 
 def test_factory_calls_say_the_graphs_device():
-    """torch.fx records `torch.arange(T)` as written: the trace gives it the graph's neutral device, as
-    torch.export records its own (the model above goes through torch.export: fx cannot slice a plain
-    tensor attribute by a traced size)."""
+    """torch.fx records `torch.arange(T)` as written: the trace gives it the graph's neutral device (the
+    model's own `device=x.device` stays), as torch.export records its own."""
+    _, traced = traced_once(MODEL)
+    assert traced.tracer == "fx"  # the plain attributes indexed by traced sizes are graph values
+    made = [n for n in traced.gm.graph.nodes if makes_tensor(n)]
+    assert [n.target.__name__ for n in made] == ["arange"]  # the positions; the table is a constant
+    assert made[0].kwargs["device"] == NEUTRAL
 
     class Positions(torch.nn.Module):
         def forward(self, x):
@@ -39,14 +43,17 @@ def test_factory_calls_say_the_graphs_device():
 
     from graphsplit.ir.trace import trace_model
 
-    x = torch.randn(2, 3)
-    traced = trace_model(Positions(), (x,), {})
-    made = [n for n in traced.gm.graph.nodes if makes_tensor(n)]
-    assert traced.tracer == "fx" and [n.target.__name__ for n in made] == ["arange", "zeros"]
-    assert made[0].kwargs["device"] == NEUTRAL and made[1].kwargs["device"] != NEUTRAL  # the model's own kept
-    _, exported = traced_once(MODEL)
-    assert exported.tracer == "export"
-    assert all(n.kwargs["device"] == NEUTRAL for n in exported.gm.graph.nodes if makes_tensor(n))
+    made = [n for n in trace_model(Positions(), (torch.randn(2, 3),), {}).gm.graph.nodes if makes_tensor(n)]
+    assert [n.target.__name__ for n in made] == ["arange", "zeros"]
+    assert made[0].kwargs["device"] == NEUTRAL and made[1].kwargs["device"] != NEUTRAL
+
+
+def test_plain_attributes_are_the_programs_constants_not_weights():
+    loaded, traced = traced_once(MODEL)
+    program, _ = check_locally(loaded, Plan(pp=2), traced=traced.copy())
+    constants = {name for stage in program.stages for name in stage.constants}
+    assert {"table", "mask"} <= constants
+    assert not any("table" in c or "mask" in c for stage in program.stages for c in stage.buffer_sources.values())
 
 
 @pytest.mark.parametrize("plan", PLANS.values(), ids=PLANS.keys())

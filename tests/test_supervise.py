@@ -74,8 +74,8 @@ def test_a_rank_own_error_comes_first_with_its_traceback():
     own = RankRecord(2, "failed", "ValueError: bad shape", "during step 1", detail="Traceback ...", time=2.0)
     lost = RankRecord(0, "collective", "RuntimeError: Connection closed by peer", "during step 1", time=1.0)
     exc = explain_failure([lost, own], TORCHRUN_REPORT, world=4)
-    assert str(exc) == "rank 2 failed during step 1: ValueError: bad shape"
-    assert exc.detail == "Traceback ..."
+    assert str(exc) == "rank 2 failed during step 1: ValueError: bad shape; graphsplit --debug prints the rank's traceback"
+    assert exc.detail == "Traceback ..."  # printed under --debug alone (cli_errors.fail)
     user = RankRecord(1, "error", "the plan needs 4 processes but 2 were started; ...", time=0.5)
     assert explain_failure([user, own], "", world=2).exit_code == 2
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import torch.nn as nn
 
+from ..loader import tensor_attributes
+
 _REGISTRIES = ("_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks")
 
 
@@ -33,3 +35,16 @@ def left_as_found(model: nn.Module) -> Iterator[None]:
                 table = state[name]
                 table.clear()
                 table.update(entries)
+
+
+def attributes_as_buffers(model: nn.Module) -> list[str]:
+    """Register each plain tensor attribute of `model`'s modules as a buffer, for torch.fx to read it as
+    a graph value (`self.freqs_cis[input_pos]`, `self.mask[:T, :T]` with a traced index: a plain tensor
+    would be indexed by a proxy); their qualified names. Only inside `left_as_found`, which puts them
+    back as they were."""
+    names = []
+    for owner, attr in tensor_attributes(model):
+        module = model.get_submodule(owner)
+        module._buffers[attr] = vars(module).pop(attr)
+        names.append(f"{owner}.{attr}" if owner else attr)
+    return names

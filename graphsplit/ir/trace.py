@@ -37,7 +37,7 @@ from .grad_regions import (
     training_grad_mode,
 )
 from .meta import info
-from .module_state import left_as_found
+from .module_state import attributes_as_buffers, left_as_found
 from .size_conditions import (
     DECIDED,
     SizeValues,
@@ -129,6 +129,7 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     for k, v in concrete.items():
         if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v):
             raise TypeError(f"input {k!r} is a container of tensors")
+    attributes = attributes_as_buffers(model)  # graph values, as buffers are; put back by left_as_found
     tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}))
     graph = tracer.trace(model, concrete_args=concrete or None)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
@@ -138,7 +139,7 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     # Python code is generated on the first call, not here: the planner reads the graph of a deep
     # model and never runs it whole (0.4-0.6 s of a 405B's 2 s trace is that code)
     gm = _LazyGraphModule(model, graph, class_name=type(model).__name__)
-    mark_constants(gm, model)
+    mark_constants(gm, model, frozenset(attributes))  # no weights: the program carries their values
     names = [n.target for n in graph.nodes if n.op == "placeholder"]
     if names != tensor_names:
         raise TypeError(f"unexpected placeholders {names}")

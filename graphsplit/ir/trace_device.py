@@ -30,8 +30,13 @@ _META = torch.device("meta")
 
 
 def on_meta(model: nn.Module) -> bool:
-    tensors = [*model.parameters(), *model.buffers()]
-    return bool(tensors) and all(t.device.type == "meta" for t in tensors)
+    """The model was built on meta: its parameters are (its buffers may be real: a constructor that
+    cannot run on meta is built with real buffers, loader.py)."""
+    params = list(model.parameters())
+    if params:
+        return all(p.device.type == "meta" for p in params)
+    buffers = list(model.buffers())
+    return bool(buffers) and all(b.device.type == "meta" for b in buffers)
 
 
 @contextlib.contextmanager

@@ -78,13 +78,14 @@ def fill_leaves(kinds: list[tuple[str, Any]], values: Any) -> list[Any]:
     return [values[v] if kind == "tensor" else v for kind, v in kinds]
 
 
-def mark_constants(gm: fx.GraphModule, model: nn.Module) -> None:
+def mark_constants(gm: fx.GraphModule, model: nn.Module, attributes: frozenset[str] = frozenset()) -> None:
     """Mark the get_attr nodes of tensors forward made (`torch.ones(sz, sz)`: fx's `_tensor_constant0`,
     export's lifted constants): no weight of the model, though a GraphModule registers each as a
     buffer (again at every copy), so the program carries their values instead of looking them up in
-    the weights (ir/program.py)."""
+    the weights (ir/program.py). `attributes`: plain tensor attributes registered as buffers for the
+    trace (module_state.attributes_as_buffers), constants too."""
     own = {name for name, _ in (*model.named_parameters(remove_duplicate=False),
-                                *model.named_buffers(remove_duplicate=False))}
+                                *model.named_buffers(remove_duplicate=False))} - attributes
     for node in gm.graph.find_nodes(op="get_attr"):
         if node.target not in own and isinstance(operator.attrgetter(str(node.target))(gm), torch.Tensor):
             info(node).extra[CONSTANT] = True

@@ -149,7 +149,7 @@ class RankReporter:
                                            wait_all_ranks=True)
                 except Exception as diag:  # noqa: BLE001 - what it says is the diagnosis
                     unresponsive = _unresponsive_in(str(diag))
-        message = str(exc) if kind == "error" else f"{type(exc).__name__}: {_first_line(exc)}"
+        message = str(exc) if kind == "error" else _cause(exc)
         record = RankRecord(self.rank, kind, message, self.where, "".join(traceback.format_exception(exc)),
                             unresponsive, time.time())
         write_file_atomically(self.folder / f"rank{self.rank}.json", json.dumps(asdict(record)))
@@ -168,6 +168,19 @@ def set_collective_timeout(groups: list[Any], seconds: float) -> None:
     dist.barrier()
     for group in [None, *groups]:
         distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+
+
+def _cause(exc: BaseException) -> str:
+    """`Type: message (at model.py:12)` of what went wrong first: torch's wrappers (pipelining's "[Stage 0]
+    failed to run forward", raised from the model's own error) give way to the exception they were
+    raised from, and the place is the innermost frame of the model's code."""
+    from ..ir.user_source import internal
+
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not internal(f.filename)]
+    at = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {_first_line(exc)}{at}"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -384,8 +397,8 @@ def explain_failure(records: list[RankRecord], log_text: str, world: int,
         first = own[0]
         if first.kind == "error":
             return GraphsplitError(first.message, exit_code=2)
-        return GraphsplitError(f"rank {first.rank} failed {first.where}: {first.message}",
-                               detail=first.detail, exit_code=EXIT_RUN_FAILED)
+        return GraphsplitError(f"rank {first.rank} failed {first.where}: {first.message}; graphsplit --debug "
+                               "prints the rank's traceback", detail=first.detail, exit_code=EXIT_RUN_FAILED)
     codes = torchrun_exit_codes(log_text)
     recorded = {r.rank for r in records}
     killed = {rank: code for rank, code in codes.items()
