@@ -1,12 +1,13 @@
-"""Models written by others, unchanged (tests/models/outside/SOURCES.md), at pp 2, tp 2 and pp 2 x tp 2.
+"""Models written by others, unchanged (tests/models/outside/SOURCES.md), at pp 2, tp 2 and dp 2 x pp 2.
 
-    python bench/outside_zoo.py                    # every model (~1 min)
+    python bench/outside_zoo.py                    # every model (~2 min)
     python bench/outside_zoo.py --only nanogpt     # some
 
-Each cell is the local backend's check (every stage and tp shard in one process against the
-untouched model: loss, output, every rank's gradient slice, fp32, 1e-5 scaled by magnitude):
-"passes" with the largest scaled difference, "refused" with graphsplit's one line, or "FAILS"
-with the first mismatch or error. Prints markdown for docs/models.md.
+Each cell is the local backend's check (every stage, tp shard and dp replica in one process against
+the untouched model: loss, output, every rank's gradient slice, fp32, 1e-5 scaled by magnitude or the
+reference's own noise x10 where that is larger): "passes" with the largest scaled difference,
+"refused" with graphsplit's one line, or "FAILS" with the first mismatch or error
+(tests/test_outside_zoo.py also runs each at pp 2 on real processes). Prints markdown for docs/models.md.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from graphsplit.loader import load_model  # noqa: E402
 from graphsplit.plan import Plan  # noqa: E402
 
 OUTSIDE = ROOT / "tests" / "models" / "outside"
-PLANS = {"pp 2": Plan(pp=2), "tp 2": Plan(tp=2), "pp 2 x tp 2": Plan(pp=2, tp=2)}
+PLANS = {"pp 2": Plan(pp=2), "tp 2": Plan(tp=2), "dp 2 x pp 2": Plan(dp=2, pp=2)}
 
 
 def main() -> None:

@@ -107,8 +107,8 @@ def first_microbatch(traced: Traced, flat: tuple[Any, ...], plan: Plan, replicas
         if replicas * n > 1:
             why = batch.notes[-1] if batch.notes else "no input carries a batch"
             raise GraphsplitError(
-                f"the inputs cannot be cut into {replicas} replica(s) x {n} micro-batch(es): {why}; the whole input "
-                "is one example here: run with --dp 1 --microbatches 1, or give batch_dims() in the model file "
+                f"the inputs cannot be cut into {replicas} replica(s) x {n} micro-batch(es): {why}; so the whole "
+                "batch is one piece here: run with --dp 1 --microbatches 1, or give batch_dims() in the model file "
                 "if a dim does hold independent examples")
         return tuple(flat)
     for name, t, dim in zip(traced.input_names, flat, dims):
@@ -214,6 +214,20 @@ def _require_cut_places(traced: Traced, flat: tuple[Any, ...], plan: Plan) -> No
         raise too_few_cuts(plan.num_stages, plan.stages_per_rank, places, operations)
 
 
+def _whole_loss_plan(plan: Plan, why: str) -> Plan:
+    """The plan for a loss that couples the samples (a contrastive loss: `why`): each replica's share is one
+    micro-batch, and the loss runs once on the replicas' outputs gathered (runtime/whole_batch.py)."""
+    said = f"the loss couples the samples ({why})"
+    if plan.microbatches not in (None, 1):
+        raise GraphsplitError(f"--microbatches {plan.microbatches}: {said}, so each replica's share runs as one "
+                              "micro-batch; drop --microbatches")
+    for flag, n, what in (("--cp", plan.cp, "cuts each sample's sequence"), ("--ep", plan.ep, "exchanges tokens")):
+        if n > 1:
+            raise GraphsplitError(f"{flag} {n}: {said}, and graphsplit gathers the replicas' outputs for it only "
+                                  f"over plain data parallelism, which {flag} {what} beside; drop {flag}")
+    return plan.replace(microbatches=1, schedule="gpipe" if plan.schedule == "1f1b" and plan.pp > 1 else plan.schedule)
+
+
 def require_supported(plan: Plan) -> None:
     """Refuse, clearly, plans that cannot run."""
     if plan.fsdp and plan.dp < 2:
@@ -277,7 +291,9 @@ def compile_program(
     sequence = require_sequence(traced, flat, plan, batch_dims) if plan.cp > 1 else None
     timings["batch"] = time.perf_counter() - start
     batch = batch_dims.size if batch_dims.batched else 1
-    if batch % replicas == 0:
+    if batch_dims.whole_loss:  # the loss needs the whole batch: one micro-batch per replica, outputs gathered
+        plan = _whole_loss_plan(plan, batch_dims.whole_loss)
+    elif batch % replicas == 0:
         plan = plan.for_batch(batch // replicas)  # default micro-batches that divide this batch
     # Stages see micro-batches: analyze (shapes, bytes, FLOPs) at that size.
     pieces = plan.num_microbatches * replicas
@@ -291,7 +307,8 @@ def compile_program(
                     if target is not None else None)
     if sequence is not None and micro_target is not None:
         micro_target = shard_tree(micro_target, sequence.target, 0, plan.cp)
-    loss = LossInput(loss_fn, micro_target, traced.out_spec) if loss_fn is not None else None
+    loss = (LossInput(loss_fn, micro_target, traced.out_spec, bool(batch_dims.whole_loss))
+            if loss_fn is not None else None)
     run = run_passes(traced.gm, PassInput(plan, tuple(micro), fixed_cuts, loss), PASSES)
     timings.update({f"pass:{k}": v for k, v in run.timings.items()})
     tp = run.results.get(TensorParallelResult)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.nn.modules.module import register_module_parameter_registration_hook
+from torch.overrides import TorchFunctionMode
 
 from .errors import GraphsplitError
 
@@ -94,7 +95,7 @@ class LoadedModel:
     def _restore_plain_tensors(self, model: nn.Module) -> None:
         """The values of `model`'s plain tensor attributes, from a build whose non-parameter tensors are
         real (`build_buffers_only`, seeded alike: random tables match)."""
-        with forked_generators():
+        with forked_generators(), _RealFromMeta():
             seed_generators(self.seed)
             real = self.build_buffers_only()
         for owner, attr in plain_tensors(model):
@@ -150,6 +151,23 @@ def plain_tensors(model: nn.Module) -> list[tuple[str, str]]:
     """The plain tensor attributes (`tensor_attributes`) on `meta`: building on meta lost their values."""
     return [(name, attr) for name, attr in tensor_attributes(model)
             if getattr(model.get_submodule(name), attr).device.type == "meta"]
+
+
+class _RealFromMeta(TorchFunctionMode):
+    """While a model is built with its parameters on meta: a tensor made after a parameter's device
+    (`self.weight.new_zeros(n)`, `torch.zeros_like(self.weight)`: loralib's `lora_ind`) is made on the
+    CPU, with its values, instead of on meta."""
+
+    _MAKERS = frozenset({"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "zeros_like", "ones_like",
+                         "full_like", "empty_like"})
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        source = args[0] if args else None
+        if getattr(func, "__name__", "") in self._MAKERS and isinstance(source, torch.Tensor) \
+                and source.device.type == "meta" and kwargs.get("device") is None:
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
 
 
 def _meta_cannot(exc: BaseException | None) -> bool:

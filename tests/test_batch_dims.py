@@ -177,3 +177,14 @@ def test_the_nodes_that_mix_the_sequence_are_named():
     targets = {str(getattr(nodes_t, "__name__", nodes_t)) for nodes_t in
                ({n.name: n for n in gm.graph.nodes}[name].target for name, _ in by)}
     assert "scaled_dot_product_attention" not in targets and {"matmul", "softmax"} <= targets, targets
+
+
+@pytest.mark.parametrize("plan", [Plan(pp=2), Plan(dp=2, pp=2)], ids=["pp2", "dp2-pp2"])
+def test_batched_ops_that_keep_examples_apart_keep_the_batch(plan):
+    """cdist between each example's points and its own prototypes, a loss scattering each example's target
+    into its own row: the batch is found through both (each was taken as mixing it: one micro-batch)."""
+    loaded = load_model(str(MODELS / "batched_ops.py"))
+    program, cmp = check_locally(loaded, plan)
+    assert cmp.ok, cmp.failures
+    assert program.batch.inputs == {"x": 0} and program.batch.target == (0,)
+    assert program.plan.num_microbatches == 2 and not program.batch.notes

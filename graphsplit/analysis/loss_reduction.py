@@ -61,6 +61,7 @@ class TokenMean:
     count: CountGraph | None
     why_not: str = ""
     numerator: fx.Node | None = None  # a masked mean's sum
+    offset: float = 0.0  # a constant the count is offset by (`/ (mask.sum() + 1e-4)`), added once
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Count:
     what: str
     reads: str
     graph: CountGraph
+    offset: float = 0.0  # added once to the count over the global batch (a masked mean's `+ eps`)
 
 
 @dataclass(frozen=True)
@@ -115,10 +117,10 @@ def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None
             continue
         masked = _masked_mean(node, gm, data)
         if masked is not None:
-            numerator, denominator = masked
+            numerator, denominator, offset = masked
             why = _not_additive(node, gm, batched)
             count = None if why else _extract(gm, denominator, placeholders, None)
-            found.append(TokenMean(node, _where(node), "masked mean", count, why, numerator))
+            found.append(TokenMean(node, _where(node), "masked mean", count, why, numerator, offset))
     return found
 
 
@@ -173,17 +175,25 @@ def _full_sum(node: object, gm: fx.GraphModule) -> fx.Node | None:
     return node if dims is None or isinstance(dims, torch.dtype) else None
 
 
-def _masked_mean(node: fx.Node, gm: fx.GraphModule, data: set[fx.Node]) -> tuple[fx.Node, fx.Node] | None:
-    """(numerator, denominator) of `sum(x) / sum(d)` where d is computed from the data alone and x
-    is not: a mean weighted by a mask."""
+def _masked_mean(node: fx.Node, gm: fx.GraphModule,
+                 data: set[fx.Node]) -> tuple[fx.Node, fx.Node, float] | None:
+    """(numerator, denominator, offset) of `sum(x) / sum(d)` where d is computed from the data alone and
+    x is not: a mean weighted by a mask; `sum(x) / (sum(d) + c)` (an epsilon against an empty mask,
+    loralib's GPT-2 loss) divides by the count plus a constant, which the whole batch adds once."""
     if node.op not in ("call_function", "call_method") or op_name(node) != "div" or len(node.args) < 2:
         return None
-    numerator, denominator = _full_sum(node.args[0], gm), node.args[1]
+    numerator, denominator, offset = _full_sum(node.args[0], gm), node.args[1], 0.0
+    if isinstance(denominator, fx.Node) and op_name(denominator) == "add" and len(denominator.args) == 2:
+        terms = denominator.args
+        constant = next((a for a in terms if isinstance(a, int | float) and not isinstance(a, bool)), None)
+        counted = next((a for a in terms if isinstance(a, fx.Node)), None)
+        if constant is not None and counted is not None and _full_sum(counted, gm) is not None:
+            denominator, offset = counted, float(constant)
     if numerator is None or _full_sum(denominator, gm) is None or not isinstance(denominator, fx.Node):
         return None
     if _not_data(denominator, gm, data) or not _not_data(numerator, gm, data):
         return None
-    return node.args[0], denominator  # type: ignore[return-value]
+    return node.args[0], denominator, offset  # type: ignore[return-value]
 
 
 def _not_data(node: object, gm: fx.GraphModule, data: set[fx.Node]) -> str:

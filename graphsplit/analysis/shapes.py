@@ -181,6 +181,26 @@ def annotate(
         _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)  # on gm's own nodes
 
 
+class _MetaRunner(fx.Interpreter):
+    """Runs a graph on meta tensors as the analysis does: a torch module that reads its inputs' values
+    (nn.TransformerEncoder's causal-mask test) runs on CPU zeros of the same shapes."""
+
+    def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return super().call_module(target, args, kwargs)
+        except RuntimeError as exc:
+            module = self.fetch_attr(str(target))
+            if "on meta tensors" not in str(exc) or _nbytes(module, args, kwargs) > _CPU_LIMIT:
+                raise
+            return _on_cpu(module, args, kwargs)
+
+
+def run_on_meta(gm: fx.GraphModule, *inputs: Any) -> Any:
+    """`gm(*inputs)` on meta tensors (gm's own, on meta already), the model's own factory calls on meta too."""
+    with on_meta_device():
+        return _MetaRunner(gm).run(*inputs)
+
+
 def _all_meta(gm: fx.GraphModule) -> bool:
     return all(t.device.type == "meta" for t in _tensors(gm))
 

@@ -43,7 +43,7 @@ from ..runtime.microbatch import cut_batch, gather_outputs, join_outputs, stage_
 from ..runtime.token_count import set_factors, token_factors
 from ..runtime.training import LossFn, make_loss, named_grads, sync_tied_grads
 from .compile_stages import DEFAULT_BACKEND, apply_compile
-from .threads import ThreadHub, ThreadLink, run_ranks
+from .threads import SameDraws, ThreadHub, ThreadLink, run_ranks
 
 
 class LocalPipeline:
@@ -192,6 +192,10 @@ class LocalProgram:
         if plan.dp > 1 and plan.sync_bn:
             raise GraphsplitError("the local backend runs dp replicas one after the other, and synchronized "
                                   "BatchNorm needs them together; check --sync-bn with run --check")
+        if plan.dp > 1 and program.batch.whole_loss:
+            raise GraphsplitError(f"the local backend runs dp replicas one after the other, and the loss couples the "
+                                  f"samples ({program.batch.whole_loss}): it needs every replica's outputs at once; "
+                                  "check --dp with graphsplit run --check (real processes)")
         if plan.ep > 1:
             raise GraphsplitError("the local backend runs dp replicas one after the other, and expert parallelism "
                                   "exchanges their tokens at once; check --ep with graphsplit run --check (real processes)")
@@ -235,13 +239,16 @@ class LocalProgram:
         # not change another rank's (copied before any rank starts)
         batches = [shares] + [pytree.tree_map_only(torch.Tensor, torch.clone, shares) for _ in range(len(self.ranks) - 1)]
 
+        # tp ranks draw alike, from the generator's state at this step's start (threads: SameDraws)
+        same_draws = [SameDraws(torch.get_rng_state()) for _ in self.ranks] if self.hub is not None else []
+
         def run(rank: int) -> list[LocalRankStep]:
             pipe = self.ranks[rank]
             losses, outputs, grads = [], [], []
             for share_inputs, share_target in batches[rank]:
                 for stage in pipe.stages:
                     stage.zero_grad(set_to_none=True)
-                with within():
+                with within(), same_draws[rank] if same_draws else contextlib.nullcontext():
                     loss, output = pipe.step(share_inputs, share_target)
                 losses.append(loss)
                 outputs.append(gather_outputs(self.program, output, self.comms[rank]))
@@ -258,6 +265,7 @@ class LocalProgram:
         if self.hub is None:
             return run(0)
         per_rank = run_ranks(self.hub, run)
+        torch.set_rng_state(same_draws[0].state)  # the generator where one rank's draws left it
         return [per_rank[t][d] for d in range(dp) for t in range(len(self.ranks))]
 
     def counts(self, rank: int) -> Counter[tuple[str, str]]:

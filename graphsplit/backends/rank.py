@@ -137,6 +137,8 @@ def assemble_rank(
     del source  # a mapped weights file or the lean build: only this rank's tensors stay
     if observer is not None:
         observer.setup_done(timeout_s)
-    pipeline = parallelize_stages(program, modules, make_loss(program, user_loss), mesh, device)
+    plan = program.plan
+    replicas = mesh.get_group("dp") if plan.dp > 1 and program.batch.whole_loss else None
+    pipeline = parallelize_stages(program, modules, make_loss(program, user_loss, replicas=replicas), mesh, device)
     persistent, aliases = names or (set(), {})
     return RankProgram(program, mesh, device, pipeline, set(persistent), dict(aliases))

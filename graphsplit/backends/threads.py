@@ -20,6 +20,9 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+
+from ..ir.optable import draws
 
 T = TypeVar("T")
 
@@ -94,3 +97,30 @@ def run_ranks(hub: ThreadHub, work: Callable[[int], T]) -> list[T]:
     if first is not None:
         raise first
     return results
+
+
+class SameDraws(TorchFunctionMode):
+    """A tp rank's random draws when tp ranks are threads of one process: every draw (torch.rand in a
+    model, MAE's random masking) comes from this rank's own copy of torch's generator state, all ranks
+    starting from the same, so each rank draws what the others do whatever the threads' interleaving,
+    as real ranks seeded alike do. Entered in the rank's thread (a TorchFunctionMode is per thread)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, state: torch.Tensor) -> None:
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__ if isinstance(func, torch._ops.OpOverload) else getattr(func, "__name__", "")
+        if not draws(name):
+            return func(*args, **kwargs)
+        with SameDraws._lock:
+            outside = torch.get_rng_state()
+            torch.set_rng_state(self.state)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.state = torch.get_rng_state()
+                torch.set_rng_state(outside)

@@ -88,7 +88,7 @@ def stage_examples(program: Program) -> list[tuple[tuple[torch.Tensor, ...], tup
     away, but which would still update BatchNorm running statistics (with garbage
     inputs on later stages) and run every collective once more.
     """
-    from ..analysis.shapes import meta_copy
+    from ..analysis.shapes import meta_copy, run_on_meta
 
     plan = program.plan
     out: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
@@ -98,7 +98,7 @@ def stage_examples(program: Program) -> list[tuple[tuple[torch.Tensor, ...], tup
         module = meta_copy(st.gm, program.param_shardings, plan.tp, names)
         if st.index > 0:  # an activation needs a gradient exactly when the sending stage's output had one
             inputs = tuple(t.detach().requires_grad_(t.requires_grad) for t in inputs)
-        result = module(*inputs)  # its communicator is unbound: collectives shaped, not run
+        result = run_on_meta(module, *inputs)  # its communicator is unbound: collectives shaped, not run
         outputs = (result,) if isinstance(result, torch.Tensor) else tuple(result)
         out.append((inputs, outputs))
         inputs = outputs

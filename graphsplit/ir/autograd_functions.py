@@ -86,7 +86,8 @@ def plain_arguments(cls: type, leaves: list[Any], is_value: Any) -> None:
         if not is_value(leaf) and not isinstance(leaf, _PLAIN):
             raise TypeError(f"the autograd Function {cls.__qualname__} ({defined_at(cls)}) takes a "
                             f"{type(leaf).__name__} among its arguments; graphsplit keeps a Function whole when it "
-                            "takes tensors and plain values (numbers, strings, dtypes)")
+                            "takes tensors and plain values (numbers, strings, dtypes); if it checkpoints activations, "
+                            "switch it off in the model and give --checkpoint blocks")
 
 
 def user_function(node: fx.Node) -> type[torch.autograd.Function] | None:

@@ -46,6 +46,10 @@ class BatchDims:
     how: str = "found"  # "found" in the graph, or "batch_dims()" (the model file's)
     notes: tuple[str, ...] = field(default=())  # what was assumed, what couples the batch
     sequence: SequenceDims | None = None  # the sequence attention mixes, where found (context parallelism)
+    # why the loss alone couples the samples (a contrastive loss over the batch x batch logits), and
+    # where; "" when it does not. The model is cut as usual; the loss runs on the whole batch: one
+    # micro-batch per replica, the replicas' outputs gathered before it (runtime/whole_batch.py)
+    whole_loss: str = ""
 
     @classmethod
     def leading(cls, names: Sequence[str], flat: Sequence[Any]) -> BatchDims:
@@ -77,4 +81,5 @@ class BatchDims:
 
     def to_dict(self, names: Sequence[str]) -> dict[str, Any]:
         return {"inputs": dict(zip(names, self.input_dims(names))), "target": list(self.target),
-                "outputs": list(self.outputs), "size": self.size, "how": self.how, "notes": list(self.notes)}
+                "outputs": list(self.outputs), "size": self.size, "how": self.how, "notes": list(self.notes),
+                "whole_loss": self.whole_loss}

@@ -354,6 +354,13 @@ _DRAW_NAMES = frozenset({"rand", "randn", "rand_like", "randn_like", "randint", 
                          "log_normal", "rrelu", "rrelu_with_noise"})
 
 
+def draws(name: str) -> bool:
+    """An op of this name draws random numbers (a dropout or any other draw), in any spelling
+    (`bernoulli_`, `aten.rand`)."""
+    bare = name.rstrip("_") if name not in _UNDERSCORED else name
+    return bare in _DRAW_NAMES or bare in _DROPOUT_NAMES
+
+
 def _dropout_active(node: fx.Node) -> bool:
     """A functional dropout draws unless its p is 0 or training is False (F.dropout's default
     is training=True; what the tracer saw is a constant)."""

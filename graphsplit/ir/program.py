@@ -278,7 +278,7 @@ def build_program(
             ph = graph.placeholder(v.name)
             ph.meta = dict(v.meta)
             spec = info(v).tensor
-            if s > 0 and spec is not None and spec.dtype.is_floating_point:
+            if s > 0 and spec is not None and (spec.dtype.is_floating_point or spec.dtype.is_complex):
                 env[v] = graph.call_function(dense_grad, (ph,))
                 env[v].meta = dict(v.meta)
             else:

@@ -255,7 +255,8 @@ def run_training(
         with no_dropout() if randoms.dropouts else contextlib.nullcontext(), seeded(plan.seed):
             reference = reference_run(model, loaded, plan, opts.steps, config, opts.resume, first_step, skipped,
                                       train_data=loaded.train_data is not None, data_start=data_start,
-                                      eval_every=opts.eval_every, program=program)
+                                      eval_every=opts.eval_every, program=program,
+                                      precise=not randoms.draws and plan.autocast is None)
         return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped, model=model,
                          weights_atol=weight_tolerance(config, opts.steps), randoms=randoms)
 

@@ -48,7 +48,7 @@ class RandomOps:
                          "program (one stage, one piece of the batch) and the untouched model")
         elif self.draws:
             notes.append(f"random draws in {_listed(self.draws)}: the program and the untouched model need "
-                         "not draw alike (each stage, tp rank and piece of the batch draws on its own); "
+                         "not draw alike (each stage and piece of the batch draws on its own, tp ranks alike); "
                          "results that depend on them are compared as they are and may differ for that "
                          "reason alone (with --pp 1 --tp 1 --dp 1 --microbatches 1 they draw alike)")
         return notes

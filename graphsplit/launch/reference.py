@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 from ..ir.program import Program
 from ..loader import LoadedModel
 from ..plan import Plan
+from ..runtime.clip import squared_norm_share
 from ..runtime.microbatch import (
     batch_size,
     call_dims,
@@ -91,28 +92,89 @@ def reference_step(
     return StepResult(torch.stack(losses).mean(), join_outputs(outputs, out_dims), grads, aliases)
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    if t.is_floating_point():
+        return t.to(torch.float64)
+    return t.to(torch.complex128) if t.is_complex() else t
+
+
+def widened(model: nn.Module) -> nn.Module:
+    """A copy of the untouched model in float64 (complex128): beside the fp32 reference, how far fp32
+    rounding alone moves each value, which `--check`'s tolerances are derived from (parity.py)."""
+    import copy
+
+    return copy.deepcopy(model)._apply(_wide)
+
+
+def precise_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any,
+                 loss_fn: Callable[[Any, Any], torch.Tensor], microbatches: int = 1, replicas: int = 1,
+                 program: Program | None = None, wide_model: nn.Module | None = None) -> StepResult | None:
+    """`reference_step` of the untouched model in float64 (`widened`, or `wide_model` already so) on the
+    same batch, the generator left where it was (the fp32 step then draws what it would have). None when
+    the model does not run in float64 (it fixes a dtype): no estimate, the fixed tolerance stands."""
+    rng = torch.get_rng_state()
+    try:
+        precise = wide_model if wide_model is not None else widened(model)
+        a, k, tgt = pytree.tree_map_only(torch.Tensor, _wide, (args, kwargs, target))
+        return reference_step(precise, a, k, tgt, loss_fn, microbatches, replicas, program)
+    except Exception:  # noqa: BLE001 - a model that fixes its dtypes
+        return None
+    finally:
+        torch.set_rng_state(rng)
+
+
+def reordered_step(model: nn.Module, *args: Any, **kwargs: Any) -> StepResult:
+    """`reference_step` of the fp32 untouched model with another number of threads (1, or 2 where torch
+    uses 1): its kernels sum in another order, a second sample of its own rounding noise beside the fp32
+    reference's (the generator left where it was)."""
+    threads = torch.get_num_threads()
+    rng = torch.get_rng_state()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        return reference_step(model, *args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng)
+
+
+@dataclass
+class PreciseRun:
+    """The untouched model trained in float64 beside the fp32 reference, step for step: step 1's result,
+    each step's loss and gradient norm, and the model after the last step; and step 1 in fp32 in another
+    summation order (`reordered_step`)."""
+
+    first: StepResult
+    losses: list[float]
+    norms: list[float]
+    model: nn.Module
+    reordered: StepResult | None = None
+
+
 @dataclass
 class ReferenceRun:
-    """What the untouched model did over a run: step 1's result, and per step the loss, the gradient
-    norm (before clipping, as `clip_grad_norm_` returns it) and, on eval steps, the eval loss."""
+    """What the untouched model did over a run: step 1's result (and in float64: `precise_step`), and per
+    step the loss, the gradient norm (before clipping, as `clip_grad_norm_` returns it) and, on eval
+    steps, the eval loss."""
 
     first: StepResult
     losses: list[float]
     norms: list[float]
     eval_losses: dict[int, float] = field(default_factory=dict)
     batch: ReferenceBatch = field(default_factory=ReferenceBatch)  # what it ran on
+    precise: PreciseRun | None = None  # the same run in float64
 
 
 def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, config: OptimConfig,
                   resume: str | None = None, first_step: int = 1, skipped: Collection[int] = (),
                   train_data: bool = False, data_start: int = 0, eval_every: int = 0,
-                  program: Program | None = None) -> ReferenceRun:
+                  program: Program | None = None, precise: bool = False) -> ReferenceRun:
     """Train the untouched model in this process as `run` trains the program: the same optimizer,
     lr schedule and clipping (`clip_grad_norm_` over its parameters), from the checkpoint `resume` if
     given, on the same global batches (train_data() from batch `data_start`, or example_inputs())
     each as one batch (or, `reference_batch`, the program's pieces where BatchNorm needs them).
     `skipped`: steps whose optimizer step the program skipped (fp16 overflows); the schedule still
-    advances on them, as it does in the program."""
+    advances on them, as it does in the program. `precise`: the same run in float64 beside it, step for step
+    (`PreciseRun`: where fp32 rounding alone takes the reference)."""
     from ..runtime.data import Batch, DataSource
     from ..runtime.schedule import advance, make_scheduler
 
@@ -132,14 +194,20 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
         batches = itertools.repeat(Batch(loaded.args, loaded.kwargs, loaded.target))
     cut = reference_batch(model, plan)
     first, losses, norms, evals = None, [], [], {}
+    twin = _Twin(model, config, done, steps) if precise else None
     for step in range(first_step, first_step + steps):
         batch = next(batches)
         target = batch.target if batch.target is not None else _stand_in(program, batch)
+        if twin is not None:
+            twin.step(step, batch.args, batch.kwargs, target, loss_fn, cut, program, skipped)
+            if first is None:
+                twin.reordered = reordered_step(model, batch.args, batch.kwargs, target, loss_fn, cut.pieces,
+                                                cut.replicas, program)
         result = reference_step(model, batch.args, batch.kwargs, target, loss_fn, cut.pieces, cut.replicas, program)
         first = first or result
         losses.append(float(result.loss))
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        norm = squared_norm_share(grads).sqrt()  # as the ranks count it (sparse gradients too)
         if config.grad_clip is not None:
             torch.nn.utils.clip_grads_with_norm_(model.parameters(), config.grad_clip, norm)
         norms.append(float(norm))
@@ -150,7 +218,56 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
         if eval_every and step % eval_every == 0:
             evals[step] = reference_eval(model, loaded, plan, program)
     assert first is not None, "at least one step"
-    return ReferenceRun(first, losses, norms, evals, cut)
+    return ReferenceRun(first, losses, norms, evals, cut, twin.result() if twin is not None else None)
+
+
+class _Twin:
+    """The float64 copy of the reference, trained step for step beside it (same batches, optimizer,
+    schedule and clipping); stops, and gives no result, where the model does not run in float64."""
+
+    def __init__(self, model: nn.Module, config: OptimConfig, done: int, steps: int) -> None:
+        from ..runtime.schedule import make_scheduler
+
+        try:
+            self.model: nn.Module | None = widened(model)
+        except Exception:  # noqa: BLE001 - cannot be copied: no estimate
+            self.model = None
+        if self.model is not None:
+            self.opt = config.make_optimizer(list(self.model.parameters()))
+            self.scheduler = make_scheduler(self.opt, config.lr_schedule, config.warmup_steps, done + steps, done)
+        self.config = config
+        self.first: StepResult | None = None
+        self.reordered: StepResult | None = None
+        self.losses: list[float] = []
+        self.norms: list[float] = []
+
+    def step(self, step: int, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any, loss_fn: Any,
+             cut: ReferenceBatch, program: Program | None, skipped: Collection[int]) -> None:
+        from ..runtime.schedule import advance
+
+        if self.model is None:
+            return
+        result = precise_step(self.model, args, kwargs, target, loss_fn, cut.pieces, cut.replicas, program,
+                              wide_model=self.model)
+        if result is None:
+            self.model = None
+            return
+        self.first = self.first or result
+        self.losses.append(float(result.loss))
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = squared_norm_share(grads).sqrt()
+        if self.config.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.config.grad_clip, norm)
+        self.norms.append(float(norm))
+        if step not in skipped:
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        advance(self.scheduler)
+
+    def result(self) -> PreciseRun | None:
+        if self.model is None or self.first is None:
+            return None
+        return PreciseRun(self.first, self.losses, self.norms, self.model, self.reordered)
 
 
 def _stand_in(program: Program | None, batch: Any) -> torch.Tensor:

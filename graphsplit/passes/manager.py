@@ -33,6 +33,9 @@ class LossInput:
     fn: Callable[[Any, Any], torch.Tensor]
     target: Any  # one micro-batch of it
     out_spec: pytree.TreeSpec  # how the model's output is built from the graph's output leaves
+    # the loss couples the samples and runs on the whole batch, the replicas' outputs gathered
+    # (runtime/whole_batch.py): its means are the whole batch's as they are
+    whole_batch: bool = False
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def token_mean_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tu
     loss_gm, untraced = _trace_user_loss(gm, inp)
     model = find_token_means(gm)
     loss: list[TokenMean] = []
-    if loss_gm is not None:
+    if loss_gm is not None and not (inp.loss is not None and inp.loss.whole_batch):
         target = [n for n in loss_gm.graph.nodes if n.op == "placeholder"][-1]
         loss = find_token_means(loss_gm, data={target})
     unproven = [f"the {m.what} {_at(m)}: {m.why_not}" for m in (*model, *loss) if m.count is None]
@@ -59,8 +59,8 @@ def token_mean_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tu
         else:
             proven_model.append(m)
     proven_loss = [m for m in loss if m.count is not None]
-    counts = [Count(_at(m), m.what, "inputs", m.count) for m in proven_model]  # type: ignore[arg-type]
-    counts += [Count("in loss_fn", m.what, "target", m.count) for m in proven_loss]  # type: ignore[arg-type]
+    counts = [Count(_at(m), m.what, "inputs", m.count, m.offset) for m in proven_model]  # type: ignore[arg-type]
+    counts += [Count("in loss_fn", m.what, "target", m.count, m.offset) for m in proven_loss]  # type: ignore[arg-type]
     _rewrite(gm, proven_model, 0, len(counts))
     _rewrite(loss_gm, proven_loss, len(proven_model), len(counts))
     if not counts and not unproven and not untraced:

@@ -66,6 +66,8 @@ def squared_norm_share(grads: list[torch.Tensor], device: torch.device | str = "
     """The sum of squares of `grads` in fp32 (a 0-d tensor): one rank's share of the squared global norm."""
     if not grads:
         return torch.zeros((), dtype=torch.float32, device=device)
+    # a sparse gradient (nn.EmbeddingBag(sparse=True)) counts its stored values, summed where repeated
+    grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
     return torch.nn.utils.get_total_norm(grads, 2.0).float().square()
 
 

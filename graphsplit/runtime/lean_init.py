@@ -103,12 +103,20 @@ def _names_by_call(loaded: LoadedModel, seed: int) -> tuple[dict[int, str], dict
     calls: dict[int, nn.Parameter] = {}
 
     def note(index: int, module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter:
+        if param.device.type != "meta":  # a constructor that cannot run on meta: its parameters moved there
+            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
         calls[index] = param
         return param
 
-    with forked_generators(), _registrations(note), torch.device("meta"):
-        seed_generators(seed)  # the structure the CPU build gets (a width drawn from `random`)
-        model = loaded._call_builder()
+    try:
+        with forked_generators(), _registrations(note), torch.device("meta"):
+            seed_generators(seed)  # the structure the CPU build gets (a width drawn from `random`)
+            model = loaded._call_builder()
+    except GraphsplitError:  # an op of the constructor's has no meta kernel (.to_sparse()): buffers real
+        calls.clear()
+        with forked_generators(), _registrations(note):
+            seed_generators(seed)
+            model = loaded._call_builder()
     first = {id(p): n for n, p in model.named_parameters()}
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     return {i: first[id(p)] for i, p in calls.items() if id(p) in first}, shapes

@@ -58,8 +58,9 @@ def token_factors(program: Program, batches: Sequence[tuple[tuple[Any, ...], Any
     counts = torch.stack(found).sum(0)  # type: ignore[arg-type]
     if reduce is not None:
         reduce(counts)
+    offsets = torch.tensor([c.offset for c in program.token_means.counts], dtype=counts.dtype, device=counts.device)
     plan = program.plan
-    return (plan.num_microbatches * plan.dp / counts).to(torch.float32)
+    return (plan.num_microbatches * plan.dp / (counts + offsets)).to(torch.float32)
 
 
 def set_factors(modules: Iterable[nn.Module], factors: torch.Tensor | None) -> None:

@@ -15,6 +15,8 @@ import torch.utils._pytree as pytree
 from ..errors import GraphsplitError
 from ..ir.meta import info
 from ..ir.program import Program
+from .microbatch import stage_output_dims
+from .whole_batch import gather_replicas
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -83,15 +85,21 @@ def default_target(inputs: Iterable[Any], size: int | None = None) -> torch.Tens
     raise GraphsplitError("no batched tensor among example_inputs()")
 
 
-def make_loss(program: Program, user_loss: LossFn | None, loss_graph: nn.Module | None = None) -> LossFn:
+def make_loss(program: Program, user_loss: LossFn | None, loss_graph: nn.Module | None = None,
+              replicas: Any = None) -> LossFn:
     """The last stage's raw output -> the user's output structure -> their loss.
 
     `loss_graph`: this rank's copy of `program.loss_gm` (the loss rewritten for
-    vocab-sharded logits), where ranks share a process; by default the program's own."""
+    vocab-sharded logits), where ranks share a process; by default the program's own.
+    `replicas`: the dp group, for a loss that couples the samples (`BatchDims.whole_loss`): it runs on
+    every replica's outputs and targets, gathered (runtime/whole_batch.py)."""
     fn = user_loss or default_loss
     graph = loss_graph if loss_graph is not None else program.loss_gm
 
     def loss(stage_output: Any, target: Any) -> torch.Tensor:
+        if replicas is not None:
+            stage_output = gather_replicas(stage_output, stage_output_dims(program), replicas)
+            target = gather_replicas(target, program.batch.target_dims(target), replicas)
         # the loss's own factory calls (a contrastive loss's `torch.arange(batch)` labels) on the device of
         # what it reads, as when the model runs as its author runs it
         device = next((t.device for t in pytree.tree_leaves(stage_output) if isinstance(t, torch.Tensor)), None)

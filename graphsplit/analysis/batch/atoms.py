@@ -66,6 +66,24 @@ class Atoms:
     def routed_by(self, a: int) -> str | None:
         return self.routed.get(self.find(a))
 
+    def loss_couples(self, a: int) -> str | None:
+        """Why atom `a`'s class cannot be cut, when only the loss couples it (a contrastive loss over the
+        batch x batch logits, in loss_fn), else None: the model keeps the examples apart up to its
+        output, so the loss alone needs the whole batch."""
+        seen = a
+        while True:
+            root = self.find(seen)
+            if root in self.coupled:
+                mixers = self.mixers.get(root, [])
+                loss_only = bool(mixers) and all(node == "" for node, _ in mixers) and not self.fixed[root]
+                return self.coupled[root] if loss_only and root not in self.routed else None
+            if self.fixed[root]:
+                return None
+            origin = self.origin[seen]
+            if origin is None:
+                return None
+            seen = origin
+
     def why_not(self, a: int) -> str | None:
         """Why atom `a`'s class cannot be cut (None: it can)."""
         seen = a

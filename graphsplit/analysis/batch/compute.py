@@ -144,6 +144,24 @@ def mm(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     d.set(out, labels, d.reduced_in(args, kwargs))
 
 
+def cdist(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """cdist(x1 [..., P, M], x2 [..., R, M]) -> [..., P, R]: the leading dims are batched (each pair of
+    batch entries on its own, as a batched matmul's), the features contracted."""
+    x1, x2 = args[0], args[1]
+    v1, v2 = d.value(x1), d.value(x2)
+    d.couple_label(d.unify(v1.labels[-1], v2.labels[-1]), f"cdist contracts it at {d.where()}")
+    lead = out.dim() - 2
+    labels: list[Label] = []
+    for pos in range(lead):
+        shared: Label = ()
+        for t, v in ((x1, v1), (x2, v2)):
+            j = pos - (lead - (t.dim() - 2))
+            if 0 <= j < t.dim() - 2 and t.shape[j] > 1:
+                shared = d.unify(shared, v.labels[j]) if shared else v.labels[j]
+        labels.append(shared)
+    d.set(out, [*labels, v1.labels[-2], v2.labels[-2]], d.reduced_in(args, kwargs))
+
+
 def attention(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     """sdpa(q [..., L, E], k [..., S, E], v [..., S, Ev], mask [..., L, S]): S and E coupled."""
     q, k, v = args[0], args[1], args[2]

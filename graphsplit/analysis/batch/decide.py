@@ -35,6 +35,8 @@ class Decision:
     # whether it lines up with a weight's or buffer's dim (a position table): where a sequence may be cut
     mixers: dict[str, tuple[tuple[tuple[tuple[str, str], ...], bool], ...]] = field(default_factory=dict)
     sequence: SequenceDims | None = None  # the dims attention calls mix (`_sequence`)
+    # the loss alone couples the batch (a contrastive loss in loss_fn): why, and where; "" when it does not
+    whole_loss: str = ""
 
 
 class ModelDidNotRun(Exception):
@@ -222,21 +224,26 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
     # candidate classes: an input's dim no op couples and no weight fixes
     votes: dict[int, list[tuple[int, int]]] = {}  # root -> (input index, dim)
     routed: set[int] = set()
+    whole: dict[int, str] = {}  # root -> why, for a class only the loss couples
     first_reason = ""
     for i, name in enumerate(names):
         for k, a in enumerate(input_atoms.get(name, ())):
             if a < 0:
                 continue
             why = atoms.why_not(a)
-            if why is None:
+            loss_why = atoms.loss_couples(a) if why is not None else None
+            if why is None or loss_why is not None:
                 votes.setdefault(atoms.find(a), []).append((i, k))
                 if atoms.routed_by(a) is not None:
                     routed.add(atoms.find(a))
-            elif not first_reason and k == 0:
+                if loss_why is not None:
+                    whole[atoms.find(a)] = loss_why
+            if why is not None and not first_reason and k == 0:
                 first_reason = f"dim 0 of {name!r}: {why}"
-    def score(root: int) -> tuple[bool, int, int, int]:
+    def score(root: int) -> tuple[bool, bool, int, int, int]:
         hits = votes[root]
-        return (root not in routed, len({i for i, _ in hits}), -min(k for _, k in hits), -min(i for i, _ in hits))
+        return (root not in whole, root not in routed, len({i for i, _ in hits}), -min(k for _, k in hits),
+                -min(i for i, _ in hits))
 
     unproven = list(d.unproven)
 
@@ -271,15 +278,18 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
         if k is not None:
             unproven.append(f"{n!r}: only its sizes are read; cut along dim {k}, the batch's size")
     out_dims: list[int | None] = []
-    for t in outputs:
+    for i, t in enumerate(outputs):
         if not isinstance(t, torch.Tensor):
             out_dims.append(None)
             continue
         labels = d.value(t).labels
         dims = [k for k, lab in enumerate(labels) if lab and atoms.find(lab[0]) == batch]
+        if len(dims) > 1 and batch in whole:  # image x text logits: each entry pairs two samples, the model
+            return no_batch(f"output {i} pairs the samples (its dims {dims[0]} and {dims[1]} both hold the batch): "
+                            f"{whole[batch]}")  # couples them, not the loss alone
         out_dims.append(dims[0] if dims else None)
     return Decision(inputs, tuple(dim_of(t) for t in target_atoms),
-                    tuple(out_dims), atoms.size[batch], unproven)
+                    tuple(out_dims), atoms.size[batch], unproven, whole_loss=whole.get(batch, ""))
 
 
 def _declared_class(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
@@ -325,5 +335,9 @@ def find_batch_dims(
     notes = [f"assumed: {u}" for u in found.unproven]
     if not found.size:
         notes.append(f"no batch: {found.why_none}")
+    if found.whole_loss:
+        notes.append(f"the loss couples the samples ({found.whole_loss}): it runs on the whole batch, one "
+                     "micro-batch per replica, the replicas' outputs gathered")
     return BatchDims(dict(found.inputs), found.target, found.outputs, found.size,
-                     "batch_dims()" if declared is not None else "found", tuple(notes), found.sequence)
+                     "batch_dims()" if declared is not None else "found", tuple(notes), found.sequence,
+                     found.whole_loss)

@@ -188,6 +188,25 @@ def embedding(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None
     d.set(out, [*d.value(indices).labels, d.value(weight).labels[-1]], d.reduced_in(args, kwargs))
 
 
+def embedding_bag(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """embedding_bag(weight, indices, offsets): each bag sums the rows its offsets point at. The offsets
+    are positions in the whole indices tensor: a piece of them would point into another piece, so
+    neither can be cut (DLRM's sparse features): both are coupled, the bags with them."""
+    weight, indices, offsets = args[0], args[1], args[2]
+    where = f"embedding_bag's offsets are positions in its indices at {d.where()}"
+    for t in (indices, offsets):
+        if isinstance(t, torch.Tensor):
+            for label in d.value(t).labels:
+                d.couple_label(label, where)
+    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if outs:
+        bags = (d.atoms.new(outs[0].shape[0]),) if outs[0].dim() and outs[0].shape[0] > 1 else ()
+        d.couple_label(bags, where)
+        d.set(outs[0], [bags, d.value(weight).labels[-1]][: outs[0].dim()], d.reduced_in(args, kwargs))
+        for t in outs[1:]:
+            d.fresh(t)
+
+
 def gather(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     """gather / index_select / take_along_dim (x, dim, index): the index's rows, x's dim mixed."""
     x = args[0]
@@ -204,6 +223,27 @@ def gather(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         for k in range(min(x.dim(), index.dim())):
             if k != dim and x.shape[k] == index.shape[k] and x.shape[k] > 1:
                 labels[k] = d.unify(labels[k], xv.labels[k])
+    d.set(out, labels, d.reduced_in(args, kwargs))
+
+
+def scatter(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """scatter / scatter_add / scatter_reduce / index_add (x, dim, index, src): x's dim mixed (rows written
+    at computed places), the other dims of the index and the source lined up with x's (a loss that
+    scatters each sample's target class into its own row keeps the batch: entmax's losses)."""
+    x = args[0]
+    dim = arg(func, args, kwargs, "dim", 0) % max(x.dim(), 1)
+    xv = d.value(x)
+    d.couple_label(xv.labels[dim], f"{func.overloadpacket.__name__} along it at {d.where()}", routed=True)
+    labels = list(xv.labels)
+    name = func.overloadpacket.__name__.rstrip("_")
+    for key in ("index", "src", "source"):
+        t = arg(func, args, kwargs, key, None)
+        if not isinstance(t, torch.Tensor) or (key == "index" and name == "index_add"):  # index_add's is 1-D
+            continue
+        tv = d.value(t)
+        for k in range(min(x.dim(), t.dim())):
+            if k != dim and x.shape[k] == t.shape[k] and x.shape[k] > 1:
+                labels[k] = d.unify(labels[k], tv.labels[k])
     d.set(out, labels, d.reduced_in(args, kwargs))
 
 
