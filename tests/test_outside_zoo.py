@@ -26,7 +26,7 @@ TRAINS = [
     "nanogpt", "mingpt", "llama2c", "llama2c_complex", "mamba", "nanochat", "tslib_fedformer", "tslib_informer",
     "word_language_model", "cifar_resnet18", "cifar_mobilenetv2", "cifar_shufflenetv2", "vit", "vit_mae", "whisper",
     "efficientnet", "entmax", "dann", "loralib_gpt2", "peft_llama_lora", "peft_gpt2_lora", "t5_labels",
-    "improved_diffusion",
+    "improved_diffusion", "mistral_moe",
 ]
 # trains at the plans not named here; refused at these, in one line starting so
 REFUSED_AT = {

@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import GraphsplitError
 from ..ir.devices import on_meta as on_meta_device
 from ..ir.meta import TensorSpec, info, module_path
-from ..ir.optable import OpKind, classify, family
+from ..ir.optable import OpKind, classify, family, sizes_from_data, writes_into
 from ..ir.size_conditions import DECIDED
 
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
@@ -92,6 +92,7 @@ class _MetaAnnotator(fx.Interpreter):
                 ni.flops = 2 * rows.shape[0] * rows.shape[1] * value.shape[-1]
         if isinstance(value, torch.Tensor):
             ni.tensor = TensorSpec(tuple(value.shape), value.dtype, bool(value.requires_grad))
+        ni.sizes_follow_data = self._follows_data(n, value)
         if n.op == "get_attr":
             ni.param_bytes = _tensor_bytes(value)
         elif n.op == "call_module":
@@ -114,6 +115,21 @@ class _MetaAnnotator(fx.Interpreter):
             if "on meta tensors" not in str(exc) or _nbytes(module, args, kwargs) > _CPU_LIMIT:
                 raise
             return _on_cpu(module, args, kwargs)  # a torch module that reads values: its shapes on CPU
+
+    def _follows_data(self, n: fx.Node, value: Any) -> bool:
+        """Whether `n`'s output shape follows the data: made so (a nonzero, a boolean mask's selection), or
+        computed from such a value by an op that keeps it (not one writing into a tensor of its own, not a
+        value of one element)."""
+        inputs = n.all_input_nodes
+        bool_index = any(isinstance(v := self.env.get(a), torch.Tensor) and v.dtype == torch.bool for a in inputs[1:])
+        if sizes_from_data(n, bool_index):
+            return True
+        if writes_into(n):
+            first = n.args[0] if n.args else None
+            return isinstance(first, fx.Node) and info(first).sizes_follow_data
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return False
+        return any(info(a).sizes_follow_data for a in inputs)
 
     def _failed(self, n: fx.Node, exc: Exception) -> GraphsplitError:
         """What failed, on which shapes, where in the model's code, and what to change."""

@@ -15,6 +15,9 @@ graphsplit runs that code in three places, and gives it the device it stands for
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.fx as fx
 
@@ -23,9 +26,15 @@ from .optable import makes_tensor
 NEUTRAL = torch.device("meta")  # a graph's device for what it makes; each rank reads its own device there
 
 
-def on_meta() -> torch.device:
-    """`with on_meta():` factory calls without a device make meta tensors, as the analysis's are."""
-    return torch.device("meta")
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """`with on_meta():` the analysis's meta world: factory calls without a device make meta tensors, as
+    the analysis's are, and an op whose output's size follows the data (a nonzero, a boolean mask's
+    selection) gives the largest it can be (every element counted; `NodeInfo.sizes_follow_data`)."""
+    from torch.fx.experimental import _config
+
+    with torch.device("meta"), _config.patch(meta_nonzero_assume_all_nonzero=True):
+        yield
 
 
 def explicit_devices(graph: fx.Graph) -> int:

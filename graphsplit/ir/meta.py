@@ -85,6 +85,9 @@ class NodeInfo:
     # The program runs every op with grad enabled; passes/grad_mode.py detaches such an op's
     # inputs so it records no autograd history, exactly as in the untouched model.
     grad_enabled: bool = True
+    # its shape follows the data (a nonzero's rows, a boolean mask's selection, and what is computed from
+    # them): measured on meta as if every element counted, and never sent between stages
+    sizes_follow_data: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

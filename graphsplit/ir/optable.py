@@ -338,6 +338,37 @@ def makes_tensor(node: fx.Node) -> bool:
 
 
 # ---------------------------------------------------------------------------
+# Sizes that follow the data: ops whose output's shape depends on the values of their input (a
+# nonzero's rows, a mask's selection), and ops that write values of any size into a tensor of its own
+# (its shape stays). A hand-written mixture of experts picks each expert's tokens so:
+# `batch_idx, _ = torch.where(selected == i); results[batch_idx] += expert(inputs[batch_idx])`.
+
+_DATA_SIZED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "_unique2",
+                         "unique_dim", "nonzero_numpy"})
+_WRITES_INTO = frozenset({"index_put", "index_add", "index_copy", "index_fill", "scatter", "scatter_add",
+                          "scatter_reduce", "masked_scatter", "setitem", "_index_put_impl"})
+
+
+def sizes_from_data(node: fx.Node, bool_index: bool = False) -> bool:
+    """`node`'s output shape follows its input's values: a nonzero, a one-argument `torch.where`, a
+    boolean mask's selection (`bool_index`: an index tensor of `x[...]` holds booleans)."""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    name = op_name(node)
+    if name in _DATA_SIZED or (name == "where" and len(node.args) == 1 and not node.kwargs):
+        return True
+    return name in ("getitem", "index", "_unsafe_index") and bool_index
+
+
+def writes_into(node: fx.Node) -> bool:
+    """`node` writes values into its first argument's tensor, whose shape its output keeps."""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    name = op_name(node)
+    return (name.rstrip("_") if name not in _UNDERSCORED else name) in _WRITES_INTO or name == "setitem"
+
+
+# ---------------------------------------------------------------------------
 # Random ops: what draws from a random generator. A dropout can be switched off (probability 0)
 # without changing what the rest computes; any other draw (torch.rand in a module, a bernoulli
 # mask) is part of what the model computes, and two runs agree on it only if they draw alike.

@@ -75,7 +75,7 @@ def liveness(gm: fx.GraphModule, blocking: set[fx.Node] | frozenset[fx.Node] = f
         ni = info(node)
         if node in recomp:
             continue
-        if node in blocking:
+        if node in blocking or ni.sizes_follow_data:  # a value whose shape follows the data is never sent
             blocked[start] += 1
             blocked[end + 1] -= 1
         elif ni.value == "tensor":

@@ -188,6 +188,29 @@ def embedding(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None
     d.set(out, [*d.value(indices).labels, d.value(weight).labels[-1]], d.reduced_in(args, kwargs))
 
 
+def index_put(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """x[indices] = values (index_put, `results[idx] += ...`): x keeps its dims; the dims the indices
+    address are written at computed places (routed: each row brought back where it came from)."""
+    x, indices = args[0], args[1]
+    xv = d.value(x)
+    for k, i in enumerate(indices):
+        if i is not None and k < len(xv.labels):
+            d.couple_label(xv.labels[k], f"written at computed rows at {d.where()}", routed=True)
+    d.set(out, xv.labels, d.reduced_in(args, kwargs))
+
+
+def positions(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """nonzero / argwhere / a boolean mask's selection: the positions (or elements) the data picks, as
+    many as it picks. Each example's own rows are picked and later indexed back (a mixture of experts
+    routes its tokens so): the input's dims are routed, not mixed; the output's rows are new."""
+    x = args[0]
+    for label in d.value(x).labels:
+        d.couple_label(label, f"{func.overloadpacket.__name__} picks its rows by value at {d.where()}", routed=True)
+    for t in pytree.tree_leaves(out):
+        if isinstance(t, torch.Tensor):
+            d.fresh(t, d.reduced_in(args, kwargs))
+
+
 def embedding_bag(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     """embedding_bag(weight, indices, offsets): each bag sums the rows its offsets point at. The offsets
     are positions in the whole indices tensor: a piece of them would point into another piece, so
