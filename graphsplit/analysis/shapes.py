@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import GraphsplitError
-from ..ir.devices import on_meta as on_meta_device
+from ..ir.devices import meta_sizes
 from ..ir.meta import TensorSpec, info, module_path
 from ..ir.optable import OpKind, classify, family, sizes_from_data, writes_into
 from ..ir.size_conditions import DECIDED
@@ -193,7 +193,7 @@ def annotate(
     # touches weight memory, and never changes the user's modules.
     needs_copy = bool(param_shardings) or not _all_meta(gm)
     on_meta = meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
-    with on_meta_device():  # the model's own factory calls make meta tensors, as its others are here
+    with meta_sizes():  # sizes that follow the data at their largest (every element counted)
         _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)  # on gm's own nodes
 
 
@@ -212,8 +212,8 @@ class _MetaRunner(fx.Interpreter):
 
 
 def run_on_meta(gm: fx.GraphModule, *inputs: Any) -> Any:
-    """`gm(*inputs)` on meta tensors (gm's own, on meta already), the model's own factory calls on meta too."""
-    with on_meta_device():
+    """`gm(*inputs)` on meta tensors (gm's own, on meta already), as the analysis runs it."""
+    with meta_sizes():
         return _MetaRunner(gm).run(*inputs)
 
 

@@ -16,6 +16,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from ..ir.devices import explicit_devices
 from ..ir.traced import fill_leaves
 
 
@@ -40,4 +41,7 @@ def trace_loss(loss_fn: Callable[[Any, Any], torch.Tensor], spec: pytree.TreeSpe
     cls = type("LossGraph", (_Loss,), {"forward": namespace["forward"]})
     module = cls(loss_fn, spec, leaves)
     graph = fx.Tracer().trace(module)
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    if placeholders:  # `torch.arange(n)` in loss_fn: on the device of the output it reads
+        explicit_devices(graph, like=placeholders[0])
     return fx.GraphModule(module, graph, class_name="Loss")

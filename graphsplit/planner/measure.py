@@ -20,7 +20,7 @@ import torch.fx as fx
 from ..analysis.memory import KeptOutputs
 from ..analysis.recompute import recomputable
 from ..analysis.shapes import meta_copy
-from ..ir.devices import on_meta
+from ..ir.devices import meta_sizes
 from ..ir.meta import info
 from .fold import Fold, Unfolding
 
@@ -104,7 +104,7 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
     outputs.enter()
     attention = FusedAttention() if fused_attention else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), outputs, attention:
-        with on_meta():  # the model's own factory calls beside its meta tensors
+        with meta_sizes():  # sizes that follow the data at their largest
             Run(module).run(*args)
     return kept, selective, makers
 

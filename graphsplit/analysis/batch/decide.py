@@ -13,7 +13,7 @@ import torch.utils._pytree as pytree
 
 from ...errors import GraphsplitError
 from ...ir.batch import BatchDims, SequenceDims
-from ...ir.devices import on_meta as meta_device
+from ...ir.devices import meta_sizes, on_meta
 from ...ir.meta import SourceLine, info
 from ...ir.optable import OpKind, classify
 from .mode import Discovery
@@ -123,15 +123,15 @@ def discover(
     `loss(raw_output, target)`: the loss on them (None: outputs only)."""
     from ..shapes import _all_meta, meta_copy
 
-    on_meta = gm if _all_meta(gm) else meta_copy(gm, {}, 1)
+    runnable = gm if _all_meta(gm) else meta_copy(gm, {}, 1)
     d = Discovery(RULES, pointwise)
     meta_inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs]
     meta_target = pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, target)
     input_atoms: dict[str, tuple[int, ...]] = {}
     unread: dict[str, torch.Tensor] = {}
     target_atoms: list[tuple[int, ...] | None] = []
-    runner = _Runner(on_meta, d)
-    with torch.enable_grad(), d, meta_device():  # the model's and the loss's own factory calls on meta too
+    runner = _Runner(runnable, d)
+    with torch.enable_grad(), d, meta_sizes():
         for name, t in zip(input_names, meta_inputs):
             if isinstance(t, torch.Tensor):
                 input_atoms[name] = d.label_input(t)
@@ -148,7 +148,8 @@ def discover(
         outputs = [t for t in output_leaves(raw)]
         if loss is not None:
             try:
-                loss(raw, meta_target)
+                with on_meta():  # the loss's own factory calls (a contrastive loss's labels) on meta too
+                    loss(raw, meta_target)
             except Exception as exc:  # noqa: BLE001 - a loss that reads values (.item()) or mixes devices
                 loss_failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                 target_atoms = [None] * len(target_atoms)

@@ -194,7 +194,12 @@ def index_put(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None
     x, indices = args[0], args[1]
     xv = d.value(x)
     for k, i in enumerate(indices):
-        if i is not None and k < len(xv.labels):
+        if i is None or k >= len(xv.labels):
+            continue
+        along = [lab for lab, s in zip(d.value(i).labels, i.shape) if s > 1]
+        if len(along) == 1 and len(along[0]) == 1 and along[0][0] in d.atoms.iota and i.shape.numel() == x.shape[k]:
+            d.unify(xv.labels[k], along[0])  # x[arange(B)[:, None], ...] = v: each row written to its own
+        else:
             d.couple_label(xv.labels[k], f"written at computed rows at {d.where()}", routed=True)
     d.set(out, xv.labels, d.reduced_in(args, kwargs))
 
