@@ -10,14 +10,17 @@ call back together: the nodes the Function made are replaced by one `call_functi
 target is a `FunctionCall`, which runs `MyFn.apply` itself, forward and backward, on real,
 meta or fake tensors alike. The place is found by the frame of `Function.apply` on the stack;
 the call's end by a profile hook on that one frame (set only while a Function runs, and
-restored at once). torch's own Functions (checkpointing, its internal ops) are traced through
-as before: they are the framework, not the model.
+restored at once). torch.export sees each call as one `graphsplit::function_call` op while it
+traces (`functions_as_ops`), made the same FunctionCall afterwards (`functions_as_calls`).
+torch's own Functions (checkpointing, its internal ops) are traced through as before: they are
+the framework, not the model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import operator
 import sys
 from collections.abc import Callable, Iterator
@@ -121,7 +124,7 @@ class FunctionCapture:
     open: _Open | None = None
     closing: bool = False
     error: BaseException | None = None
-    kept: list[str] = field(default_factory=list)  # "MyFn at file:line", for the summary
+    kept: list[str] = field(default_factory=list)  # the Functions kept whole, for the summary
 
     def on_node(self, node: fx.Node) -> None:
         if self.open is not None or self.closing:
@@ -232,6 +235,8 @@ def defined_at(cls: type) -> str:
 _EXPORTED: dict[int, tuple[type, pytree.TreeSpec, tuple[Any, ...]]] = {}
 _OUTPUTS: dict[int, tuple[pytree.TreeSpec, tuple[Any, ...]]] = {}
 _ORIGINAL: dict[type, Any] = {}  # while `functions_as_ops` holds: each class's own `apply`, if it had one
+_KEYS = itertools.count(1)
+_NONE = object()  # a class with no `apply` of its own (it inherits Function's)
 
 
 @torch.library.custom_op("graphsplit::function_call", mutates_args=())
@@ -267,8 +272,8 @@ def functions_as_ops() -> Iterator[None]:
     a module's globals while it traces. `functions_as_calls` then makes each op a FunctionCall."""
     saved: dict[type, Any] = {}
     for cls in _user_function_classes():
-        saved[cls] = cls.__dict__.get("apply", _TENSOR)
-        if saved[cls] is not _TENSOR:
+        saved[cls] = cls.__dict__.get("apply", _NONE)
+        if saved[cls] is not _NONE:
             _ORIGINAL[cls] = saved[cls]
         cls.apply = classmethod(_export_apply)  # type: ignore[method-assign,assignment]
     try:
@@ -276,7 +281,7 @@ def functions_as_ops() -> Iterator[None]:
     finally:
         for cls, original in saved.items():
             _ORIGINAL.pop(cls, None)
-            if original is _TENSOR:
+            if original is _NONE:
                 del cls.apply
             else:
                 cls.apply = original  # type: ignore[method-assign]
@@ -289,7 +294,7 @@ def _export_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     if not tensors:  # nothing traced flows through it
         return _apply_original(cls, spec, values, ())
     plain_arguments(cls, leaves, lambda v: isinstance(v, torch.Tensor))
-    key = max(_EXPORTED, default=0) + 1
+    key = next(_KEYS)
     _EXPORTED[key] = (cls, spec, values)
     outs = iter(torch.ops.graphsplit.function_call(tensors, key))
     out_spec, out_values = _OUTPUTS[key]

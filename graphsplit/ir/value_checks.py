@@ -4,14 +4,16 @@ Libraries validate their inputs: `if labels.max() >= self.config.vocab_size: rai
 (HF's CTC heads), `assert torch.isfinite(x).all()`. torch.fx cannot branch on a traced value, and
 torch.export cannot either ("could not guard on data-dependent expression"), so such a model was
 refused whole. But a check whose only effect is to raise does not change what the model computes:
-the trace takes the branch that does not raise, and records the condition in the graph as a call of
-`value_check`, which raises (the model's exception type, naming its line) when the values break it
-and does nothing on meta or fake tensors, where the analysis runs.
+the trace takes the branch that does not raise, and records the condition in the graph as a
+`ValueCheck` node, which raises (the model's exception type, naming its line) when the values break
+it and does nothing on meta or fake tensors, where the analysis runs. torch.fx asks at `to_bool`
+(ir/trace.py); torch.export, through `ExportChecks`, at `bool()` of a value it cannot know.
 
-A statement is such a check when it is
-- `assert E`, `assert not E`, `assert E1 and E2 ...` (each operand must hold), or
-- `if E: raise`, `if not E: raise`, `if E1 or E2 ...: raise` (each operand must not hold), whose body
-  only raises (calls before the raise, a log line, are allowed) and which has no `else`.
+A statement is such a check when it is an `assert`, or an `if` whose body only raises (calls before
+the raise, a log line, are allowed) and which has no `else`; and the operand being tested must have
+one truth value for it not to raise: `assert E`, `assert not E`, `assert E1 and E2` (each must hold),
+`if E: raise`, `if E1 or E2: raise` (each must not), `if A and E: raise` at its last operand (read
+from the span of the instruction that asked, Python 3.11+), never `if E and A: raise` at E.
 Any other use of a tensor's value in Python (`if x.sum() > 0: y = a else: y = b`) still is a
 data-dependent branch, refused as before. Under micro-batches a check runs on each piece: a check
 that the whole batch passes, each piece of it passes, for the checks that bound values (`max`, `any`,
@@ -24,6 +26,7 @@ import ast
 import builtins
 import functools
 import inspect
+import itertools
 import linecache
 import os
 import sys
@@ -202,6 +205,7 @@ def check_message(check: Check) -> str:
 # a message naming its key, made a ValueCheck afterwards (`checks_as_calls`)
 _MARK = "graphsplit value check "
 _EXPORT_CHECKS: dict[int, Check] = {}
+_KEYS = itertools.count(1)
 
 
 class ExportChecks(TorchFunctionMode):
@@ -219,7 +223,7 @@ class ExportChecks(TorchFunctionMode):
             check = check_at(_model_frame(sys._getframe(1)))
             if check is None:
                 raise
-            key = max(_EXPORT_CHECKS, default=0) + 1
+            key = next(_KEYS)
             _EXPORT_CHECKS[key] = check
             # recorded as an assert of the condition itself; `checks_as_calls` makes it the check of `holds`
             torch.ops.aten._assert_async.msg(args[0], f"{_MARK}{key}")
