@@ -141,6 +141,11 @@ class _MetaAnnotator(fx.Interpreter):
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if info(n).extra.get(DECIDED):  # a condition decided while tracing, decided otherwise here
             return GraphsplitError(f"{message}{f' (in module {module!r})' if module else ''}")
+        if "Sparse" in message:  # torch has no meta kernel for this op on sparse tensors
+            return GraphsplitError(
+                f"{what} in module '{module or '<root>'}'{at} takes a sparse tensor, and graphsplit analyses the model "
+                "on meta tensors, where torch has no sparse kernel for it: models with sparse inputs or weights are "
+                "not supported yet; give a dense tensor (to_dense()) or run this model unsplit")
         return GraphsplitError(
             f"{what} in module '{module or '<root>'}'{at} fails on input shape(s) "
             f"{', '.join(map(str, shapes)) or '(none)'}: {type(exc).__name__}: {message}; "

@@ -55,7 +55,9 @@ class BatchDims:
     def leading(cls, names: Sequence[str], flat: Sequence[Any]) -> BatchDims:
         """The convention before discovery: dim 0 of every tensor with dims (programs built by hand)."""
         size = next((int(t.shape[0]) for t in flat if isinstance(t, torch.Tensor) and t.dim()), 0)
-        return cls({n: 0 for n in names}, size=size, how="dim 0")
+        # a sparse input (a graph's adjacency) is never cut: it goes whole
+        dims = {n: None if isinstance(t, torch.Tensor) and t.layout != torch.strided else 0 for n, t in zip(names, flat)}
+        return cls(dims, size=size, how="dim 0")
 
     def input_dims(self, names: Sequence[str]) -> list[Dim]:
         return [self.inputs.get(n, 0) for n in names]

@@ -14,7 +14,7 @@ def combination_notes(program: Program) -> list[str]:
     plan = program.plan
     pieces = plan.dp * plan.num_microbatches
     means = program.token_means
-    if pieces == 1 or means is None:
+    if pieces == 1 or means is None or program.batch.whole_loss:  # one loss on the whole batch: said in its own note
         return []
     equals = f"the losses of the {pieces} pieces of the batch (micro-batches x replicas) are averaged as equals"
     notes = [f"the {c.what} {c.where} is normalized by the tokens it counts in the whole global batch: each of the "

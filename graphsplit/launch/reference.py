@@ -72,12 +72,22 @@ def reference_step(
         chunks = [merge_outputs([chunks[d * per + m] for d in range(replicas)], in_dims) for m in range(per)]
         targets = [merge_outputs([targets[d * per + m] for d in range(replicas)], t_dims) for m in range(per)]
     losses, outputs = [], []
+    whole_loss = program is not None and bool(program.batch.whole_loss) and len(chunks) > 1
+    kept = []  # a loss over the whole batch (a contrastive one) runs once, on the pieces' outputs joined
     for (a, k), t in zip(chunks, targets):
         out = model(*a, **k)
+        if whole_loss:
+            kept.append(out)
+            continue
         loss = loss_fn(out, t)
         loss.backward()
         losses.append(loss.detach())
         outputs.append(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out))
+    if whole_loss:
+        loss = loss_fn(join_outputs(kept, out_dims), merge_outputs(targets, t_dims))
+        loss.backward()
+        losses = [loss.detach()] * len(kept)  # every piece's share is the one loss (no division below)
+        outputs = [pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out) for out in kept]
     if replicas > 1:
         parts = [split_microbatches(out, replicas, out_dims) for out in outputs]
         outputs = [parts[m][d] for d in range(replicas) for m in range(per)]
@@ -85,7 +95,7 @@ def reference_step(
     for name, p in model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
         if p.grad is not None:
-            if len(groups[id(p)]) == 1:  # a tied tensor is scaled once
+            if len(groups[id(p)]) == 1 and not whole_loss:  # a tied tensor is scaled once
                 p.grad.div_(per)
             grads[name] = p.grad.detach().clone()
     aliases = [sorted(names) for names in groups.values()]

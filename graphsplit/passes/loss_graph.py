@@ -33,6 +33,16 @@ class _Loss(nn.Module):
         return pytree.tree_unflatten(fill_leaves(self.leaves, tensors), self.spec)
 
 
+class _LossTracer(fx.Tracer):
+    """A loss_fn calling a module of its own (`criterion = nn.BCEWithLogitsLoss()` at module level,
+    open_clip's `ClipLoss()`): no submodule of the loss graph, so traced through, not called as one."""
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not any(m is sub for sub in self.root.modules()):
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
+
 def trace_loss(loss_fn: Callable[[Any, Any], torch.Tensor], spec: pytree.TreeSpec, leaves: list[tuple[str, Any]], n_tensors: int) -> fx.GraphModule:
     names = [f"out{i}" for i in range(n_tensors)]
     namespace: dict[str, Any] = {}
@@ -40,7 +50,7 @@ def trace_loss(loss_fn: Callable[[Any, Any], torch.Tensor], spec: pytree.TreeSpe
     exec(src, namespace)  # noqa: S102 - a fixed signature; fx needs named arguments
     cls = type("LossGraph", (_Loss,), {"forward": namespace["forward"]})
     module = cls(loss_fn, spec, leaves)
-    graph = fx.Tracer().trace(module)
+    graph = _LossTracer().trace(module)
     placeholders = list(graph.find_nodes(op="placeholder"))
     if placeholders:  # `torch.arange(n)` in loss_fn: on the device of the output it reads
         explicit_devices(graph, like=placeholders[0])

@@ -21,6 +21,11 @@ def split_microbatches(value: Any, n: int, dims: Sequence[int | None] | None = N
     pieces = []
     for leaf, dim in zip(leaves, dims):
         if isinstance(leaf, torch.Tensor) and dim is not None and n > 1:
+            if leaf.layout != torch.strided:
+                raise GraphsplitError(
+                    f"a {str(leaf.layout).removeprefix('torch.')} tensor of shape {tuple(leaf.shape)} (a sparse input) "
+                    f"cannot be cut into {n} micro-batches; run with --dp 1 --microbatches 1, or give batch_dims() "
+                    "with None for it")
             if leaf.dim() <= dim or leaf.shape[dim] % n:
                 raise GraphsplitError(
                     f"a batch tensor of shape {tuple(leaf.shape)} cannot be cut into {n} equal micro-batches "

@@ -148,6 +148,7 @@ def discover(
         outputs = [t for t in output_leaves(raw)]
         if loss is not None:
             try:
+                d.in_loss = True
                 with on_meta():  # the loss's own factory calls (a contrastive loss's labels) on meta too
                     loss(raw, meta_target)
             except Exception as exc:  # noqa: BLE001 - a loss that reads values (.item()) or mixes devices

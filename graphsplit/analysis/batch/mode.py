@@ -16,6 +16,8 @@ from .atoms import Atoms, Label, Value
 class Discovery(TorchDispatchMode):
     """Relates the labels of each ATen op's inputs and outputs (see the module's docstring)."""
 
+    in_loss = False  # the loss's Python runs (decide.py sets it)
+
     def __init__(self, rules: Mapping[str, Callable[..., None]], pointwise: Callable[..., None]) -> None:
         """`rules`: op name -> its rule (rules.py's table); `pointwise`: the rule of ops ATen tags pointwise."""
         super().__init__()
@@ -39,8 +41,10 @@ class Discovery(TorchDispatchMode):
         held = self.values.get(id(t))
         if held is not None and held[0] is t:
             return held[1]
-        # a tensor no op made here: a weight, a buffer, a constant: its dims are fixed
-        v = Value(tuple((self.atoms.new(s, fixed=True),) if s > 1 else () for s in t.shape))
+        # a tensor no op made here: a weight, a buffer, a constant: its dims are fixed. In the loss (its
+        # Python, not the graph), one the loss keeps from an earlier call (open_clip's ClipLoss caches its
+        # labels) is no weight: its dims are new
+        v = Value(tuple((self.atoms.new(s, fixed=not self.in_loss),) if s > 1 else () for s in t.shape))
         self.values[id(t)] = (t, v)
         return v
 

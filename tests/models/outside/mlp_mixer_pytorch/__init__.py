@@ -1,0 +1,3 @@
+from mlp_mixer_pytorch.mlp_mixer_pytorch import MLPMixer
+from mlp_mixer_pytorch.mlp_mixer_3d_pytorch import MLPMixer3D
+from mlp_mixer_pytorch.permutator import Permutator
