@@ -1,13 +1,14 @@
 """--check's tolerance where the untouched model's own fp32 rounding is large (launch/parity.py): BatchNorm
 over a few samples amplifies any summation order's rounding, so a healthy program's gradients differ from
 the fp32 reference by what that reference differs from exact arithmetic. Each value's tolerance is
-NOISE_FACTOR times the distance of the fp32 reference from the untouched model in float64, or atol where
-that is smaller; an error a real bug makes is still far outside it."""
+NOISE_FACTOR times the distance of the fp32 reference from the untouched model in float64, or RTOL where
+that is larger, each by relative error; an error a real bug makes is still far outside it."""
 
 
 from graphsplit import Plan
-from graphsplit.launch.parity import ATOL, NOISE_FACTOR, check_locally, compare
+from graphsplit.launch.parity import check_locally, compare
 from graphsplit.launch.reference import precise_step, reference_step, reordered_step
+from graphsplit.launch.tolerance import NOISE_FACTOR, RTOL
 from graphsplit.loader import load_model
 
 from .conftest import MODELS
@@ -31,19 +32,19 @@ def test_a_healthy_noisy_model_passes_where_a_fixed_atol_fails_and_a_real_error_
     assert not compare(None, None, reordered.grads, ref).ok  # 1e-5 is below this model's own noise
     healthy = compare(None, None, reordered.grads, ref, precise=precise, reordered=reordered)
     assert healthy.ok, healthy.failures
-    assert max(healthy.tolerances.values()) > 100 * ATOL
+    assert max(healthy.tolerances.values()) > 100 * RTOL
     # one gradient 10% off (a wrong scale on one rank): caught, and named
     for name in ("layers.3.conv2.weight", "linear.weight"):
         wrong = {**reordered.grads, name: reordered.grads[name] * 0.9}
         bad = compare(None, None, wrong, ref, precise=precise, reordered=reordered)
         assert [f.split(":")[0] for f in bad.failures] == [f"grad {name}"]
     # the head's gradient is far less noisy than the first convolution's: each value its own tolerance
-    assert healthy.tolerances.get("grad linear.weight", ATOL) < 0.01 * healthy.tolerances["grad conv1.weight"]
+    assert healthy.tolerances.get("grad linear.weight", RTOL) < 0.01 * healthy.tolerances["grad conv1.weight"]
 
 
 def test_check_says_the_tolerance_it_used():
     program, cmp = check_locally(load_model(str(NOISY)), Plan(pp=2))
     assert cmp.ok, cmp.failures
-    noisy = [what for what, tol in cmp.tolerances.items() if tol > ATOL]
+    noisy = [what for what, tol in cmp.tolerances.items() if tol > RTOL]
     assert noisy and all(cmp.max_diff[w] <= cmp.tolerances[w] for w in noisy)
     assert NOISE_FACTOR == 10.0

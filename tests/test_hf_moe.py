@@ -64,7 +64,7 @@ def test_moe_3d_matches_untouched_model(name):
 def test_moe_tp2_on_real_processes():
     """Mixtral's data-dependent dispatch in generated code on gloo, its experts tp-sharded: 2 processes,
     each importing transformers for ~9 s (the suite's budget; pp and tp x pp are checked on the local
-    backend above, and dp2 x pp2 x tp2 on real processes passed by hand)."""
+    backend above, and dp2 x pp2 x tp2 on real processes passed once by hand, not checked here)."""
     lines: list[str] = []
     plan = Plan(tp=2)
     cmp = run_training(str(MODELS / "hf_mixtral.py"), plan, RunOptions(steps=1, check=True, timeout_s=240),

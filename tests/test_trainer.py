@@ -30,8 +30,9 @@ from graphsplit.cli import main
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
 from graphsplit.launch.launcher import RunOptions, run_training
-from graphsplit.launch.parity import ATOL, check_weights_after, weight_tolerance
+from graphsplit.launch.parity import ATOL
 from graphsplit.launch.reference import reference_run, reference_step
+from graphsplit.launch.run_check import check_weights_after, weight_tolerance
 from graphsplit.loader import load_model
 from graphsplit.runtime.clip import global_norm_and_clip, owned_grads, squared_norm_share
 from graphsplit.runtime.data import DataSource
@@ -87,7 +88,7 @@ def test_the_global_norm_counts_each_parameter_once_across_tp_shards_and_tied_co
     model = loaded.build("cpu", seed=0)
     local = LocalProgram(program, model_tensors(model), loaded.loss_fn)
     local.step(program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)
-    reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn, program.plan.num_microbatches)
+    reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn)  # the whole batch
     want = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # clips the reference's gradients too
     stages = [dict(enumerate(rank.stages)) for rank in local.ranks]
 
@@ -124,19 +125,40 @@ def test_the_reference_run_clips_and_schedules():
     assert len(set(ref.losses)) == 3  # distinct batches, distinct losses
 
 
-def test_the_weight_check_sees_a_wrong_update_and_tolerates_adamw_rounding(tmp_path):
-    """--check's last comparison: each rank's weights after the run against the untouched model's."""
+def test_the_weight_check_compares_every_rank_s_update_and_fails_on_a_missing_dump(tmp_path):
+    """--check's last comparison: each rank's weights after the run against the untouched model's, as
+    updates from the weights before the run (relative error: a weight near 1 moved by 1e-3 is measured
+    against the 1e-3, not the 1)."""
     loaded = load_model(WITH_DATA)
     program = compile_loaded(loaded, Plan(pp=2)).program
     model = loaded.build("cpu", seed=0)
-    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
-    torch.save(weights, tmp_path / "weights0.pt")
-    assert check_weights_after(program, tmp_path, model, ATOL).ok
-    weights["layers.1.weight"][0, 0] += 1e-3  # one element moved by a tenth of an lr of 0.01
-    torch.save(weights, tmp_path / "weights0.pt")
-    cmp = check_weights_after(program, tmp_path, model, weight_tolerance(OptimConfig("adamw", 0.01), 4))
-    assert not cmp.ok and "weight layers.1.weight" in cmp.failures[0]
-    assert weight_tolerance(OptimConfig("sgd", 0.01), 4) == ATOL
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():  # the reference's training: some update of every weight
+        for p in model.parameters():
+            p.sub_(1e-3 * torch.randn_like(p))
+    after = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def dump(weights: dict[str, torch.Tensor], ranks=(0, 1)) -> None:
+        for f in tmp_path.glob("weights*.pt"):
+            f.unlink()
+        for r in ranks:
+            mine = set(program.stages[r].param_sources.values())
+            torch.save({k: v for k, v in weights.items() if k in mine}, tmp_path / f"weights{r}.pt")
+
+    sgd, adamw = (weight_tolerance(OptimConfig(o, 0.01)) for o in ("sgd", "adamw"))
+    assert sgd == ATOL and adamw == 1e-2
+    dump(after)
+    healthy = check_weights_after(program, tmp_path, model, initial, sgd)
+    assert healthy.ok and len(healthy.max_diff) == len(after), healthy.failures
+    last = [k for k in after if k in set(program.stages[1].param_sources.values())][0]
+    wrong = {**after, last: initial[last] + 0.9 * (after[last] - initial[last])}  # one tensor's update 10% short
+    dump(wrong)
+    for rtol in (sgd, adamw):
+        cmp = check_weights_after(program, tmp_path, model, initial, rtol)
+        assert [f.split(" after")[0] for f in cmp.failures] == [f"rank 1: weight {last}"], cmp.failures
+    dump(after, ranks=(0,))  # rank 1 wrote nothing: its weights are not compared, and that fails
+    cmp = check_weights_after(program, tmp_path, model, initial, sgd)
+    assert "rank(s) [1] wrote none" in cmp.failures[0] and "no rank holds" in cmp.failures[1], cmp.failures
 
 
 # -- data ---------------------------------------------------------------------------------------------

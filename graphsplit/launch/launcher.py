@@ -39,11 +39,14 @@ from ..runtime.materialize import model_tensors
 from ..runtime.schedule import check_schedule
 from ..runtime.training import OptimConfig, objective
 from ..runtime.weights import check_weights, open_weights
+from .faults import Faults
 from .loss_combination import combination_notes
-from .parity import Comparison, check_run, weight_tolerance
+from .parity import Comparison
 from .random_ops import find_random_ops, no_dropout, seeded
 from .reference import reference_run, reference_with_weights
+from .run_check import check_run, weight_tolerance
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, supervise
+from .tolerance import Precision
 from .worker import RunSpec
 
 
@@ -156,6 +159,7 @@ def run_training(
                                   "compare a multi-node run's --metrics losses with a one-node run instead")
     if opts.save:
         require_save_folder(opts.save)  # before training, not after it
+    Faults.for_rank(0, opts.check)  # GRAPHSPLIT_FAULT (--check's own tests): a wrong name before anything starts
     done = 0
     if opts.resume:  # a clear error before anything starts; a --save folder gives its newest checkpoint
         from ..runtime.dcp.safe_read import check_checkpoint
@@ -252,13 +256,17 @@ def run_training(
         if skipped:
             echo(f"fp16: step(s) {', '.join(map(str, sorted(skipped)))} skipped on overflow (the reference skips them too)")
         # as the ranks ran: dropout off, draws from the plan's seed (worker.py)
+        initial = {k: p.detach().clone() for k, p in model.named_parameters(remove_duplicate=False)}
         with no_dropout() if randoms.dropouts else contextlib.nullcontext(), seeded(plan.seed):
+            # the reference's twin, whose distance is its own spread (tolerance.py): under --autocast the
+            # model under torch.autocast; else in float64, unless the model draws (float64 draws other numbers)
             reference = reference_run(model, loaded, plan, opts.steps, config, opts.resume, first_step, skipped,
                                       train_data=loaded.train_data is not None, data_start=data_start,
                                       eval_every=opts.eval_every, program=program,
-                                      precise=not randoms.draws and plan.autocast is None)
+                                      precise=plan.autocast is not None or not randoms.draws, autocast=plan.autocast)
         return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped, model=model,
-                         weights_atol=weight_tolerance(config, opts.steps), randoms=randoms)
+                         initial=initial, weights_rtol=weight_tolerance(config, Precision(plan.autocast)),
+                         randoms=randoms)
 
 
 def _check_data(loaded: LoadedModel, plan: Plan, opts: RunOptions, echo: Callable[[str], None]) -> int:

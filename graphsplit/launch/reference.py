@@ -133,6 +133,30 @@ def precise_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         torch.set_rng_state(rng)
 
 
+def autocast_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any,
+                  loss_fn: Callable[[Any, Any], torch.Tensor], microbatches: int = 1, replicas: int = 1,
+                  program: Program | None = None, autocast: str = "bf16") -> StepResult | None:
+    """`reference_step` of the untouched model under `torch.autocast` in `autocast`'s dtype (on the
+    device its parameters are on), the generator left where it was: how far that precision takes this
+    model from its fp32 step (`--check`'s tolerance under `--autocast`, tolerance.py). None when the model
+    does not run under autocast."""
+    from .tolerance import LOW_DTYPES
+
+    rng = torch.get_rng_state()
+    device = next(iter(model.parameters()), torch.empty(0)).device.type
+    try:
+        with torch.autocast(device, dtype=LOW_DTYPES[autocast]):
+            result = reference_step(model, args, kwargs, target, loss_fn, microbatches, replicas, program)
+        # the loss and outputs as fp32 numbers (the program casts its outputs to fp32 too)
+        return StepResult(result.loss.float(), pytree.tree_map_only(
+            torch.Tensor, lambda t: t.float() if t.is_floating_point() else t, result.output), result.grads,
+            result.aliases)
+    except Exception:  # noqa: BLE001 - an op without a low-precision kernel here: no estimate
+        return None
+    finally:
+        torch.set_rng_state(rng)
+
+
 def reordered_step(model: nn.Module, *args: Any, **kwargs: Any) -> StepResult:
     """`reference_step` of the fp32 untouched model with another number of threads (1, or 2 where torch
     uses 1): its kernels sum in another order, a second sample of its own rounding noise beside the fp32
@@ -149,15 +173,15 @@ def reordered_step(model: nn.Module, *args: Any, **kwargs: Any) -> StepResult:
 
 @dataclass
 class PreciseRun:
-    """The untouched model trained in float64 beside the fp32 reference, step for step: step 1's result,
-    each step's loss and gradient norm, and the model after the last step; and step 1 in fp32 in another
-    summation order (`reordered_step`)."""
+    """The untouched model trained beside the fp32 reference, step for step, in float64 (`autocast` None)
+    or under torch.autocast in `autocast`'s dtype: step 1's result, each step's loss and gradient norm,
+    and the model after the last step. Its distance from the reference is the reference's own spread (tolerance.py)."""
 
     first: StepResult
     losses: list[float]
     norms: list[float]
     model: nn.Module
-    reordered: StepResult | None = None
+    autocast: str | None = None
 
 
 @dataclass
@@ -171,20 +195,23 @@ class ReferenceRun:
     norms: list[float]
     eval_losses: dict[int, float] = field(default_factory=dict)
     batch: ReferenceBatch = field(default_factory=ReferenceBatch)  # what it ran on
-    precise: PreciseRun | None = None  # the same run in float64
+    precise: PreciseRun | None = None  # the same run in float64 (or under torch.autocast)
+    reordered: StepResult | None = None  # step 1 in fp32 summed in another order (fp32 plans)
 
 
 def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int, config: OptimConfig,
                   resume: str | None = None, first_step: int = 1, skipped: Collection[int] = (),
                   train_data: bool = False, data_start: int = 0, eval_every: int = 0,
-                  program: Program | None = None, precise: bool = False) -> ReferenceRun:
+                  program: Program | None = None, precise: bool = False,
+                  autocast: str | None = None) -> ReferenceRun:
     """Train the untouched model in this process as `run` trains the program: the same optimizer,
     lr schedule and clipping (`clip_grad_norm_` over its parameters), from the checkpoint `resume` if
     given, on the same global batches (train_data() from batch `data_start`, or example_inputs())
     each as one batch (or, `reference_batch`, the program's pieces where BatchNorm needs them).
     `skipped`: steps whose optimizer step the program skipped (fp16 overflows); the schedule still
-    advances on them, as it does in the program. `precise`: the same run in float64 beside it, step for step
-    (`PreciseRun`: where fp32 rounding alone takes the reference)."""
+    advances on them, as it does in the program. `precise`: the same run in float64 beside it, step for step,
+    or (`autocast`) under torch.autocast in that dtype (`PreciseRun`: where rounding alone takes the
+    reference)."""
     from ..runtime.data import Batch, DataSource
     from ..runtime.schedule import advance, make_scheduler
 
@@ -203,16 +230,16 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
     else:
         batches = itertools.repeat(Batch(loaded.args, loaded.kwargs, loaded.target))
     cut = reference_batch(model, plan)
-    first, losses, norms, evals = None, [], [], {}
-    twin = _Twin(model, config, done, steps) if precise else None
+    first, losses, norms, evals, reordered = None, [], [], {}, None
+    twin = _Twin(model, config, done, steps, autocast) if precise else None
     for step in range(first_step, first_step + steps):
         batch = next(batches)
         target = batch.target if batch.target is not None else _stand_in(program, batch)
         if twin is not None:
             twin.step(step, batch.args, batch.kwargs, target, loss_fn, cut, program, skipped)
-            if first is None:
-                twin.reordered = reordered_step(model, batch.args, batch.kwargs, target, loss_fn, cut.pieces,
-                                                cut.replicas, program)
+        if first is None and autocast is None:  # a second sample of fp32's noise: another summation order
+            reordered = reordered_step(model, batch.args, batch.kwargs, target, loss_fn, cut.pieces,
+                                       cut.replicas, program)
         result = reference_step(model, batch.args, batch.kwargs, target, loss_fn, cut.pieces, cut.replicas, program)
         first = first or result
         losses.append(float(result.loss))
@@ -228,18 +255,23 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
         if eval_every and step % eval_every == 0:
             evals[step] = reference_eval(model, loaded, plan, program)
     assert first is not None, "at least one step"
-    return ReferenceRun(first, losses, norms, evals, cut, twin.result() if twin is not None else None)
+    return ReferenceRun(first, losses, norms, evals, cut, twin.result() if twin is not None else None, reordered)
 
 
 class _Twin:
-    """The float64 copy of the reference, trained step for step beside it (same batches, optimizer,
-    schedule and clipping); stops, and gives no result, where the model does not run in float64."""
+    """The float64 copy of the reference (or, `autocast`, an fp32 copy run under torch.autocast), trained
+    step for step beside it (same batches, optimizer, schedule and clipping); stops, and gives no result,
+    where the model does not run so."""
 
-    def __init__(self, model: nn.Module, config: OptimConfig, done: int, steps: int) -> None:
+    def __init__(self, model: nn.Module, config: OptimConfig, done: int, steps: int,
+                 autocast: str | None = None) -> None:
+        import copy
+
         from ..runtime.schedule import make_scheduler
 
+        self.autocast = autocast
         try:
-            self.model: nn.Module | None = widened(model)
+            self.model: nn.Module | None = widened(model) if autocast is None else copy.deepcopy(model)
         except Exception:  # noqa: BLE001 - cannot be copied: no estimate
             self.model = None
         if self.model is not None:
@@ -247,7 +279,6 @@ class _Twin:
             self.scheduler = make_scheduler(self.opt, config.lr_schedule, config.warmup_steps, done + steps, done)
         self.config = config
         self.first: StepResult | None = None
-        self.reordered: StepResult | None = None
         self.losses: list[float] = []
         self.norms: list[float] = []
 
@@ -257,8 +288,9 @@ class _Twin:
 
         if self.model is None:
             return
-        result = precise_step(self.model, args, kwargs, target, loss_fn, cut.pieces, cut.replicas, program,
-                              wide_model=self.model)
+        step_args = (args, kwargs, target, loss_fn, cut.pieces, cut.replicas, program)
+        result = precise_step(self.model, *step_args, wide_model=self.model) if self.autocast is None else \
+            autocast_step(self.model, *step_args, autocast=self.autocast)
         if result is None:
             self.model = None
             return
@@ -277,7 +309,7 @@ class _Twin:
     def result(self) -> PreciseRun | None:
         if self.model is None or self.first is None:
             return None
-        return PreciseRun(self.first, self.losses, self.norms, self.model, self.reordered)
+        return PreciseRun(self.first, self.losses, self.norms, self.model, self.autocast)
 
 
 def _stand_in(program: Program | None, batch: Any) -> torch.Tensor:

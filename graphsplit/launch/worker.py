@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ..errors import GraphsplitError
 from ..runtime.transfer import to_device
+from .faults import Faults, runners
 from .random_ops import no_dropout
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, RankReporter, set_collective_timeout
 
@@ -136,6 +137,9 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     rank = assemble_rank(program, _tensor_source(spec, loaded, program), loaded.loss_fn, model_names(loaded.build("meta")),
                          spec.timeout_s, spec.collective_timeout_s, observer=reporter)
     pipe = rank.pipeline
+    # errors injected on purpose, only under --check: how the suite proves the check fails them (faults.py)
+    faults = Faults.for_rank(dist.get_rank(), bool(spec.dump_dir))
+    faults.after_build(program, rank.modules, runners(pipe.schedule))
     settings = spec.optim_config()
     optimizer = settings.make_optimizer(pipe.parameters())
     done = rank.load_checkpoint(spec.resume_dir, optimizer) if spec.resume_dir else 0
@@ -169,14 +173,15 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
         torch.manual_seed(plan.seed)
     for step in range(done + 1, last + 1):
         reporter.at(f"during step {step}")
-        inputs, target = next(batches)
+        inputs, target = faults.batch(program, *next(batches))
         started = time.perf_counter()
         # the output only where --check compares it: kept, a language model's logits (and their merged
         # copy) would outlive the backward and the optimizer step
         loss, output = pipe.step(inputs, target, keep_output=step == done + 1 and bool(spec.dump_dir))
         expert_tokens = pipe.expert_tokens()  # every rank: one all-reduce under ep (before eval adds its own)
+        faults.grads(pipe.parameters())
         if step == done + 1 and spec.dump_dir:
-            whole = gather_outputs(program, output, pipe.tp_comm)
+            whole = faults.output(gather_outputs(program, output, pipe.tp_comm))
             dump = RankStep(dist.get_rank(), tuple(sorted(rank.modules)), pipe.grads(), loss,
                             to_device(whole, torch.device("cpu")), rank.tp_rank, rank.dp_rank)
             torch.save(vars(dump), Path(spec.dump_dir) / f"rank{dist.get_rank()}.pt")
@@ -207,11 +212,11 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     log.close()
     if prints_loss and spec.dump_dir:
         folder = Path(spec.dump_dir)
-        (folder / "losses.json").write_text(json.dumps(losses))
+        (folder / "losses.json").write_text(json.dumps(faults.curve(losses)))
         (folder / "skipped.json").write_text(json.dumps(skipped))
         (folder / "norms.json").write_text(json.dumps(norms))
         (folder / "eval.json").write_text(json.dumps(eval_losses))
-    if spec.dump_dir:  # the weights after the last step: this rank's shards, by original name
+    if spec.dump_dir and "no_weights" not in faults:  # the weights after the last step: this rank's shards
         torch.save(pipe.weights(), Path(spec.dump_dir) / f"weights{dist.get_rank()}.pt")
     if spec.save_dir:
         save(last)

@@ -44,8 +44,8 @@ class Arch:
     kwargs: dict[str, Any] = field(default_factory=dict)
     inputs: str = "tokens"  # a key of INPUTS
     library: str = "transformers"
-    # checked in the suite (tests/test_zoo.py); False: only by bench/zoo_table.py, the suite's time
-    # budget spent on rows whose features others already cover
+    # checked in the suite (tests/test_zoo.py) at every plan; False: at dp 2 x pp 2 x tp 2 only (pp 2 and
+    # tp 2 by bench/zoo_table.py), the suite's time budget spent on rows whose features others cover
     suite: bool = True
 
 
