@@ -25,8 +25,10 @@ MODEL = str(MODELS / "shallow_gpt.py")  # the GPT example two blocks deep: cross
 FAULTS = {
     # rank 1 is tp rank 1: its first gradient (a tp shard of the first block's fused attention weight)
     "scale_grad@1": (["--tp", "2"], "rank 1: grad "),
-    "drop_microbatch": (["--microbatches", "2"], "rank 0: loss"),
-    "shift_shard@1": (["--tp", "2"], "rank 1: grad "),
+    # the outputs of the micro-batch trained twice stand where the dropped one's should
+    "drop_microbatch": (["--microbatches", "2"], "output[0]"),
+    # a wrong weight shard on tp rank 1 changes what every tp rank computes
+    "shift_shard@1": (["--tp", "2"], "output[0]"),
     "no_dp_reduce": (["--dp", "2"], "rank 0: grad "),
 }
 
@@ -48,6 +50,8 @@ def test_check_fails_an_injected_error(fault, autocast):
     mismatches = [line.strip().removeprefix("MISMATCH ") for line in out.splitlines() if "MISMATCH" in line]
     assert any(m.startswith(named) for m in mismatches), mismatches
     assert "Traceback" not in out
+    if fault.startswith("scale_grad"):  # every step's: SGD carries it into the weights, 10% of their update
+        assert any(m.startswith("rank 1: weight ") for m in mismatches), mismatches
 
 
 def test_the_same_plans_pass_without_a_fault_gradients_compared_in_bf16():

@@ -1,7 +1,7 @@
 """--compile: every stage module under torch.compile computes what the untouched model computes.
 
 The local backend (a thread per tp rank) runs the compiled stages: loss, output and every
-rank's gradient against the untouched model's (fp32, 1e-5 scaled by magnitude). The backend
+rank's gradient against the untouched model's (fp32, 1e-5 relative, or the untouched model's own noise x10). The backend
 is "aot_eager" (dynamo's graphs and AOT autograd, no code generation): inductor would only add
 minutes of C++ builds on this CPU; bench/compile_step.py times inductor.
 """

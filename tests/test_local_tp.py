@@ -2,7 +2,7 @@
 
 Each model at tp 2 (and tp 2 x pp 2, and tp 4 where its heads allow) equals the
 untouched model: loss, output, and each rank's gradient against the matching
-slice of the original gradient (fp32, 1e-5 scaled by magnitude); every rank runs
+slice of the original gradient (fp32, 1e-5 relative, or the untouched model's own noise x10); every rank runs
 exactly the collectives the graphs say, per micro-batch.
 """
 

@@ -30,9 +30,8 @@ from graphsplit.cli import main
 from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
 from graphsplit.launch.launcher import RunOptions, run_training
-from graphsplit.launch.parity import ATOL
 from graphsplit.launch.reference import reference_run, reference_step
-from graphsplit.launch.run_check import check_weights_after, weight_tolerance
+from graphsplit.launch.run_check import UPDATE_RTOL, check_weights_after, weight_tolerance
 from graphsplit.loader import load_model
 from graphsplit.runtime.clip import global_norm_and_clip, owned_grads, squared_norm_share
 from graphsplit.runtime.data import DataSource
@@ -146,7 +145,7 @@ def test_the_weight_check_compares_every_rank_s_update_and_fails_on_a_missing_du
             torch.save({k: v for k, v in weights.items() if k in mine}, tmp_path / f"weights{r}.pt")
 
     sgd, adamw = (weight_tolerance(OptimConfig(o, 0.01)) for o in ("sgd", "adamw"))
-    assert sgd == ATOL and adamw == 1e-2
+    assert sgd == adamw == UPDATE_RTOL == 1e-2
     dump(after)
     healthy = check_weights_after(program, tmp_path, model, initial, sgd)
     assert healthy.ok and len(healthy.max_diff) == len(after), healthy.failures

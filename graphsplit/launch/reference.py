@@ -9,6 +9,7 @@ every step, with the optimizer, schedule and clipping `run` uses; `reference_eva
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -133,19 +134,36 @@ def precise_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         torch.set_rng_state(rng)
 
 
+@contextlib.contextmanager
+def _untouched_buffers(model: nn.Module) -> Iterator[None]:
+    """The model's buffers as they were before: a step run only to measure the reference's spread must
+    not move BatchNorm's running statistics (the eval losses read them)."""
+    kept = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in kept:
+                    b.copy_(kept[name])
+
+
 def autocast_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any,
                   loss_fn: Callable[[Any, Any], torch.Tensor], microbatches: int = 1, replicas: int = 1,
-                  program: Program | None = None, autocast: str = "bf16") -> StepResult | None:
+                  program: Program | None = None, autocast: str = "bf16",
+                  keep_buffers: bool = True) -> StepResult | None:
     """`reference_step` of the untouched model under `torch.autocast` in `autocast`'s dtype (on the
     device its parameters are on), the generator left where it was: how far that precision takes this
     model from its fp32 step (`--check`'s tolerance under `--autocast`, tolerance.py). None when the model
-    does not run under autocast."""
+    does not run under autocast. `keep_buffers`: the model's buffers are put back after it (a step run on
+    the reference itself, only to measure); a twin of its own keeps what its step made of them."""
     from .tolerance import LOW_DTYPES
 
     rng = torch.get_rng_state()
     device = next(iter(model.parameters()), torch.empty(0)).device.type
     try:
-        with torch.autocast(device, dtype=LOW_DTYPES[autocast]):
+        kept = _untouched_buffers(model) if keep_buffers else contextlib.nullcontext()
+        with torch.autocast(device, dtype=LOW_DTYPES[autocast]), kept:
             result = reference_step(model, args, kwargs, target, loss_fn, microbatches, replicas, program)
         # the loss and outputs as fp32 numbers (the program casts its outputs to fp32 too)
         return StepResult(result.loss.float(), pytree.tree_map_only(
@@ -165,7 +183,8 @@ def reordered_step(model: nn.Module, *args: Any, **kwargs: Any) -> StepResult:
     rng = torch.get_rng_state()
     torch.set_num_threads(1 if threads > 1 else 2)
     try:
-        return reference_step(model, *args, **kwargs)
+        with _untouched_buffers(model):
+            return reference_step(model, *args, **kwargs)
     finally:
         torch.set_num_threads(threads)
         torch.set_rng_state(rng)
@@ -290,7 +309,7 @@ class _Twin:
             return
         step_args = (args, kwargs, target, loss_fn, cut.pieces, cut.replicas, program)
         result = precise_step(self.model, *step_args, wide_model=self.model) if self.autocast is None else \
-            autocast_step(self.model, *step_args, autocast=self.autocast)
+            autocast_step(self.model, *step_args, autocast=self.autocast, keep_buffers=False)
         if result is None:
             self.model = None
             return
