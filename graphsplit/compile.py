@@ -271,7 +271,7 @@ def compile_program(
     check_call(model, args, kwargs, source)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    traced = traced.copy() if traced is not None else trace_model(model, args, kwargs, source)
+    traced = traced.copy() if traced is not None else trace_model(model, args, kwargs, source, buffers=buffers)
     timings["trace"] = time.perf_counter() - start
     flat = traced.flatten_inputs(args, kwargs)
     replicas = plan.sample_replicas if global_batch else 1
@@ -282,7 +282,7 @@ def compile_program(
     batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
     symbolic = export_batch_dims(traced, flat, batch_dims, sequence=plan.cp > 1)
     if symbolic is not None:
-        traced = trace_model(model, args, kwargs, source, batch_dims=symbolic)
+        traced = trace_model(model, args, kwargs, source, batch_dims=symbolic, buffers=buffers)
         flat = traced.flatten_inputs(args, kwargs)
     if plan.cp > 1:  # attention in SDPA's form (its sizes from the analysis), then the sequence's mixers
         annotate(traced.gm, tuple(torch.as_tensor(t) for t in flat))
@@ -346,4 +346,4 @@ def trace_loaded(loaded: Any) -> Traced:
     """A loaded model file's trace (built on meta), for `compile_loaded(..., traced=)`."""
     model = loaded.build("meta")
     check_call(model, loaded.args, loaded.kwargs, loaded.path)
-    return trace_model(model, loaded.args, loaded.kwargs, loaded.path)
+    return trace_model(model, loaded.args, loaded.kwargs, loaded.path, buffers=loaded.buffer_values)

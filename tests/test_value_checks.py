@@ -83,3 +83,41 @@ def test_an_and_whose_tensor_operand_comes_first_is_not_taken_for_a_check():
 
     with pytest.raises(GraphsplitError, match="reads tensor values into Python"):
         trace_model(Both(), (torch.randn(2, 3), torch.randn(2, 3)), {})
+
+
+# -- a branch on the model's own buffers (minimind's `if self.freqs_cos[0, 0] == 0:`) ------------------
+
+BUFFER_BRANCH = MODELS / "buffer_branch.py"
+
+
+def test_a_branch_on_the_model_s_own_buffer_is_taken_as_the_constructor_left_it_and_checked():
+    """Traced on meta, the buffer's value comes from the constructor run for its buffers alone; the
+    branch is decided by it (not taken), kept as a check, and the program trains as the model does."""
+    loaded = load_model(str(BUFFER_BRANCH))
+    traced = trace_loaded(loaded)
+    assert traced.tracer == "fx" and "branches on the model's buffers" in traced.reason, traced.reason
+    assert "buffer_branch.py:21" in traced.reason
+    [check] = [n.target for n in traced.gm.graph.nodes if isinstance(n.target, ValueCheck)]
+    assert check.holds is False
+    for plan in (Plan(pp=2), Plan(tp=2)):
+        program, cmp = check_locally(loaded, plan, traced=traced)
+        assert cmp.ok, cmp.failures
+    # a run whose buffer holds what the branch was traced away from raises, naming the line
+    with pytest.raises(RuntimeError, match="buffer_branch.py:21"):
+        check(torch.zeros(()) == 0)
+
+
+def test_a_branch_on_a_parameter_s_value_is_still_refused():
+    """A parameter's value is the init's, not the run's: a branch on it stays data-dependent."""
+    class OnWeight(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if self.lin.weight[0, 0] > 0:
+                return self.lin(x)
+            return x
+
+    with pytest.raises(GraphsplitError, match="reads tensor values"):
+        trace_model(OnWeight(), (torch.randn(2, 4),), {})

@@ -20,7 +20,7 @@ from __future__ import annotations
 import linecache
 import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -55,10 +55,53 @@ class SizeValues:
     Placeholders and get_attr nodes evaluate to their tensors (only their sizes are ever read);
     everything else must be a Python int, bool, float or tuple of ints, or it is `Unknown`."""
 
-    def __init__(self, root: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+    def __init__(self, root: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                 buffers: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> None:
         self.root = root
         self.inputs = inputs
         self.memo: dict[fx.Node, Any] = {}
+        self._buffers = buffers  # the model's buffers' real values, where `root` is on meta (read lazily)
+        self._real: Mapping[str, torch.Tensor] | None = None
+        self.state_memo: dict[fx.Node, Any] = {}
+
+    def state(self, node: fx.Node) -> Any:
+        """The node's value computed from the model's own buffers alone (a RoPE table, a step counter),
+        any op on them run for real: `if self.freqs_cos[0, 0] == 0:` is decided by what the constructor
+        put there. `Unknown` where it reads an input, a parameter (its values are the init's, not the
+        run's) or a buffer that has no real value here."""
+        if node in self.state_memo:
+            return self.state_memo[node]
+        if node.op == "get_attr":
+            value = self._buffer(str(node.target))
+        elif node.op in ("call_function", "call_method"):
+            args = fx.node.map_arg(node.args, self.state)
+            kwargs = fx.node.map_arg(node.kwargs, self.state)
+            try:
+                if node.op == "call_method":
+                    value = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+                else:
+                    value = node.target(*args, **kwargs)  # type: ignore[operator]
+            except Exception as exc:  # the model's own error, where it runs
+                raise Unknown(node.name) from exc
+        else:
+            raise Unknown(node.name)  # an input's value: data, not state
+        self.state_memo[node] = value
+        return value
+
+    def _buffer(self, target: str) -> torch.Tensor:
+        owner_name, _, attr = target.rpartition(".")
+        owner = self.root.get_submodule(owner_name) if owner_name else self.root
+        value = owner._buffers.get(attr)
+        if value is None:
+            raise Unknown(target)  # a parameter or a plain attribute
+        if value.device.type != "meta":
+            return value
+        if self._real is None and self._buffers is not None:
+            self._real = self._buffers()
+        real = (self._real or {}).get(target)
+        if real is None:
+            raise Unknown(target)
+        return real
 
     def __call__(self, node: fx.Node) -> Any:
         if node not in self.memo:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import operator
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +73,16 @@ def trace_model(
     leaves: frozenset[str] = frozenset(),
     watch: frozenset[str] = frozenset(),
     batch_dims: dict[int, Any] | None = None,
+    buffers: Callable[[], Mapping[str, torch.Tensor]] | None = None,
 ) -> Traced:
     """Trace `model` called as `model(*args, **kwargs)`. `leaves`: submodules (qualified names) kept
     as one call_module node each, not traced through (fx only); `watch`: submodules whose calls are
     recorded in `Traced.calls`; `batch_dims`: id of an input tensor -> its batch dim (or a tuple of
-    dims: the batch's and the sequence's), which export leaves symbolic (default: dim 0 of each)."""
+    dims: the batch's and the sequence's), which export leaves symbolic (default: dim 0 of each);
+    `buffers`: the model's buffers' real values where it is on meta, read only where a branch reads them."""
     try:
         with training_grad_mode(), left_as_found(model):
-            return _trace_fx(model, args, kwargs, leaves, watch)
+            return _trace_fx(model, args, kwargs, leaves, watch, buffers)
     except GraphsplitError:
         raise
     except Exception as fx_exc:  # any tracer failure: try the other tracer
@@ -118,7 +121,8 @@ def trace_model(
 
 
 def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-              leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset()) -> Traced:
+              leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset(),
+              buffers: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> Traced:
     sig = inspect.signature(model.forward)
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
         raise TypeError("forward takes *args/**kwargs")
@@ -130,7 +134,7 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v):
             raise TypeError(f"input {k!r} is a container of tensors")
     attributes = attributes_as_buffers(model)  # graph values, as buffers are; put back by left_as_found
-    tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}))
+    tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}, buffers))
     graph = tracer.trace(model, concrete_args=concrete or None)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
     explicit_devices(graph)  # `torch.arange(T)`: on the rank's device, not the default one
@@ -153,6 +157,9 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     decided = f" (sizes decided on the example inputs: {places})" if places else ""
     decided += kept_whole(tracer.functions.kept if tracer.functions is not None else [])
     decided += kept_checks(tracer.value_checks)
+    if tracer.state_branches:
+        places = "; ".join(dict.fromkeys(tracer.state_branches))
+        decided += f" (branches on the model's buffers taken as the constructor left them, checked on every call: {places})"
     return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls, f"torch.fx{decided}")
 
 
@@ -182,6 +189,7 @@ class _Tracer(fx.Tracer):
         self.conditions: list[str] = []  # where each decided condition is (size_conditions.py)
         self.functions: FunctionCapture | None = None  # the user's autograd Functions, kept whole
         self.value_checks: list[str] = []  # where each check on tensor values is (value_checks.py)
+        self.state_branches: list[str] = []  # where each branch on the model's own buffers is
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         """`assert t <= 64`, `if x.size(1) > 1:` on sizes known from the example inputs: decided here and
@@ -196,7 +204,7 @@ class _Tracer(fx.Tracer):
             # and the model goes to torch.export
             check = check_at(condition_frame(sys._getframe(1)))
             if check is None:
-                return super().to_bool(obj)
+                return self._state_branch(obj)
             node = self.create_proxy("call_function", ValueCheck(check.holds, check.error, value_check_message(check)),
                                      (obj,), {}).node
             info(node).extra[VALUE_CHECK] = True
@@ -205,6 +213,26 @@ class _Tracer(fx.Tracer):
         place = self._place()
         holds = obj if decided else self.create_proxy("call_function", operator.not_, (obj,), {})
         self._check(holds, place, check_message(place, decided))
+        return decided
+
+    def _state_branch(self, obj: fx.Proxy) -> bool:
+        """`if self.freqs_cos[0, 0] == 0:` (recompute a table the constructor may have left empty): a
+        branch on the model's own buffers, decided by their values (`SizeValues.state`) and kept as a
+        check that raises if a run's buffers decide it the other way; any other branch on values is
+        fx's error, and the model goes to torch.export."""
+        try:
+            if self.sizes is None:
+                raise Unknown(obj.node.name)
+            value = self.sizes.state(obj.node)
+            decided = bool(value)
+        except (Unknown, RuntimeError):
+            return super().to_bool(obj)
+        place = self._place()
+        message = (f"{place}: graphsplit traced the branch the model's buffers took when it was built "
+                   f"({decided}), and they now take the other")
+        node = self.create_proxy("call_function", ValueCheck(decided, RuntimeError, message), (obj,), {}).node
+        info(node).extra[VALUE_CHECK] = True
+        self.state_branches.append(place)
         return decided
 
     def length(self, obj: fx.Proxy) -> int | None:

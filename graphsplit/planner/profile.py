@@ -175,17 +175,18 @@ def start_profile(loaded: LoadedModel, fused_attention: bool = False) -> ModelPr
     blocks, alike = alike_blocks(model)
     # blocks alike the second are traced as one call each, and fold stands the second in for them
     traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, leaves=alike,
-                         watch=frozenset(blocks[:2]) if alike else frozenset())
+                         watch=frozenset(blocks[:2]) if alike else frozenset(), buffers=loaded.buffer_values)
     found = fold(traced.gm, traced.calls, alike)
     if found is None and alike:  # they were not called alike: the whole model, traced through
-        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path)
+        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, buffers=loaded.buffer_values)
         found = fold(traced.gm)
     flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
     # where each input holds the batch (analysis/batch/), as the program cuts it
     batch_dims = find_batch(traced, flat, loaded.loss_fn, loaded.target, loaded.batch_dims)
     symbolic = export_batch_dims(traced, flat, batch_dims)
     if symbolic is not None:
-        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, batch_dims=symbolic)
+        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, batch_dims=symbolic,
+                             buffers=loaded.buffer_values)
         found = fold(traced.gm)
         flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
     dims = batch_dims.input_dims(traced.input_names)
