@@ -41,9 +41,7 @@ from .reference import (
     reordered_step,
 )
 from .reference_batch import ReferenceBatch, reference_batch
-from .tolerance import RTOL, Precision, floor_of, relative_error
-
-ATOL = RTOL  # the fp32 floor (tolerance.py), under its old name
+from .tolerance import Precision, floor_of, relative_error
 
 
 @dataclass
