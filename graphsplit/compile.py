@@ -34,7 +34,7 @@ from .analysis.loss_reduction import TokenMeans
 from .analysis.shapes import annotate
 from .errors import GraphsplitError
 from .ir.batch import BatchDims, SequenceDims
-from .ir.program import Program, build_program
+from .ir.program import Program
 from .ir.trace import trace_model
 from .ir.traced import Traced
 from .ops.cp import shard_tree, shard_values
@@ -51,6 +51,7 @@ from .passes.expert_parallel import ExpertParallelResult, expert_parallel_pass
 from .passes.grad_mode import grad_mode_pass
 from .passes.manager import LossInput, Pass, PassInput, run_passes
 from .passes.pipeline_split import cut_places, pipeline_split_pass, too_few_cuts
+from .passes.stage_programs import build_program
 from .passes.sync_batch_norm import sync_batch_norm_pass
 from .passes.tensor_parallel import TensorParallelResult, tensor_parallel_pass
 from .passes.token_mean import token_mean_pass

@@ -8,7 +8,7 @@ processes (gloo, torchrun) run zbv on gpt in tests/test_distributed.py.
 
 import pytest
 
-import graphsplit.ir.program as program_module
+import graphsplit.passes.stage_programs as program_module
 from graphsplit import Plan
 from graphsplit.cli import _plan_from
 from graphsplit.errors import GraphsplitError

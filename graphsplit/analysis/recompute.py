@@ -13,6 +13,7 @@ import torch.fx as fx
 
 from ..ir.aliasing import Storages
 from ..ir.meta import info
+from ..ir.param_grads import mutates
 
 _RANDOM = ("rand", "dropout", "bernoulli", "multinomial", "normal")
 
@@ -40,14 +41,6 @@ def recomputable(graph: fx.Graph) -> set[fx.Node]:
         if node.all_input_nodes and all(a in found for a in node.all_input_nodes):
             found.add(node)
     return found
-
-
-def mutates(node: fx.Node, name: str) -> bool:
-    """In-place ops (a BatchNorm's `num_batches_tracked.add_(1)`) must run exactly once."""
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None and schema.is_mutable:
-        return True
-    return name.endswith("_") and not name.endswith("__")
 
 
 def from_weights_alone(graph: fx.Graph) -> set[fx.Node]:

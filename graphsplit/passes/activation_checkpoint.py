@@ -53,10 +53,11 @@ from fnmatch import fnmatchcase
 
 import torch.fx as fx
 
-from ..analysis.recompute import mutates, recomputable
+from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, NodeInfo, block_of, info
 from ..ir.optable import OpKind
+from ..ir.param_grads import mutates
 from ..ops.activation_checkpoint import CheckpointRegion
 from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .manager import PassInput, PassResults

@@ -28,16 +28,13 @@ from __future__ import annotations
 
 import operator
 
-import torch
 import torch.fx as fx
 
-from ..analysis.recompute import mutates
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, insert_node
 from ..ir.optable import OpKind
+from ..ir.param_grads import CALLS, in_place
 from .manager import PassInput, PassResults
-
-_CALLS = ("call_function", "call_method", "call_module")
 
 
 def grad_mode_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:
@@ -56,9 +53,9 @@ def keep_grad_modes(gm: fx.GraphModule) -> int:
     detached: dict[fx.Node, fx.Node] = {}
     for node in list(graph.nodes):
         ni = info(node)
-        if ni.grad_enabled or node.op not in _CALLS or _indexes_container(node):
+        if ni.grad_enabled or node.op not in CALLS or _indexes_container(node):
             continue
-        if ni.value == "scalar" and not _in_place(node):
+        if ni.value == "scalar" and not in_place(node):
             continue  # sizes, ints: no gradient to stop
         _refuse_trainable_module(gm, node)
         self_arg = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
@@ -71,74 +68,11 @@ def keep_grad_modes(gm: fx.GraphModule) -> int:
             if arg not in detached:
                 detached[arg] = _detach(graph, arg, node)
             node.replace_input_with(arg, detached[arg])
-        if self_arg is not None and self_arg in detached and _in_place(node):
+        if self_arg is not None and self_arg in detached and in_place(node):
             # `h.add_(1)` returns h itself: later readers of the result get the original tensor
             # (with its autograd history), the mutation having gone through the shared storage
             node.replace_all_uses_with(self_arg)
     return len(detached)
-
-
-def is_detach(node: fx.Node) -> bool:
-    return (node.op == "call_method" and node.target == "detach") or (
-        node.op == "call_function" and node.target in _DETACH_FUNCTIONS
-    )
-
-
-_DETACH_FUNCTIONS = {torch.Tensor.detach, torch.detach, torch.ops.aten.detach, torch.ops.aten.detach.default}
-
-
-def params_without_grad(gm: fx.GraphModule) -> list[str]:
-    """Names of `gm`'s parameters no op of it can give a gradient: frozen ones, and those
-    whose every way to an output goes through a detach (read only under no_grad, or feeding
-    only a detached branch). All names of a tied parameter, or none.
-
-    A stage marks these requires_grad=False (DDP would otherwise wait for their gradients)
-    and tied copies that are all such get no summed zero gradient. Conservative: an op run
-    for its effect (in place, or unread) counts as reaching the output; graphs nested in
-    called modules (checkpoint regions) are read as if all their outputs were used.
-    """
-    names: dict[int, list[str]] = {}
-    params: dict[int, torch.nn.Parameter] = {}
-    for name, p in gm.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-        params[id(p)] = p
-    referenced: set[int] = set()
-    reached: set[int] = set()
-    for sub in gm.modules():
-        if isinstance(sub, fx.GraphModule):
-            _reaching_params(sub, referenced, reached)
-    return [name for key, group in names.items()
-            if not params[key].requires_grad or (key in referenced and key not in reached) for name in group]
-
-
-def _reaching_params(gm: fx.GraphModule, referenced: set[int], reached: set[int]) -> None:
-    """Add the ids of the parameters `gm` reads to `referenced`, and of those with a path to an
-    output or to an op run for its effect that passes no detach, to `reached`."""
-
-    def params_of(node: fx.Node) -> list[torch.nn.Parameter]:
-        if node.op == "get_attr":
-            try:
-                return [gm.get_parameter(str(node.target))]
-            except AttributeError:
-                return []  # a buffer, a constant or a module
-        if node.op == "call_module":
-            called = gm.get_submodule(str(node.target))
-            if not any(isinstance(m, fx.GraphModule) for m in called.modules()):  # else read on its own
-                return list(called.parameters())
-        return []
-
-    stack = [n for n in gm.graph.nodes if n.op == "output" or (n.op in _CALLS and (not n.users or _in_place(n)))]
-    seen: set[fx.Node] = set()
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        reached.update(id(p) for p in params_of(node))
-        if not is_detach(node):
-            stack.extend(node.all_input_nodes)
-    for node in gm.graph.nodes:
-        referenced.update(id(p) for p in params_of(node))
 
 
 def _detach(graph: fx.Graph, value: fx.Node, at: fx.Node) -> fx.Node:
@@ -173,20 +107,6 @@ def _container_needs_grad(value: fx.Node) -> bool:
         for n in value.all_input_nodes
         for a in (info(n),)
     )
-
-
-def _in_place(node: fx.Node) -> bool:
-    if node.op == "call_function" and node.target in _IN_PLACE_OPERATORS:
-        return True
-    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", str(node.target))
-    return node.op != "call_module" and mutates(node, name)
-
-
-_IN_PLACE_OPERATORS = {
-    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
-    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
-    operator.imatmul,
-}
 
 
 def _refuse_trainable_module(gm: fx.GraphModule, node: fx.Node) -> None:

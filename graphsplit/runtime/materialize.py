@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 
 from ..errors import GraphsplitError
+from ..ir.param_grads import params_without_grad
 from ..ir.program import Program, StageProgram
 from ..ir.sharding import Layout, expert_block, local_shape, shard_tensor
-from ..passes.grad_mode import params_without_grad
 from .fast_init import FastInit
 
 
