@@ -121,3 +121,23 @@ def test_a_branch_on_a_parameter_s_value_is_still_refused():
 
     with pytest.raises(GraphsplitError, match="reads tensor values"):
         trace_model(OnWeight(), (torch.randn(2, 4),), {})
+
+
+def test_a_branch_after_an_in_place_update_of_a_buffer_does_not_run_it_while_tracing():
+    """`if self.calls.add_(1) > 10:` is not decided by running the update on the model's buffer (tracing
+    would change the model): it stays a branch on values, refused, the buffer as it was."""
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            if self.calls.add_(1) > 10:
+                return x
+            return self.lin(x)
+
+    model = Counting()
+    with pytest.raises(GraphsplitError, match="reads tensor values"):
+        trace_model(model, (torch.randn(2, 4),), {})
+    assert float(model.calls) == 0.0

@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 
 from .meta import SourceLine, info
+from .param_grads import in_place
 
 # what a size expression may be made of: sizes of a tensor, then arithmetic and comparisons
 _SIZE_METHODS = frozenset({"size", "dim", "ndimension", "numel"})
@@ -74,6 +75,8 @@ class SizeValues:
         if node.op == "get_attr":
             value = self._buffer(str(node.target))
         elif node.op in ("call_function", "call_method"):
+            if in_place(node):  # `self.count += 1`: run now, it would change the model's buffers while tracing
+                raise Unknown(node.name)
             args = fx.node.map_arg(node.args, self.state)
             kwargs = fx.node.map_arg(node.kwargs, self.state)
             try:

@@ -265,7 +265,7 @@ def run_training(
                                       eval_every=opts.eval_every, program=program,
                                       precise=plan.autocast is not None or not randoms.draws, autocast=plan.autocast)
         return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped, model=model,
-                         initial=initial, weights_rtol=weight_tolerance(config, Precision(plan.autocast)),
+                         initial=initial, weights_rtol=weight_tolerance(Precision(plan.autocast)),
                          randoms=randoms)
 
 

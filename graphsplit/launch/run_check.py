@@ -19,7 +19,6 @@ import torch.nn as nn
 
 from ..ir.program import Program
 from ..ir.sharding import shard_tensor
-from ..runtime.training import OptimConfig
 from .parity import Comparison, RankStep, check_notes, check_ranks
 from .random_ops import RandomOps
 from .reference import PreciseRun, ReferenceRun
@@ -35,7 +34,7 @@ from .tolerance import FLOOR, RTOL, Precision, norm, relative, relative_error
 UPDATE_RTOL = 1e-2
 
 
-def weight_tolerance(config: OptimConfig, precision: Precision | None = None) -> float:
+def weight_tolerance(precision: Precision | None = None) -> float:
     """The smallest relative error the weights' update after a run may have (UPDATE_RTOL, or the
     precision's floor where that is larger), whatever the optimizer."""
     return max((precision or Precision()).floor, UPDATE_RTOL)
