@@ -120,7 +120,16 @@ def _view_heads(g: G) -> fx.Node:
 
 
 def _view_moves_shard(g: G) -> fx.Node:
+    return g.call("view", g.input("x", (2, 4, 6), S(1)), 2, 3, 8, shape=(2, 3, 8))
+
+
+def _view_merges_shard(g: G) -> fx.Node:
+    # (batch, heads) merged: each rank's heads of every example, chunks of the merged dim
     return g.call("view", g.input("x", (2, 4, 8), S(1)), 8, 8, shape=(8, 8))
+
+
+def _view_unmerges_shard(g: G) -> fx.Node:
+    return g.call("view", g.input("x", (8, 5), S(0, (4, 4))), 2, 4, 5, shape=(2, 4, 5))
 
 
 def _transpose(g: G) -> fx.Node:
@@ -213,7 +222,9 @@ RULE_ROWS = [
     ("add: fused shard with a whole value", _add_fused_and_whole, R, [("x", R)], "fused sharded value"),
     ("detach keeps a fused shard", _detach, S(1, (2, 2)), [], None),
     ("view splitting the sharded dim", _view_heads, S(2), [], None),
-    ("view merging the sharded dim away", _view_moves_shard, R, [("x", R)], "moves the sharded dim 1"),
+    ("view breaking the shard's blocks", _view_moves_shard, R, [("x", R)], "moves the sharded dim 1"),
+    ("view merging the sharded dim into the one before", _view_merges_shard, S(0, (4, 4)), [], None),
+    ("view splitting a merged dim back", _view_unmerges_shard, S(1), [], None),
     ("transpose", _transpose, S(1), [], None),
     ("permute", _permute, S(2), [], None),
     ("softmax over another dim", _softmax_other, S(1), [], None),

@@ -168,6 +168,19 @@ def gather_from_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = N
 
 @torch.fx.wrap
 @_eager
+def gather_chunks_from_tp(x: torch.Tensor, dim: int, chunks: tuple[int, ...], comm: TPComm) -> torch.Tensor:
+    """The whole of a value sharded chunk by chunk (each rank holds its block of every chunk: a
+    fused QKV's features, the heads inside a merged batch x heads dim): gathered rank after rank,
+    then put back chunk after chunk. Its backward is the gather's (each rank's slice) through
+    the reordering."""
+    gathered = _GatherFromTP.apply(x, dim, comm, None)
+    pieces = gathered.split([c // comm.size for c in chunks] * comm.size, dim)
+    k = len(chunks)
+    return torch.cat([pieces[r * k + i] for i in range(k) for r in range(comm.size)], dim)
+
+
+@torch.fx.wrap
+@_eager
 def scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Tensor:
     return _ScatterToTP.apply(x, dim, comm, size)
 

@@ -156,6 +156,17 @@ PADDING_SAFE = frozenset({
 })
 
 
+# The families whose rules carry a shard of chunks (`Shard(d, chunks)`: a fused QKV's features, or
+# the heads inside a merged (batch x heads) dim, DTensor's strided shard) as chunks, never as a
+# plain block: any other op gets the value whole, gathered and put back in order.
+CHUNK_SAFE = frozenset({
+    OpKind.IDENTITY, OpKind.VIEW, OpKind.TRANSPOSE, OpKind.POINTWISE, OpKind.GETITEM, OpKind.SLICE,
+    OpKind.SPLIT, OpKind.EXPAND, OpKind.SOFTMAX, OpKind.REDUCTION, OpKind.LINEAR, OpKind.GROUPED_LINEAR,
+    OpKind.MATMUL,
+    OpKind.SHAPE, OpKind.OUTPUT,
+})
+
+
 # The families whose rules read their weights' layouts through `LayoutView.param_layout` (and
 # decide to shard them with `Decision.params`) rather than as values: where such a rule leaves a
 # weight that is held sharded (for a tied use) out of its decision, it computed as if the weight
@@ -178,7 +189,8 @@ def register(*kinds: OpKind) -> Callable[[Rule], Rule]:
 
 def decide(node: fx.Node, view: LayoutView, kind: OpKind) -> Decision:
     """The rule of `kind` for `node`; a value with padding rows (a vocabulary tp does not
-    divide) reaches only the rules that keep its padding apart (`PADDING_SAFE`). A padded
+    divide) reaches only the rules that keep its padding apart (`PADDING_SAFE`), a value sharded
+    chunk by chunk only those that keep its chunks (`CHUNK_SAFE`). A padded
     parameter read by a linear or an embedding is that rule's to shard alike or gather."""
     def padded(a: fx.Node) -> bool:
         if a.op == "get_attr" and kind in (OpKind.LINEAR, OpKind.EMBEDDING):
@@ -187,6 +199,8 @@ def decide(node: fx.Node, view: LayoutView, kind: OpKind) -> Decision:
 
     if kind not in PADDING_SAFE and any(padded(a) for a in node.all_input_nodes):
         return replicated(node, view, "reads a vocabulary tp does not divide as data: gathered, padding cut off")
+    if kind not in CHUNK_SAFE and any(isinstance(s := view.layout(a), Shard) and s.chunks for a in node.all_input_nodes):
+        return replicated(node, view, "reads a value sharded chunk by chunk: gathered, put back in order")
     return RULES.get(kind, RULES[OpKind.OTHER])(node, view)
 
 

@@ -5,13 +5,14 @@ Pure functions over global shapes (from the meta analysis); no graph edits.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
 import torch.fx as fx
 
 from ...ir.meta import info
-from ...ir.sharding import Layout, Placement, Replicate
+from ...ir.sharding import Layout, Placement, Replicate, Shard
 from ...plan import divisors
 
 
@@ -78,6 +79,40 @@ def view_shard_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int
         prefix *= x
         if prefix > prefix_in:
             break
+    return None
+
+
+def view_layout(in_shape: tuple[int, ...], out_shape: tuple[int, ...], have: Shard, tp: int) -> Shard | None:
+    """Where a shard goes under a view, plain or of equal chunks, as the part of the flat index it
+    holds: dim d is (outer, inner) with inner sharded (outer = the number of chunks, 1 if plain),
+    inner's stride being the product of the dims after d. The view keeps it when one output dim
+    holds inner's top part with each rank's block whole: that dim is sharded plainly if nothing
+    else of it lies above inner, else as chunks, one per index above (DTensor's strided shard).
+    `q.view(T, B * heads, hd)` of q sharded by heads gives chunks (heads,) * B on dim 1, and
+    `view(B, heads, T, hd)` of that a plain shard of the heads again (nn.MultiheadAttention)."""
+    if have.padded or (have.chunks and len(set(have.chunks)) != 1):
+        return None
+    outer = len(have.chunks) if have.chunks else 1
+    if in_shape[have.dim] % outer:
+        return None
+    inner = in_shape[have.dim] // outer
+    stride = math.prod(in_shape[have.dim + 1:])
+    if inner % tp or math.prod(in_shape) != math.prod(out_shape):
+        return None
+    for e, n in enumerate(out_shape):
+        below = math.prod(out_shape[e + 1:])  # the stride of dim e
+        if stride >= below:  # inner lies inside dim e, with stride // below of e's lower part under it
+            if stride % below or (below * n) % (stride * inner):
+                continue
+            top, part = below * n // (stride * inner), inner * (stride // below)
+        elif stride * inner > below:  # inner's top part in dim e, its lower part in the dims after
+            low = below // stride
+            if below % stride or inner % low or (inner // low) % tp or n % (inner // low):
+                continue
+            top, part = n // (inner // low), inner // low
+        else:
+            continue
+        return Shard(e) if top == 1 else Shard(e, (part,) * top)
     return None
 
 

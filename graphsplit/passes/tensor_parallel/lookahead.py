@@ -38,6 +38,8 @@ def chunk_layout(linear: fx.Node, out_features: int, tp: int) -> tuple[int, ...]
     if user.op in ("call_function", "call_method") and op_name_of(user) in _HEAD_VIEWS:
         shape, out = shape_of(value), shape_of(user)
         fused = chunked_view_dim(shape, out, len(shape) - 1, tp) if shape and out else None
+        if fused is None and shape and out and _chunk_view(shape, out, tp) and _taken_apart(user, len(shape) - 1):
+            fused = (out[-2], len(shape) - 1)
         return (out_features // fused[0],) * fused[0] if fused else None
     if user.op not in ("call_function", "call_method") or op_name_of(user) not in ("split", "chunk", "split_with_sizes"):
         return None
@@ -67,13 +69,63 @@ def view_blocking_shard(linear: fx.Node, tp: int) -> tuple[int, str] | None:
                 last = len(vshape) - 1
                 if out is not None and view_shard_dim(vshape, out, last, tp) is None \
                         and view_keeps_dim(vshape, out, last) is None \
-                        and chunked_view_dim(vshape, out, last, tp) is None:  # a view keeping the features whole keeps the shard
+                        and chunked_view_dim(vshape, out, last, tp) is None \
+                        and not (_chunk_view(vshape, out, tp) and _taken_apart(user, last)):  # a view keeping the features whole keeps the shard
                     heads = split_heads(vshape, out) if len(out) > len(vshape) else 0
                     return heads, f"its output is viewed as {list(out)}, which cannot be split over tp={tp}"
     return None
 
 
 _HEAD_VIEWS = ("view", "reshape", "_unsafe_view", "unflatten")
+
+
+def _chunk_view(shape: tuple[int, ...], out: tuple[int, ...], tp: int) -> bool:
+    """A view of the last dim into (2 or 3, m) that a plain shard does not survive: fused
+    projections (nn.MultiheadAttention's in_proj: `unflatten(-1, (3, E))`), or heads tp does
+    not divide, which only what follows tells apart (`_taken_apart`)."""
+    d = len(shape) - 1
+    return len(out) == len(shape) + 1 and tuple(out[:d]) == tuple(shape[:d]) and out[d] in (2, 3) \
+        and out[d + 1] % tp == 0 and view_shard_dim(shape, out, d, tp) is None
+
+
+def _taken_apart(node: fx.Node, dim: int, depth: int = 8) -> bool:
+    """Whether every use of `node` picks dim `dim` apart index by index (select, unbind, an integer
+    index) after ops that only move dims (unsqueeze, squeeze, transpose, permute, contiguous):
+    the dim holds fused chunks (q, k, v), not heads, which attention keeps together."""
+    if depth == 0 or not node.users:
+        return False
+    nd = len(shape_of(node) or ())
+    for user in node.users:
+        name = op_name_of(user)
+        if name == "select" or name == "unbind":
+            if norm_dim(user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0), nd) != dim:
+                return False
+            continue
+        if name == "getitem" and isinstance(user.args[1], int) and dim == 0:
+            continue
+        moved = _moved_dim(user, name, dim, nd)
+        if moved is None or not _taken_apart(user, moved, depth - 1):
+            return False
+    return True
+
+
+def _moved_dim(node: fx.Node, name: str, dim: int, nd: int) -> int | None:
+    """Where dim `dim` of the input is in `node`'s output, for ops that only move or add dims."""
+    if name in ("contiguous", "clone"):
+        return dim
+    if name == "unsqueeze":
+        at = norm_dim(node.args[1], nd + 1)
+        return dim + 1 if at <= dim else dim
+    if name == "squeeze" and len(node.args) > 1 and isinstance(node.args[1], int):
+        at = norm_dim(node.args[1], nd)
+        return None if at == dim else dim - 1 if at < dim else dim
+    if name in ("transpose", "swapaxes"):
+        a, b = norm_dim(node.args[1], nd), norm_dim(node.args[2], nd)
+        return b if dim == a else a if dim == b else dim
+    if name == "permute":
+        dims = list(node.args[1]) if isinstance(node.args[1], (list, tuple)) else list(node.args[1:])
+        return [norm_dim(x, nd) for x in dims].index(dim)
+    return None
 
 
 def heads_views(graph: fx.Graph) -> list[int]:

@@ -84,10 +84,9 @@ class Redistribute:
         if isinstance(need, Replicate) and have.is_partial():
             return self._insert(tpops.reduce_from_tp, (value,), like=value, layout=R, before=at)
         if isinstance(need, Replicate) and isinstance(have, Shard):
-            if have.chunks:
-                raise GraphsplitError(
-                    f"internal: a fused (chunked) sharded value {value.name} reaches {at.name}, which needs it whole"
-                )
+            if have.chunks:  # every rank's block of every chunk, gathered and put back chunk by chunk
+                return self._insert(tpops.gather_chunks_from_tp, (value, have.dim, have.chunks), like=value,
+                                    layout=R, before=at)
             return self._insert(tpops.gather_from_tp, (value, have.dim), like=value, layout=R, before=at,
                                 kwargs=_size(have))
         if isinstance(need, Shard) and have.is_replicate():

@@ -70,7 +70,7 @@ def linear(node: fx.Node, view: LayoutView) -> Decision:
         needs.append((w, R))
     else:
         needs += [(w, BROADCAST)] + ([(b, BROADCAST)] if b is not None else [])
-    return Decision(Shard(have.dim), inputs=tuple(needs))
+    return Decision(have, inputs=tuple(needs))  # chunks of a merged leading dim kept as they are
 
 
 def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) -> Decision:
@@ -124,12 +124,20 @@ def matmul(node: fx.Node, view: LayoutView) -> Decision:
     if sa.is_replicate() and sb.is_replicate():
         return Decision(R)
     ashape, bshape, oshape = view.shape(a), view.shape(b), view.shape(node)
-    if len(ashape) < 2 or len(bshape) < 2 or _chunked(sa) or _chunked(sb):
-        return replicated(node, view, f"{describe(node)} on vectors or fused shards")
+    if len(ashape) < 2 or len(bshape) < 2:
+        return replicated(node, view, f"{describe(node)} on vectors")
     na, nb, no = len(ashape), len(bshape), len(oshape)
 
     def out_of(x_dim: int, nx: int) -> int:  # batch dims aligned from the right of the batch part
         return x_dim + (no - nx)
+
+    if _chunked(sa) or _chunked(sb):
+        # both sharded alike, chunk by chunk, on one batch dim (each rank's heads of every example
+        # in a merged batch x heads dim, fairseq's `bmm(q, k.transpose(1, 2))`): rank by rank
+        if isinstance(sa, Shard) and sa == sb and sa.dim < na - 2 and sb.dim < nb - 2 \
+                and out_of(sa.dim, na) == out_of(sb.dim, nb):
+            return Decision(sa.moved(out_of(sa.dim, na)))
+        return replicated(node, view, f"{describe(node)} of fused shards")
 
     def batch(other: fx.Node, e: int, n_other: int, other_shape: tuple[int, ...]) -> Decision:
         """Sharded on batch dim e: the other operand takes the same shard, or is read whole

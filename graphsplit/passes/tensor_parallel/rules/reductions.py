@@ -39,7 +39,7 @@ def reduction(node: fx.Node, view: LayoutView) -> Decision:
     dims = {norm_dim(x, nd) for x in (dim if isinstance(dim, (list, tuple)) else [dim])}
     if have.dim in dims:
         return replicated(node, view, f"{describe(node)} reduces over the sharded dim")
-    return Decision(Shard(have.dim if keepdim else have.dim - sum(1 for x in dims if x < have.dim)))
+    return Decision(have.moved(have.dim if keepdim else have.dim - sum(1 for x in dims if x < have.dim)))
 
 
 # norm -> argument positions of (weight, bias): they normalize each row over the trailing

@@ -61,7 +61,8 @@ def expand(node: fx.Node, view: LayoutView) -> Decision:
 def repeat_interleave(node: fx.Node, view: LayoutView) -> Decision:
     """Repeating each element in place keeps a contiguous block per rank."""
     have = view.layout(node.args[0])
-    if isinstance(have, Shard) and isinstance(arg_of(node, 1, "repeats"), int) and arg_of(node, 2, "dim") is not None:
+    if isinstance(have, Shard) and not have.chunks and isinstance(arg_of(node, 1, "repeats"), int) \
+            and arg_of(node, 2, "dim") is not None:
         return Decision(Shard(have.dim))
     return replicated(node, view, f"{describe(node)} without a dim")
 
@@ -82,7 +83,7 @@ def split(node: fx.Node, view: LayoutView) -> Decision:
         return replicated(node, view, f"{describe(node)} along the sharded dim")
     dim = norm_dim(arg_of(node, 2, "dim", 0), nd)
     if isinstance(have, Shard) and dim != have.dim:
-        return Decision((Shard(have.dim),) * n_out)
+        return Decision((have,) * n_out)
     sizes = split_sizes(node, view.shape(src)[dim])
     if isinstance(have, Shard) and have.chunks and sizes is not None and tuple(sizes) == have.chunks:
         edit = None
@@ -141,6 +142,6 @@ def slice_rule(node: fx.Node, view: LayoutView) -> Decision:
     if not isinstance(have, Shard) or dim == have.dim:
         return replicated(node, view, f"{describe(node)} along the sharded dim")
     if op_name_of(node) == "select":
-        return Decision(Shard(have.dim - (1 if dim < have.dim else 0), size=have.size))
+        return Decision(have.moved(have.dim - (1 if dim < have.dim else 0)))
     return Decision(have)
 

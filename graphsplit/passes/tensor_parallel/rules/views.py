@@ -1,5 +1,7 @@
-"""Views and reshapes keep a shard when it stays a contiguous block of one output dim;
-the size argument of that dim becomes the local size (a constant, a computed size or -1).
+"""Views and reshapes keep a shard when each rank's block stays whole inside one output dim
+(`layout.view_layout`: a plain block, or one block per chunk where the view merges the sharded
+dim into the one before it); the size argument of that dim becomes the local size (a constant,
+a computed size or -1).
 A padded shard (a vocabulary tp does not divide) survives only views that keep its dim
 whole (`logits.view(-1, V)`); its local size is rounded up."""
 
@@ -13,7 +15,7 @@ from ....errors import GraphsplitError
 from ....ir.optable import OpKind
 from ....ir.sharding import Replicate, Shard
 from ..decision import Call, Decision, LayoutView, Local, register, replicated
-from ..layout import chunked_view_dim, norm_dim, view_keeps_dim, view_shard_dim
+from ..layout import norm_dim, view_keeps_dim, view_layout
 from ..spellings import arg_of, describe, op_name_of, with_arg
 
 
@@ -26,22 +28,16 @@ def view_rule(node: fx.Node, view: LayoutView) -> Decision:
     in_shape, out_shape = view.shape(src), view.shape(node)
     if not isinstance(have, Shard):  # view_as / reshape_as a sharded value
         return replicated(node, view, f"{describe(node)} of a whole value as a sharded one")
-    if have.padded:
+    out = view_layout(in_shape, out_shape, have, view.tp)
+    if out is None and (have.padded or have.chunks):
+        # a padded dim, or chunks of unequal sizes (GQA's fused QKV), only where the view leaves the dim whole
         e = view_keeps_dim(in_shape, out_shape, have.dim)
-    else:
-        e = view_shard_dim(in_shape, out_shape, have.dim, view.tp)
-    if have.chunks and len(set(have.chunks)) == 1:  # equal fused chunks viewed as (chunks, heads, ...)
-        fused = chunked_view_dim(in_shape, out_shape, have.dim, view.tp)
-        if fused is not None and fused[0] == len(have.chunks):
-            heads = Shard(fused[1])  # each rank's heads of every chunk: a plain shard of the heads dim
-            return Decision(heads, edit=local_view_sizes(node, view, heads))
-    if e is not None and have.chunks and out_shape[e] != in_shape[have.dim]:
-        e = None  # a fused dim keeps its chunk layout only if the view leaves it whole
-    if e is None:
+        out = have.moved(e) if e is not None else None
+    if out is None:
         return replicated(
             node, view, f"{describe(node)} {list(in_shape)} -> {list(out_shape)} moves the sharded dim {have.dim}"
         )
-    return Decision(have.moved(e), edit=local_view_sizes(node, view, have.moved(e)))
+    return Decision(out, edit=local_view_sizes(node, view, out))
 
 
 def local_view_sizes(node: fx.Node, view: LayoutView, out: Shard) -> Call | None:

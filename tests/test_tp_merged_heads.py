@@ -1,0 +1,87 @@
+"""Heads merged with the batch, and q/k/v packed in one projection (nn.MultiheadAttention, fairseq):
+sharded by heads, each rank holds its heads of every example, so the merged (batch x heads) dim is
+sharded chunk by chunk (DTensor's strided shard). The program equals the untouched model on the whole
+batch, attention is not gathered, and a merged value an op needs whole is gathered in order."""
+
+import pytest
+import torch
+
+from graphsplit import Plan
+from graphsplit.analysis.collectives import COLLECTIVES_OF, collectives
+from graphsplit.backends import threads
+from graphsplit.ir.sharding import Shard, shard_tensor
+from graphsplit.ir.trace_export import trace_export
+from graphsplit.launch.parity import check_locally
+from graphsplit.loader import load_model
+from graphsplit.ops import tp as tpops
+from graphsplit.ops.tp_comm import TPComm
+
+from .conftest import MODELS
+
+PLANS = [Plan(tp=2), Plan(tp=2, pp=2), Plan(tp=4)]
+
+
+def _forward_all_reduces(program, block: str) -> int:
+    graphs = [st.gm.graph for st in program.stages]
+    return sum(1 for b, direction, kind in collectives(graphs) if b == block and direction == "forward"
+               and kind == "all_reduce")
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=["tp2", "tp2-pp2", "tp4"])
+def test_packed_qkv_of_multihead_attention_is_sharded_by_heads(plan):
+    """torch.export's nn.MultiheadAttention: `unflatten(-1, (3, E))` of the packed projection is read as
+    q, k, v (each picked apart by select), not as 3 heads; its 4 heads split over tp 2 and 4."""
+    loaded = load_model(str(MODELS / "packed_attention.py"))
+    traced = trace_export(loaded.build("meta"), loaded.args, loaded.kwargs)
+    program, cmp = check_locally(loaded, plan, traced=traced)
+    assert cmp.ok, cmp.failures
+    e = 32
+    assert program.param_sharding("blocks.0.attn.in_proj_weight") == Shard(0, (e, e, e))  # q, k, v each split
+    assert program.param_sharding("blocks.0.attn.out_proj.weight") == Shard(1)
+    # attention and the MLP each one all-reduce forward: attention is sharded, nothing gathered
+    assert _forward_all_reduces(program, "blocks.0") == 2
+    assert not any(n.target is tpops.gather_chunks_from_tp for st in program.stages for n in st.gm.graph.nodes)
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=["tp2", "tp2-pp2", "tp4"])
+def test_attention_over_a_merged_batch_and_heads_dim_stays_sharded(plan):
+    """fairseq's `view(T, B * heads, head_dim)` then `bmm`: the bmm runs on each rank's heads."""
+    loaded = load_model(str(MODELS / "merged_heads_attention.py"))
+    program, cmp = check_locally(loaded, plan)
+    assert cmp.ok, cmp.failures
+    assert _forward_all_reduces(program, "layers.0") == 1  # the row-parallel out_proj's sum, nothing else
+    assert not any(n.target is tpops.gather_chunks_from_tp for st in program.stages for n in st.gm.graph.nodes)
+
+
+def test_a_merged_value_an_op_needs_whole_is_gathered_in_order(tmp_path):
+    """An op no rule knows (cumsum) over the merged scores: gathered chunk by chunk into the whole
+    value, and the program still equals the untouched model (a gather in rank order would not)."""
+    source = (MODELS / "merged_heads_attention.py").read_text()
+    path = tmp_path / "merged_cumsum.py"
+    path.write_text(source.replace("F.softmax(attn_weights, dim=-1)", "F.softmax(torch.cumsum(attn_weights, -1) * 0.1, dim=-1)"))
+    loaded = load_model(str(path))
+    program, cmp = check_locally(loaded, Plan(tp=2))
+    assert cmp.ok, cmp.failures
+    assert sum(n.target is tpops.gather_chunks_from_tp for st in program.stages for n in st.gm.graph.nodes) == 2
+
+
+def test_gather_chunks_puts_every_rank_block_back_chunk_by_chunk():
+    """Two chunks of 4 rows over tp 2 (rank r holds rows 2r..2r+1 of each chunk): the gather is the
+    whole tensor; its backward gives each rank its block of every chunk of the gradient."""
+    whole = torch.randn(3, 8, 5, dtype=torch.float64)
+    layout = Shard(1, (4, 4))
+    weight = torch.randn(3, 8, 5, dtype=torch.float64)
+    hub = threads.ThreadHub(2)
+
+    def work(rank):
+        comm = TPComm(2)
+        comm.bind(threads.ThreadLink(hub, rank))
+        block = shard_tensor(whole, layout, rank, 2).clone().requires_grad_(True)
+        gathered = tpops.gather_chunks_from_tp(block, 1, (4, 4), comm)
+        (gathered * weight).sum().backward()
+        return gathered.detach(), block.grad
+
+    for rank, (gathered, grad) in enumerate(threads.run_ranks(hub, work)):
+        assert torch.equal(gathered, whole)
+        assert torch.equal(grad, shard_tensor(weight, layout, rank, 2))
+    assert COLLECTIVES_OF[tpops.gather_chunks_from_tp] == [("forward", "all_gather")]  # counted and priced
