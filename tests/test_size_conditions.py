@@ -103,14 +103,23 @@ class _OnComputedSize(_OnValues):
 
 
 def test_conditions_on_values_are_not_decided_by_fx():
-    """Values go to torch.export, as before, which refuses them; so does a size fx cannot read."""
+    """Values go to torch.export, as before, which refuses them."""
     for model, inputs in ((_OnValues(), (torch.randn(3, 4),)), (_OnFlag(), (torch.randn(3, 4), torch.tensor(True)))):
         with pytest.raises(GraphsplitError, match=rf"^cannot trace {type(model).__name__} at "
                                                   r"test_size_conditions.py:\d+ in forward: .*torch.fx said 'symbolically traced"):
             trace_model(model, inputs, {})
-    t = trace_model(_OnComputedSize(), (torch.randn(3, 4),), {})
-    assert t.tracer == "export"
-    assert t.reason.startswith("torch.export: torch.fx failed at test_size_conditions.py:")
+
+
+def test_a_condition_on_a_computed_tensors_size_is_decided_on_meta_and_checked():
+    """`h = self.lin(x); if h.size(0) > 1:`: h's size is read from the op run on meta tensors (never its
+    values), decided, and checked when the graph runs, as a condition on an input's size is."""
+    model = _OnComputedSize()
+    t = trace_model(model, (torch.randn(3, 4),), {})
+    assert t.tracer == "fx" and "test_size_conditions.py:" in t.reason and "sizes decided" in t.reason
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(t.gm(x)[0], model(x))  # the branch taken: h * 2
+    with pytest.raises(AssertionError, match="was True on the example inputs and is False here"):
+        t.gm(torch.randn(1, 4))
 
 
 class _Exported(nn.Module):
@@ -199,3 +208,19 @@ def test_an_inputs_shape_unpacked_into_a_call_traces_with_fx():
     assert program.batch.inputs == {"x": 0}
     out = traced.gm(x)
     torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, model(x))
+
+
+def test_forward_with_kwargs_it_is_not_given_traces_with_fx_and_keeps_its_output_type():
+    """`forward(self, input_ids, labels=None, **kwargs)` with a branch on its buffer (torch.export
+    cannot decide it) and on a hidden state's size in each block: fx on the named parameters, the
+    `**kwargs` empty as the call has them; the model's ModelOutput comes back as itself."""
+    loaded, traced = traced_once(MODELS / "kwargs_output.py")
+    assert traced.tracer == "fx", traced.reason
+    assert "forward's *args/**kwargs empty" in traced.reason
+    assert "kwargs_output.py:32 in forward `if seq_len > 1:" in traced.reason and "kwargs_output.py:46" in traced.reason
+    want = loaded.build("cpu")(**loaded.kwargs)
+    out = traced.unflatten_output([want.loss, want.logits])
+    assert type(out) is type(want) and out.loss is want.loss and out.logits is want.logits  # not a plain dict
+    for plan in (Plan(pp=2), Plan(tp=2), Plan(dp=2, pp=2)):
+        _, cmp = check_locally(loaded, plan, traced=traced.copy())
+        assert cmp.ok, (plan, cmp.failures)

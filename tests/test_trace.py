@@ -42,14 +42,16 @@ def test_keyword_tensor_inputs_become_placeholders():
 
 
 class ShapeBranch(nn.Module):
-    """fx cannot follow `if h.shape[0] > 1` on a computed tensor's size; export can (a guard on a
-    size). A condition on the inputs' sizes fx decides itself (test_size_conditions.py)."""
+    """`forward(*inputs)` sends it to torch.export (fx makes no placeholder of a var-arg it is given),
+    which keeps `if h.shape[0] > 1` as a guard on the batch size (fx decides such conditions itself:
+    test_size_conditions.py)."""
 
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(4, 4)
 
-    def forward(self, x):
+    def forward(self, *inputs):
+        (x,) = inputs
         h = x.transpose(0, 1).transpose(0, 1)
         if h.shape[0] > 1:
             x = x * 3

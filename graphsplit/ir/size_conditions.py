@@ -17,6 +17,7 @@ it consumes.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import operator
 import os
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 from .meta import SourceLine, info
 from .param_grads import in_place
@@ -32,6 +34,8 @@ from .param_grads import in_place
 # what a size expression may be made of: sizes of a tensor, then arithmetic and comparisons
 _SIZE_METHODS = frozenset({"size", "dim", "ndimension", "numel"})
 _SIZE_ATTRS = frozenset({"shape", "ndim"})
+# what reads where a tensor is: meta while sizes are evaluated, not where the program runs
+_ON_DEVICE = frozenset({"device", "is_cuda", "is_cpu", "is_meta", "is_mps", "is_xpu", "get_device"})
 _OPERATORS: frozenset[Callable[..., Any]] = frozenset({
     operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
     operator.pow, operator.neg, operator.pos, operator.abs, operator.not_, operator.and_, operator.or_,
@@ -64,6 +68,8 @@ class SizeValues:
         self._buffers = buffers  # the model's buffers' real values, where `root` is on meta (read lazily)
         self._real: Mapping[str, torch.Tensor] | None = None
         self.state_memo: dict[fx.Node, Any] = {}
+        # the tracer's: runs modules plainly while a computed tensor is evaluated on meta
+        self.untraced: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
     def state(self, node: fx.Node) -> Any:
         """The node's value computed from the model's own buffers alone (a RoPE table, a step counter),
@@ -125,7 +131,7 @@ class SizeValues:
             return self.inputs[str(node.target)]
         if node.op == "get_attr":
             return self._attribute(str(node.target))
-        if node.op not in ("call_method", "call_function"):
+        if node.op not in ("call_method", "call_function", "call_module"):
             raise Unknown(node.name)
         args = fx.node.map_arg(node.args, self)
         kwargs = fx.node.map_arg(node.kwargs, self)
@@ -133,11 +139,28 @@ class SizeValues:
             return _plain(getattr(args[0], str(node.target))(*args[1:], **kwargs))
         if node.target is getattr and isinstance(args[0], torch.Tensor) and args[1] in _SIZE_ATTRS:
             return _plain(getattr(args[0], args[1]))
-        if node.target in _OPERATORS:
-            if any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
-                raise Unknown(node.name)  # an op on a tensor's values
+        if node.target in _OPERATORS and not any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
             return _plain(node.target(*args, **kwargs))
-        raise Unknown(node.name)
+        return self._on_meta(node, args, kwargs)
+
+    def _on_meta(self, node: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A computed tensor, as a meta tensor: its sizes are known (`bsz, seq_len, _ = x.shape` of a
+        block's hidden states), its values never (an op on them gives another meta tensor; `.item()`,
+        `bool()` and `nonzero` fail, and the condition stays `Unknown`)."""
+        if (node.target is getattr and args[1] in _ON_DEVICE) or (node.op == "call_method" and node.target in _ON_DEVICE):
+            raise Unknown(node.name)  # meta here, the rank's device when it runs
+        args, kwargs = pytree.tree_map_only(torch.Tensor, _as_meta, (args, kwargs))
+        try:
+            with self.untraced():
+                value = _run(self.root, node, args, kwargs)
+        except Exception as exc:
+            raise Unknown(node.name) from exc
+        if isinstance(value, torch.Tensor) or (isinstance(value, (tuple, list)) and value
+                                               and pytree.tree_all(lambda v: isinstance(v, torch.Tensor), value)):
+            return value
+        if isinstance(value, torch.dtype):
+            return value  # `x.to(h.dtype)`: the same on meta
+        return _plain(value)  # a size (`x.size()` of a meta tensor), else Unknown
 
     def _attribute(self, target: str) -> torch.Tensor:
         # read the registries, not getattr: while fx traces, Module.__getattr__ returns proxies
@@ -148,6 +171,23 @@ class SizeValues:
             if isinstance(value, torch.Tensor):
                 return value
         raise Unknown(target)
+
+
+def _run(root: torch.nn.Module, node: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if node.op == "call_module":
+        module = root.get_submodule(str(node.target))
+        state = dict(module.named_parameters()) | dict(module.named_buffers())
+        if all(t.device.type == "meta" for t in state.values()):
+            return module(*args, **kwargs)
+        # a model with real weights (parallelize() of a built model): run on meta copies of them
+        return torch.func.functional_call(module, {k: _as_meta(t) for k, t in state.items()}, args, kwargs)
+    if node.op == "call_method":
+        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+    return node.target(*args, **kwargs)  # type: ignore[operator]
+
+
+def _as_meta(t: torch.Tensor) -> torch.Tensor:
+    return t if t.device.type == "meta" else t.to("meta")
 
 
 def _plain(value: Any) -> Any:
@@ -195,6 +235,9 @@ def length_message(place: str, length: int) -> str:
             f"the model at that length; {_KEEP.split('; ', 1)[1]}")
 
 
+_HOISTED_AT_MOST = 64  # ops of a size expression moved with its check (sizes of inputs take a few)
+
+
 def hoist_checks(graph: fx.Graph) -> None:
     """Move each check that reads only the inputs' sizes (and its size expression) to just after the
     inputs. Where the model wrote it (`if b >= 2:` after the blocks), it would make the inputs live to a
@@ -209,24 +252,25 @@ def hoist_checks(graph: fx.Graph) -> None:
     hoisted: set[fx.Node] = set()  # with the placeholders, all that precedes `anchor`
     seen: set[Any] = set()
     for check in [n for n in graph.nodes if info(n).extra.get(DECIDED)]:
-        key = _spelling(check)
-        if key in seen:  # the same check in every block: once is enough
-            _erase_with_unused_inputs(graph, check)
-            continue
-        seen.add(key)
         expression: set[fx.Node] = set()
         stack = list(check.all_input_nodes)
         while stack:
             node = stack.pop()
             if node.op != "placeholder" and node not in expression:
+                if node.op != "call_method" and node.op != "call_function" or len(expression) >= _HOISTED_AT_MOST:
+                    break  # a size of a weight or of a computed tensor: checked where it is
                 expression.add(node)
                 stack.extend(node.all_input_nodes)
-        if any(n.op != "call_method" and n.op != "call_function" for n in expression):
-            continue
-        for node in sorted(expression - hoisted, key=order.__getitem__) + [check]:
-            anchor.append(node)
-            anchor = node
-            hoisted.add(node)
+        else:
+            key = _spelling(check)
+            if key in seen:  # the same check in every block: once is enough
+                _erase_with_unused_inputs(graph, check)
+                continue
+            seen.add(key)
+            for node in sorted(expression - hoisted, key=order.__getitem__) + [check]:
+                anchor.append(node)
+                anchor = node
+                hoisted.add(node)
 
 
 def _spelling(node: fx.Node) -> Any:

@@ -17,10 +17,11 @@ Each node's `NodeInfo.source` is the line of the model's code that made it
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,10 @@ from .user_source import (
 )
 from .value_checks import VALUE_CHECK, ValueCheck, check_at, kept_checks
 from .value_checks import check_message as value_check_message
+from .var_args import named_only, takes_var_args
 
 _SPECIALIZED = ("has been specialized",)
+_FX_BRANCH = "symbolically traced variables cannot be used as inputs to control flow"
 
 
 def trace_model(
@@ -97,6 +100,23 @@ def trace_model(
     except GraphsplitError:
         raise
     except Exception as export_exc:
+        if takes_var_args(model) and not isinstance(fx_error, GraphsplitError):
+            # `forward(self, input_ids, ..., **kwargs)` called with named inputs only (minimind, many
+            # HF-style models): fx on the named parameters alone, the var-args empty, as the call has them.
+            # Tried last, so that no model export traces today changes tracer.
+            try:
+                with training_grad_mode(), left_as_found(model):
+                    traced = _trace_fx(model, args, kwargs, leaves, watch, buffers, empty_var_args=True)
+                traced.reason += f" (forward's *args/**kwargs empty, as called; torch.export said '{first_line(export_exc)}')"
+                return traced
+            except GraphsplitError:
+                raise
+            except Exception as named_exc:
+                fx_error = named_exc
+                if first_line(named_exc).startswith(_FX_BRANCH) and user_frame(named_exc, source) is not None:
+                    # fx went past export's stop (a branch on the model's buffers) to a branch on the data:
+                    # name that line
+                    export_exc.__traceback__ = None
         own = raised_by_model(export_exc)
         if own is not None:  # the model's own raise or assert, on these inputs: not a tracing limit
             raise GraphsplitError(
@@ -106,7 +126,8 @@ def trace_model(
         where = user_frame(export_exc, source) or user_frame(fx_error, source) or model_frame(fx_error)
         at = f" at {where}" if where else ""
         said = f"torch.fx said '{first_line(fx_error)}' and torch.export said '{first_line(export_exc)}'"
-        if any(word in first_line(export_exc) for word in READS_VALUES):  # shapes would follow the data
+        if any(word in first_line(export_exc) for word in READS_VALUES) \
+                or first_line(fx_error).startswith(_FX_BRANCH):  # shapes or branches would follow the data
             raise GraphsplitError(
                 f"cannot trace {type(model).__name__}{at}: it reads tensor values into Python ({said}), so "
                 "what follows depends on the data and no one graph holds it; graphsplit needs shapes and "
@@ -122,12 +143,18 @@ def trace_model(
 
 def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset(),
-              buffers: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> Traced:
+              buffers: Callable[[], Mapping[str, torch.Tensor]] | None = None, empty_var_args: bool = False) -> Traced:
+    """`empty_var_args`: trace forward's named parameters only, its *args/**kwargs empty (they must be)."""
     sig = inspect.signature(model.forward)
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
+    var = [k for k, p in sig.parameters.items() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if var and not empty_var_args:
         raise TypeError("forward takes *args/**kwargs")
     bound = sig.bind(*args, **kwargs)
     bound.apply_defaults()
+    if any(bound.arguments.get(k) for k in var):
+        raise TypeError(f"the call gives forward's {', '.join('*' + k for k in var)} values")
+    for k in var:
+        bound.arguments.pop(k, None)
     tensor_names = [k for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
     concrete = {k: v for k, v in bound.arguments.items() if k not in tensor_names}
     for k, v in concrete.items():
@@ -135,11 +162,15 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             raise TypeError(f"input {k!r} is a container of tensors")
     attributes = attributes_as_buffers(model)  # graph values, as buffers are; put back by left_as_found
     tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}, buffers))
+    if var:
+        tracer.root_forward = named_only(type(model).forward, list(bound.arguments))
     graph = tracer.trace(model, concrete_args=concrete or None)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
     explicit_devices(graph)  # `torch.arange(T)`: on the rank's device, not the default one
     hoist_checks(graph)
     spec = flat_output(graph)
+    if tracer.output_spec is not None and tracer.output_spec.num_leaves == spec.num_leaves:
+        spec = tracer.output_spec
     # Python code is generated on the first call, not here: the planner reads the graph of a deep
     # model and never runs it whole (0.4-0.6 s of a 405B's 2 s trace is that code)
     gm = _LazyGraphModule(model, graph, class_name=type(model).__name__)
@@ -190,6 +221,32 @@ class _Tracer(fx.Tracer):
         self.functions: FunctionCapture | None = None  # the user's autograd Functions, kept whole
         self.value_checks: list[str] = []  # where each check on tensor values is (value_checks.py)
         self.state_branches: list[str] = []  # where each branch on the model's own buffers is
+        self.root_forward: Callable[..., Any] | None = None  # forward without its *args/**kwargs (_named_only)
+        self.output_spec: pytree.TreeSpec | None = None  # the tree forward returned, its own types kept
+        # while a size is evaluated on meta tensors (SizeValues), modules run plainly: no node is made
+        self._untraced = False
+        if sizes is not None:
+            sizes.untraced = self.untraced
+
+    @contextlib.contextmanager
+    def untraced(self) -> Iterator[None]:
+        was, self._untraced = self._untraced, True
+        try:
+            yield
+        finally:
+            self._untraced = was
+
+    def create_args_for_root(self, root_fn: Callable[..., Any], is_module: bool,
+                             concrete_args: Any = None) -> tuple[Any, list[Any]]:
+        fn, args = super().create_args_for_root(self.root_forward or root_fn, is_module, concrete_args)
+
+        def keeping_output_type(*a: Any) -> Any:
+            # fx turns a dict subclass it returns (HF's ModelOutput) into a plain dict: keep its tree
+            out = fn(*a)
+            self.output_spec = pytree.tree_flatten(out)[1]
+            return out
+
+        return keeping_output_type, args
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         """`assert t <= 64`, `if x.size(1) > 1:` on sizes known from the example inputs: decided here and
@@ -282,6 +339,8 @@ class _Tracer(fx.Tracer):
         self.conditions.append(place)
 
     def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._untraced:
+            return forward(*args, **kwargs)
         out = super().call_module(m, forward, args, kwargs)
         if self.watch:
             name = self.path_of_module(m)
@@ -306,6 +365,8 @@ class _Tracer(fx.Tracer):
         # fx finds an attribute's name by walking every parameter of the model at each access, which
         # is quadratic in depth (seconds for a 126-layer model): look it up in tables made once.
         # Anything they lack (registered during forward) goes the walk.
+        if self._untraced:
+            return attr_val
         if isinstance(attr_val, torch.Tensor) and hasattr(self, "_names"):
             params, buffers = self._names
             name = params.get(id(attr_val)) if isinstance(attr_val, nn.Parameter) else None
@@ -323,6 +384,8 @@ class _Tracer(fx.Tracer):
         return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        if self._untraced:  # a size's evaluation reached a proxy: it stays unknown, the graph untouched
+            raise Unknown("a traced value")
         node = super().create_node(*args, **kwargs)
         ni = info(node)
         # fx's own record_stack_traces formats the whole stack per node, and its text lands
