@@ -5,8 +5,8 @@
     loss = module.train_step(idx, target=targets)
 """
 
-from .api import PipelinedModule, TransformResult, parallelize, transform
+from .api import PipelinedModule, TransformResult, parallelize, price, transform
 from .errors import GraphsplitError
 from .plan import Plan
 
-__all__ = ["GraphsplitError", "PipelinedModule", "Plan", "TransformResult", "parallelize", "transform"]
+__all__ = ["GraphsplitError", "PipelinedModule", "Plan", "TransformResult", "parallelize", "price", "transform"]

@@ -1,4 +1,5 @@
-"""The Python entry points: `transform` (plan + artifacts) and `parallelize` (this rank's part)."""
+"""The Python entry points: `transform` (plan + artifacts), `parallelize` (this rank's part) and
+`price` (what a plan costs, before anything runs)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from .report.summary import summarize
 
 if TYPE_CHECKING:
     from .backends.rank import RankProgram
+    from .planner.hardware import Hardware
+    from .planner.price import Priced
 
 
 @dataclass
@@ -57,6 +60,32 @@ def transform(
         write_artifacts(result.program, loaded, Path(out_dir), summary)
     summary["transform_seconds"] = time.perf_counter() - start
     return TransformResult(result.program, summary, Path(out_dir) if out_dir is not None else None)
+
+
+def price(
+    model: str | LoadedModel,
+    plan: Plan,
+    hardware: str | Hardware = "h100",
+    gpu_memory: int | str | None = None,
+    gpus_per_node: int | None = None,
+    optimizer: str = "adamw",
+    compare: bool = True,
+) -> Priced:
+    """What `plan` costs a model file on `hardware` (a profile name or JSON file, or a `Hardware`), as
+    `graphsplit plan` prices every candidate: its busiest rank's memory in its parts and its step time
+    in its parts, whether it fits `gpu_memory` (bytes or "80GiB"; default the hardware's), and, with
+    `compare`, the fastest plan the search finds on the same devices and what makes the difference
+    (`Priced.versus_best()`). Nothing runs: the model is traced and measured on meta tensors."""
+    from .planner import load_hardware
+    from .planner.price import price_plan
+    from .planner.profile import profile_model
+    from .report.advise import parse_bytes
+
+    hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    memory = parse_bytes(gpu_memory) if isinstance(gpu_memory, str) else gpu_memory or hw.memory_bytes
+    loaded = load_model(model) if isinstance(model, str) else model
+    profile = profile_model(loaded, (plan.tp,), hw.fused_attention)
+    return price_plan(profile, plan, hw, memory, None, gpus_per_node or hw.gpus_per_node, optimizer, compare)
 
 
 class PipelinedModule(nn.Module):

@@ -13,10 +13,8 @@ Every failure ends as one line on stderr, `error: <what is wrong and what to do>
 from __future__ import annotations
 
 import json
-import math
 import sys
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,116 +22,11 @@ import click
 
 from .cli_errors import DEBUG_ENV, debug_enabled, fail, internal, set_debug
 from .cli_inspect import inspect
+from .cli_options import parse_betas, plan_from, plan_options, positive
 from .errors import GraphsplitError
 from .launch.supervise import DEFAULT_COLLECTIVE_TIMEOUT_S
-from .plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
+from .plan import Plan
 from .runtime.schedule import LR_SCHEDULES
-
-
-def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
-        click.option("--pp", type=int, default=None, help="Pipeline-parallel ranks."),
-        click.option("--tp", type=int, default=None, help="Tensor-parallel ranks (Megatron-style plan found from the graph)."),
-        click.option("--sequence-parallel", "sequence_parallel", is_flag=True, default=None,
-                     help="Megatron's sequence parallelism with --tp: norms, dropout and residual adds run on "
-                          "1/tp of the sequence (reduce-scatter + all-gather instead of all-reduce)."),
-        click.option("--dp", type=int, default=None, help="Data-parallel replicas (gradients averaged over them)."),
-        click.option("--ep", type=int, default=None,
-                     help="Expert-parallel ranks, drawn from --dp (default --dp = --ep): each mixture-of-experts "
-                          "layer's experts placed whole on them, tokens exchanged by all-to-alls."),
-        click.option("--cp", type=int, default=None,
-                     help="Context-parallel ranks, drawn from --dp (default --dp = --cp): each sample's sequence "
-                          "cut across them (load-balanced), keys and values gathered at every attention call."),
-        click.option("--fsdp", is_flag=True, default=None,
-                     help="Shard parameters, gradients and optimizer state over the dp replicas (FSDP2, ZeRO-3)."),
-        click.option("--sync-bn", "sync_bn", is_flag=True, default=None,
-                     help="BatchNorm statistics over all dp replicas (one all-reduce per layer), not per replica."),
-        click.option("--microbatches", type=int, default=None, help="Micro-batches per step (default: number of stages)."),
-        click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None, help="Pipeline schedule (default 1f1b); the interleaved ones (interleaved-1f1b, looped-bfs, zero-bubble, zbv, dualpipev) default to 2 stages per rank."),
-        click.option("--stages-per-rank", type=int, default=None, help="Virtual stages per pp rank (interleaved schedules)."),
-        click.option("--split-at", default=None, help="Comma-separated module names that start a new stage, e.g. h.6,h.12."),
-        click.option("--seed", type=int, default=None, help="Seed for the model's initialization (default 0)."),
-        click.option("--checkpoint", default=None,
-                     help="Activation checkpointing (default none): blocks recomputes each repeated block "
-                          "(h.3, layers.7) and the ops after it in its stage (final norm, LM head); "
-                          "every:K, K blocks per region; first:N, only the first N blocks of each stage; "
-                          "stage, each whole stage; selective, each block "
-                          "keeps its matmul/attention outputs and recomputes the cheap ops."),
-        click.option("--checkpoint-module", "checkpoint_overrides", multiple=True, metavar="GLOB=POLICY",
-                     help="Per-module override, repeatable: modules whose name matches GLOB (h.0, h.1*, "
-                          "h.*.mlp) are none (not checkpointed), full (one recomputed region) or "
-                          "selective; the last matching one wins, e.g. --checkpoint-module 'h.0=none'."),
-        click.option("--autocast", type=click.Choice(["bf16", "fp16"]), default=None,
-                     help="Mixed precision: matmuls in this dtype, parameters, norms and the loss in fp32."),
-        click.option("--compile", "compile", is_flag=True, default=None,
-                     help="Run each stage under torch.compile (inductor); tp collectives stay eager, between compiled pieces."),
-        click.option("--plan", "plan_file", type=click.Path(path_type=Path), default=None,
-                     help="A plan file (what graphsplit plan --out writes) instead of the flags above."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "ep", "cp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank",
-              "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "compile")
-
-
-def _plan_from(kwargs: dict[str, Any]) -> tuple[Plan, bool]:
-    plan_file = kwargs.pop("plan_file", None)
-    given = {k: kwargs.pop(k, None) for k in _PLAN_KEYS}
-    given = {k: v for k, v in given.items() if v is not None and v != ()}
-    if plan_file is not None:
-        if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise GraphsplitError(f"--plan {plan_file} is a whole plan; drop {flags} or drop --plan")
-        return Plan.load(plan_file), True
-    if "checkpoint_overrides" in given:
-        given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])
-    if "split_at" in given:
-        given["split_at"] = _split_points(given["split_at"])
-    if "dp" not in given and max(given.get("ep", 1), given.get("cp", 1)) > 1:  # ep and cp ranks are dp ones
-        given["dp"] = max(given.get("ep", 1), given.get("cp", 1))
-    if given.get("schedule") in MULTI_STAGE_SCHEDULES and "stages_per_rank" not in given:
-        given["stages_per_rank"] = 2
-    return Plan(**given), bool(given)
-
-
-def _split_points(text: str) -> tuple[str, ...]:
-    names = tuple(s.strip() for s in text.split(","))
-    if not all(names):
-        raise GraphsplitError(f"--split-at {text!r} has an empty name; give comma-separated module names "
-                              "that start a new stage, e.g. --split-at h.6,h.12")
-    return names
-
-
-def _positive(name: str, allow_zero: bool = False) -> Callable[[click.Context, click.Parameter, float], float]:
-    """A click callback refusing a non-positive (or negative) or non-finite number."""
-    def check(ctx: click.Context, param: click.Parameter, value: float) -> float:
-        if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero)):
-            raise GraphsplitError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value:g}")
-        return value
-    return check
-
-
-def _betas(text: str | None) -> tuple[float, float] | None:
-    """--betas 0.9,0.95 -> (0.9, 0.95)."""
-    if text is None:
-        return None
-    try:
-        values = tuple(float(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 2:
-        raise GraphsplitError(f"--betas takes two numbers, B1,B2 (e.g. 0.9,0.95), got {text!r}")
-    return values  # type: ignore[return-value]
-
-
-def _override(text: str) -> tuple[str, str]:
-    glob, sep, policy = text.rpartition("=")
-    if not sep or not glob.strip():
-        raise GraphsplitError(f"--checkpoint-module takes GLOB=POLICY (e.g. 'h.0=none'), got {text!r}")
-    return glob.strip(), policy.strip()
 
 
 class _Main(click.Group):
@@ -189,7 +82,7 @@ main.add_command(inspect)
 
 @main.command()
 @click.argument("model")
-@_plan_options
+@plan_options
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None, help="Folder for plan.json and stage code.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout (logs go to stderr).")
 @click.option("--device-map", "device_map_file", type=click.Path(path_type=Path), default=None,
@@ -202,7 +95,7 @@ def transform(model: str, out_dir: Path | None, as_json: bool, device_map_file: 
     from .report.summary import render
 
     try:
-        plan, _ = _plan_from(kwargs)
+        plan, _ = plan_from(kwargs)
         if device_map_file is not None:
             from .report.device_map import check_device_map_target
 
@@ -278,18 +171,26 @@ def advise(model: str, gpus: int, gpu_memory: str, nodes: int, hardware: str, as
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--out", "out", type=click.Path(path_type=Path), default=None,
               help="Write the best plan (and its prediction) here, for transform/run --plan and Plan.load.")
+@plan_options
 def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: int | None, hardware: str,
-                 optimizer: str, top: int, as_json: bool, out: Path | None) -> None:
+                 optimizer: str, top: int, as_json: bool, out: Path | None, **plan_flags: Any) -> None:
     """Which plan to run: search tp, pp, dp, DDP or FSDP, micro-batches, schedule, checkpointing and
-    precision for GPUS devices, and rank the plans that fit by predicted step time."""
+    precision for GPUS devices, and rank the plans that fit by predicted step time. Given plan flags
+    (--tp 8 --pp 16 ...) or --plan FILE: price exactly that plan, fits or not, beside the search's best."""
     from .loader import load_model
     from .planner import load_hardware, plan_model
     from .report.advise import parse_bytes
-    from .report.planning import render, write_plan_file
+    from .report.planning import price_command, render, write_plan_file
 
     try:
         hw = load_hardware(hardware)
         memory = parse_bytes(gpu_memory) if gpu_memory is not None else hw.memory_bytes
+        given, priced = plan_from(plan_flags, devices=gpus)
+        if priced:
+            if out is not None:
+                raise GraphsplitError("--out writes the search's best plan; drop it when pricing a given plan")
+            price_command(load_model(model), given, gpus, memory, gpus_per_node, hw, optimizer, as_json)
+            return
         loaded = load_model(model)
         result, profile = plan_model(loaded, gpus, memory, hw, gpus_per_node, optimizer)
         context = {"model": str(loaded.path), "gpus": gpus, "gpu_memory": memory, "hardware": hw.name}
@@ -313,18 +214,18 @@ def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: i
 
 @main.command()
 @click.argument("target")
-@_plan_options
+@plan_options
 @click.option("--steps", type=int, default=5, show_default=True, help="Training steps.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
-@click.option("--lr", type=float, default=0.01, show_default=True, callback=_positive("--lr", allow_zero=True))
-@click.option("--weight-decay", "weight_decay", type=float, default=None, callback=_positive("--weight-decay", allow_zero=True),
+@click.option("--lr", type=float, default=0.01, show_default=True, callback=positive("--lr", allow_zero=True))
+@click.option("--weight-decay", "weight_decay", type=float, default=None, callback=positive("--weight-decay", allow_zero=True),
               help="Weight decay (default: torch's, 0.01 for adamw, 0 for sgd).")
 @click.option("--betas", default=None, metavar="B1,B2", help="AdamW's betas, e.g. 0.9,0.95 (default 0.9,0.999).")
 @click.option("--lr-schedule", "lr_schedule", type=click.Choice(list(LR_SCHEDULES)), default="constant", show_default=True,
               help="The lr over the run: cosine and linear decay towards 0 by the last step, after the warm-up.")
 @click.option("--warmup-steps", "warmup_steps", type=int, default=0, show_default=True,
               help="Steps of linear warm-up at the start of the lr schedule.")
-@click.option("--grad-clip", "grad_clip", type=float, default=None, callback=_positive("--grad-clip"), metavar="MAX_NORM",
+@click.option("--grad-clip", "grad_clip", type=float, default=None, callback=positive("--grad-clip"), metavar="MAX_NORM",
               help="Clip the global gradient norm (over every parameter once: tp shards, stages, dp shards) to MAX_NORM.")
 @click.option("--eval-every", "eval_every", type=int, default=0, show_default=True,
               help="Every K steps, the mean loss over the model file's eval_data(), forward only (0: never).")
@@ -359,10 +260,10 @@ def plan_command(model: str, gpus: int, gpu_memory: str | None, gpus_per_node: i
 @click.option("--resume", "resume", type=click.Path(), default=None,
               help="Start from a checkpoint written at any plan: a step-<N> folder, or a --save folder "
                    "(its newest complete checkpoint); --steps more steps are run.")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, callback=_positive("--timeout"),
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, callback=positive("--timeout"),
               help="Seconds before the run is stopped (every rank, whatever it is doing).")
 @click.option("--collective-timeout", "collective_timeout_s", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S, show_default=True,
-              callback=_positive("--collective-timeout"),
+              callback=positive("--collective-timeout"),
               help="Seconds a rank may wait for another in one collective once set-up is over; a rank that "
                    "stops answering is then named and every rank stopped.")
 def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout_s: float, weights: str | None,
@@ -376,7 +277,7 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
     from .report.artifacts import model_spec_from_record, read_plan_record
 
     try:
-        plan, flags_given = _plan_from(kwargs)
+        plan, flags_given = plan_from(kwargs)
         fixed_cuts = None
         model_spec = target
         if Path(target).is_dir():
@@ -386,7 +287,7 @@ def run(target: str, steps: int, optimizer: str, lr: float, check: bool, timeout
             plan = Plan.from_dict(record["plan"])
             fixed_cuts = tuple(record["split"]["stage_starts"])
             model_spec = model_spec_from_record(record, Path(target))
-        optim = {"weight_decay": weight_decay, "betas": _betas(betas), "lr_schedule": lr_schedule,
+        optim = {"weight_decay": weight_decay, "betas": parse_betas(betas), "lr_schedule": lr_schedule,
                  "warmup_steps": warmup_steps, "grad_clip": grad_clip}
         nodes = None
         if nnodes != 1 or rdzv_endpoint is not None or node_rank != 0 or nproc_per_node is not None:

@@ -10,7 +10,7 @@ import pytest
 
 import graphsplit.passes.stage_programs as program_module
 from graphsplit import Plan
-from graphsplit.cli import _plan_from
+from graphsplit.cli import plan_from
 from graphsplit.errors import GraphsplitError
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
@@ -35,7 +35,7 @@ def test_v_placement_puts_first_and_last_stage_on_rank_zero():
 
 def test_the_cli_gives_the_multi_stage_schedules_two_stages_per_rank():
     for schedule in ("zero-bubble", "zbv", "dualpipev"):
-        plan, _ = _plan_from({"pp": 2, "schedule": schedule})  # flags not given are left out
+        plan, _ = plan_from({"pp": 2, "schedule": schedule})  # flags not given are left out
         assert plan.stages_per_rank == 2 and plan.num_stages == 4
 
 

@@ -249,6 +249,8 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     comm_tp = float(by_rank(st.tp_seconds + recompute_tp, "sum")[0]) * m
     # the bottleneck rank's recompute over the step (its forward ops and tp collectives run again)
     recompute_step = float(by_rank((recompute - recompute_tp) * share + recompute_tp, "sum")[int(np.argmax(per_mb))]) * m
+    # the bottleneck rank's sends and receives over the step (inside compute_and_tp, not beside it)
+    comm_pp = float(by_rank(sends, "sum")[int(np.argmax(per_mb))]) * m if pp > 1 else 0.0
     comm_a2a = float(by_rank(st.a2a_seconds, "sum").max()) * m if st.a2a_seconds is not None else 0.0
     comm_cp = float(by_rank(st.cp_seconds, "sum").max()) * m if st.cp_seconds is not None else 0.0
     return Estimate(
@@ -260,7 +262,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         mfu=mfu,
         bubble=bubble,
         time={"compute_and_tp": pipeline * (1 - bubble), "bubble": pipeline * bubble, "tp_collectives": comm_tp,
-              "recompute": recompute_step, "all_to_all": comm_a2a, "cp_exchange": comm_cp,
+              "pp_sends": comm_pp, "recompute": recompute_step, "all_to_all": comm_a2a, "cp_exchange": comm_cp,
               "dp_exposed": exposed_dp, "dp_collectives": dp_comm, "optimizer": optimizer_seconds},
         busiest_rank=busiest,
         per_rank=per_rank,

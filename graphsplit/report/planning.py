@@ -107,3 +107,47 @@ def write_plan_file(path: Path, result: SearchResult, context: dict[str, Any]) -
     best = result.plans[0]
     record = {"plan": best.plan.to_dict(), "predicted": best.to_dict(), **context}
     write_file_atomically(path, json.dumps(record, indent=2) + "\n")
+
+
+def price_command(loaded: Any, plan: Any, gpus: int, memory: int, gpus_per_node: int | None, hw: Any, optimizer: str,
+                  as_json: bool, console: Console | None = None) -> None:
+    """`graphsplit plan MODEL --gpus N --tp .. --pp ..`: the given plan priced, and the search's best beside it."""
+    from ..planner.price import check_priceable, price_plan
+    from ..planner.profile import profile_model
+
+    check_priceable(plan, gpus)  # before the profile: a wrong device count costs nothing
+    profile = profile_model(loaded, (plan.tp,), hw.fused_attention)
+    priced = price_plan(profile, plan, hw, memory, gpus, gpus_per_node or hw.gpus_per_node, optimizer)
+    if as_json:
+        print(json.dumps({"model": str(loaded.path), "hardware": hw.name, "batch": profile.batch, **priced.to_dict()},
+                         indent=2))
+        return
+    console = console or Console(width=None if Console().is_terminal else 220)
+    est = priced.estimate.to_dict()
+    console.print(f"{loaded.path.name}: {_plan_cell(est['plan'])} on {gpus} x {hw.name}, {memory / 2**30:.1f} GiB each; "
+                  f"global batch {profile.batch}" + (f" x {profile.tokens_per_sample} tokens" if profile.tokens_per_sample else ""))
+    verdict = "fits" if priced.fits else "does NOT fit"
+    console.print(f"memory (busiest rank): {_fmt_bytes(est['memory']['total'])}, {verdict} in "
+                  f"{_fmt_bytes(priced.budget)} usable: " + ", ".join(
+                      f"{k.replace('_', ' ')} {_fmt_bytes(est['memory'][k])}" for k in MEMORY_PARTS[:-1]))
+    console.print(f"step {_seconds(est['step_seconds'])}: {_rate(est['samples_per_second'])} samples/s, "
+                  f"{_rate(est['tokens_per_second'])} tokens/s, MFU {est['mfu']:.1%}, bubble {est['bubble']:.0%}")
+    t = est["time"]
+    console.print("  " + ", ".join(f"{label} {_seconds(t[k])}" for k, label in TIME_LABELS.items()
+                                   if k in ("compute_and_tp", "bubble") or t.get(k)))
+    if t.get("dp_collectives"):
+        hidden = t["dp_collectives"] - t["dp_exposed"]
+        console.print(f"  dp traffic {_seconds(t['dp_collectives'])}, {_seconds(hidden)} of it hidden behind the backward")
+    if why := priced.versus_best():
+        console.print(why)
+    if priced.best is not None and not priced.versus_best().startswith("this is"):
+        best = priced.best.to_dict()
+        console.print(f"  the search's best: {_plan_cell(best['plan'])}, step {_seconds(best['step_seconds'])}, "
+                      f"memory {_fmt_bytes(best['memory']['total'])}")
+
+
+# the step's parts as the priced plan's breakdown shows them (Estimate.time)
+TIME_LABELS = {"compute_and_tp": "compute", "bubble": "bubble", "recompute": "of which recompute",
+               "tp_collectives": "of which tp collectives", "pp_sends": "of which pipeline sends",
+               "all_to_all": "ep all-to-alls", "cp_exchange": "cp exchange", "dp_exposed": "exposed dp",
+               "optimizer": "optimizer"}

@@ -1,0 +1,98 @@
+"""Price a given plan (`graphsplit plan ... --tp 2 --pp 2`, `graphsplit.price`): exactly as the search
+prices that candidate, fits or not, beside the search's best and what makes the difference."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import graphsplit
+from graphsplit import GraphsplitError, Plan
+from graphsplit.planner import load_hardware
+from graphsplit.planner.estimate import plan_fields
+from graphsplit.planner.price import price_plan
+from graphsplit.planner.profile import profile_model
+from graphsplit.planner.search import search
+
+from .conftest import EXAMPLES
+from .test_cli import cli
+
+H100 = load_hardware("h100")
+MEMORY = 80 * 2**30
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    loaded = graphsplit.loader.load_model(str(EXAMPLES / "gpt.py"))
+    profile = profile_model(loaded, (1, 2))
+    profile.hardware = H100  # as plan_model sets it: the search prices on it
+    return loaded, profile
+
+
+def test_a_given_plan_is_priced_as_the_search_prices_that_candidate(gpt):
+    _, profile = gpt
+    result = search(profile, 8, MEMORY, H100)
+    for found in result.plans[:8]:
+        priced = price_plan(profile, found.plan, H100, MEMORY, 8, compare=False)
+        assert priced.estimate.step_seconds == found.step_seconds
+        assert priced.estimate.memory == found.memory
+        assert priced.fits
+
+
+def test_the_best_plan_says_so_and_a_slower_one_names_the_parts_it_spends_more_on(gpt):
+    _, profile = gpt
+    best = search(profile, 8, MEMORY, H100).plans[0]
+    assert price_plan(profile, best.plan, H100, MEMORY, 8).versus_best() == "this is the search's best plan"
+    slow = price_plan(profile, Plan(tp=2, pp=2, dp=2), H100, MEMORY, 8)
+    assert plan_fields(slow.best.plan) == plan_fields(best.plan)
+    ratio = slow.estimate.step_seconds / best.step_seconds
+    assert ratio > 1
+    text = slow.versus_best()
+    assert f"{ratio:.2f}x faster" in text and "tp 2 -> " in text and "pipeline bubble +" in text
+    # the step's parts: the bubble of 1F1B over 2 stages and 2 micro-batches, sends between them
+    assert slow.estimate.time["bubble"] > 0 and slow.estimate.time["pp_sends"] > 0
+
+
+def test_a_plan_that_does_not_fit_is_still_priced(gpt):
+    _, profile = gpt
+    small = 512 * 2**10
+    priced = price_plan(profile, Plan(dp=8), H100, small, 8)
+    assert not priced.fits and priced.estimate.memory["total"] > priced.budget
+    assert priced.estimate.step_seconds > 0
+    assert priced.best is None or priced.best.memory["total"] <= priced.budget
+
+
+def test_price_from_python_needs_no_planner_internals():
+    priced = graphsplit.price(str(EXAMPLES / "gpt.py"), Plan(tp=2, pp=2, dp=2), "h100", "80GiB")
+    assert priced.fits and priced.gpus == 8
+    record = priced.to_dict()
+    assert record["priced"]["plan"]["tp"] == 2 and record["best"] is not None and record["versus_best"]
+
+
+def test_plan_command_prices_the_flags_given():
+    r = cli("plan", EXAMPLES / "gpt.py", "--gpus", "8", "--tp", "2", "--pp", "2")
+    assert r.returncode == 0, r.stderr
+    assert "tp2 pp2 dp2" in r.stdout  # dp: what the devices leave
+    assert "fits in" in r.stdout and "the search's best" in r.stdout
+    j = cli("plan", EXAMPLES / "gpt.py", "--gpus", "8", "--tp", "2", "--pp", "2", "--json")
+    assert j.returncode == 0, j.stderr
+    record = json.loads(j.stdout)
+    assert record["priced"]["plan"]["dp"] == 2 and record["fits"] is True
+    assert set(record["priced"]["time"]) >= {"compute_and_tp", "bubble", "tp_collectives", "pp_sends", "dp_exposed"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "6", "--tp", "2", "--pp", "2", "--dp", "2"], "= 8 devices, and --gpus says 6"),
+    (["--gpus", "4", "--pp", "2", "--split-at", "h.1"], "--split-at (the planner balances the cuts itself) is not priced"),
+    (["--gpus", "8", "--tp", "2", "--out", "x.json"], "drop it when pricing a given plan"),
+])
+def test_a_plan_that_cannot_be_priced_is_refused_in_one_line(args, message):
+    r = cli("plan", EXAMPLES / "gpt.py", *args)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_plan_the_model_cannot_take_is_refused_in_one_line():
+    with pytest.raises(GraphsplitError, match="heads cannot be split over tp=8"):
+        graphsplit.price(str(EXAMPLES / "gpt.py"), Plan(tp=8), "h100")
