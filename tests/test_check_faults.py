@@ -1,5 +1,6 @@
 """`run --check` fails a wrong program: errors a real bug makes, injected on purpose into real processes
-(graphsplit/launch/faults.py, `GRAPHSPLIT_FAULT`), each under fp32, bf16 and fp16, and each failure
+(graphsplit/launch/faults.py, `GRAPHSPLIT_FAULT`), under fp32 and bf16 (the smallest, a gradient 10% off,
+under fp16 too), and each failure
 names what it saw (the tensor, the rank). The same plans without a fault pass: the tolerance that lets
 a healthy bf16 program through (its gradients included) does not let a gradient 10% off through.
 
@@ -40,8 +41,13 @@ def _run(plan: list[str], fault: str | None, autocast: str | None) -> subprocess
                            "--check", "--timeout", "120"], capture_output=True, text=True, timeout=300, env=env)
 
 
-@pytest.mark.parametrize("autocast", [None, "bf16", "fp16"])
-@pytest.mark.parametrize("fault", list(FAULTS))
+# the 10% gradient error, the smallest fault, under every precision; the others, whose errors are larger,
+# under fp32 and bf16 (the widest tolerance)
+CASES = [(fault, autocast) for fault in FAULTS for autocast in (None, "bf16", "fp16")
+         if fault.startswith("scale_grad") or autocast != "fp16"]
+
+
+@pytest.mark.parametrize("fault, autocast", CASES, ids=[f"{f}-{a or 'fp32'}" for f, a in CASES])
 def test_check_fails_an_injected_error(fault, autocast):
     plan, named = FAULTS[fault]
     done = _run(plan, fault, autocast)
@@ -65,7 +71,7 @@ def test_the_same_plans_pass_without_a_fault_gradients_compared_in_bf16():
     assert "the untouched model under torch.autocast" in out, out[-2000:]
 
 
-@pytest.mark.parametrize("autocast", [None, "bf16", "fp16"])
+@pytest.mark.parametrize("autocast", [None, "bf16"])
 def test_what_the_check_compares_must_be_there(autocast):
     """tp rank 1 reports a wrong output (tp rank 0's is right), the last stage's loss curve is one step
     short, rank 1 writes no weights: three mismatches, each named."""
