@@ -21,6 +21,7 @@ from ..ir.devices import meta_sizes
 from ..ir.meta import TensorSpec, info, module_path
 from ..ir.optable import OpKind, classify, family, sizes_from_data, writes_into
 from ..ir.size_conditions import DECIDED
+from .fused_attention import FusedAttention
 
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
 
@@ -198,7 +199,9 @@ def annotate(
     # touches weight memory, and never changes the user's modules.
     needs_copy = bool(param_shardings) or not _all_meta(gm)
     on_meta = meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
-    with meta_sizes():  # sizes that follow the data at their largest (every element counted)
+    # sizes that follow the data at their largest (every element counted); attention's shape and FLOPs
+    # from the fused kernel's meta function
+    with meta_sizes(), FusedAttention(on_meta=True):
         _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)  # on gm's own nodes
 
 

@@ -17,32 +17,13 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from ..analysis.fused_attention import FusedAttention
 from ..analysis.memory import KeptOutputs
 from ..analysis.recompute import recomputable
 from ..analysis.shapes import meta_copy
 from ..ir.devices import meta_sizes
 from ..ir.meta import info
 from .fold import Fold, Unfolding
-
-
-class FusedAttention(torch.overrides.TorchFunctionMode):
-    """Attention as a GPU runs it: `scaled_dot_product_attention` through the memory-efficient kernel,
-    which keeps q, k, v, the output and its log-sum-exp for backward, where the math path a CPU (and
-    meta) takes keeps the sequence x sequence probabilities."""
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is not torch.nn.functional.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-        given = {**dict(zip(names, args)), **kwargs}
-        q, k, v = given["query"], given["key"], given["value"]
-        if given.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
-            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
-        return torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, given.get("attn_mask"), True, given.get("dropout_p", 0.0), given.get("is_causal", False),
-            scale=given.get("scale"))[0]
 
 
 def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], shardings: dict[str, Any], tp: int,

@@ -180,6 +180,8 @@ def attention(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None
                 shared = d.unify(shared, d.value(t).labels[j]) if shared else d.value(t).labels[j]
         lead.append(shared)
     mask = arg(func, args, kwargs, "attn_mask", None)
+    if mask is None:  # the fused kernels' name for it
+        mask = arg(func, args, kwargs, "attn_bias", None)
     if isinstance(mask, torch.Tensor):
         full = [*lead, qv.labels[-2], s]
         mv = d.value(mask)

@@ -16,6 +16,7 @@ from ...ir.batch import BatchDims, SequenceDims
 from ...ir.devices import meta_sizes, on_meta
 from ...ir.meta import SourceLine, info
 from ...ir.optable import OpKind, classify
+from ..fused_attention import FusedAttention
 from .mode import Discovery
 from .rules import RULES, pointwise
 
@@ -131,7 +132,7 @@ def discover(
     unread: dict[str, torch.Tensor] = {}
     target_atoms: list[tuple[int, ...] | None] = []
     runner = _Runner(runnable, d)
-    with torch.enable_grad(), d, meta_sizes():
+    with torch.enable_grad(), d, meta_sizes(), FusedAttention(on_meta=True):  # attention one op, at once
         for name, t in zip(input_names, meta_inputs):
             if isinstance(t, torch.Tensor):
                 input_atoms[name] = d.label_input(t)
