@@ -30,6 +30,10 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "cut across them (load-balanced), keys and values gathered at every attention call."),
         click.option("--fsdp", is_flag=True, default=None,
                      help="Shard parameters, gradients and optimizer state over the dp replicas (FSDP2, ZeRO-3)."),
+        click.option("--zero", type=click.IntRange(1, 3), default=None,
+                     help="With sharding over the dp replicas, DeepSpeed's stage: 3 (--fsdp's default) frees each "
+                          "block's gathered parameters after its forward; 2 keeps them gathered to the end of the "
+                          "backward (one all-gather a step, more memory). Implies --fsdp."),
         click.option("--sync-bn", "sync_bn", is_flag=True, default=None,
                      help="BatchNorm statistics over all dp replicas (one all-reduce per layer), not per replica."),
         click.option("--microbatches", type=int, default=None, help="Micro-batches per step (default: number of stages)."),
@@ -59,7 +63,7 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "ep", "cp", "fsdp", "sync_bn", "microbatches", "schedule", "stages_per_rank",
+_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "ep", "cp", "fsdp", "zero", "sync_bn", "microbatches", "schedule", "stages_per_rank",
               "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "compile")
 
 
@@ -77,6 +81,8 @@ def plan_from(kwargs: dict[str, Any], devices: int | None = None) -> tuple[Plan,
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             raise GraphsplitError(f"--plan {plan_file} is a whole plan; drop {flags} or drop --plan")
         return Plan.load(plan_file), True
+    if "zero" in given:
+        given["fsdp"] = True
     if "checkpoint_overrides" in given:
         given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])
     if "split_at" in given:

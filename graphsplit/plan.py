@@ -94,6 +94,10 @@ class Plan:
     tp: int = 1
     dp: int = 1
     fsdp: bool = False
+    # with fsdp, DeepSpeed's stage: 3 (default) frees a block's gathered parameters after its forward and
+    # gathers them again for its backward where there is no pipeline; 2 keeps them gathered from the
+    # forward to the end of the backward (one all-gather a step). Under a pipeline both keep them.
+    zero: int | None = None
     # expert parallelism: each mixture-of-experts layer's experts placed whole on ep ranks drawn
     # from the dp ranks (ep divides dp; each group of ep consecutive dp ranks exchanges tokens)
     ep: int = 1
@@ -128,6 +132,16 @@ class Plan:
                               f"got cp={self.cp} with dp={self.dp}; give --dp {self.cp} (or a multiple of it)")
         if self.cp > 1 and self.ep > 1:
             raise _fail("cp", "context and expert parallelism together are not supported yet; drop --cp or --ep")
+        if self.zero is not None:
+            if self.zero == 1:
+                raise _fail("zero", "ZeRO-1 (optimizer states alone sharded over dp) is not built yet; use zero=2 "
+                                    "(FSDP2: gradients and optimizer states sharded, parameters gathered once a step) "
+                                    "or plain dp")
+            if self.zero not in (2, 3) or isinstance(self.zero, bool):
+                raise _fail("zero", f"must be 2 or 3 (DeepSpeed's stages that shard over dp), got {self.zero!r}")
+            if not self.fsdp:
+                raise _fail("zero", f"ZeRO-{self.zero} shards over the dp replicas with FSDP2: set fsdp=True "
+                                    "(--zero sets it), or drop zero")
         if not isinstance(self.sequence_parallel, bool):
             raise _fail("sequence_parallel", f"must be true or false, got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp < 2:
@@ -236,6 +250,13 @@ class Plan:
     @property
     def num_microbatches(self) -> int:
         return self.microbatches if self.microbatches is not None else self.num_stages
+
+    @property
+    def fsdp_reshards(self) -> bool:
+        """FSDP frees each region's gathered parameters after its forward and gathers them again for its
+        backward: ZeRO-3 with one stage (under a pipeline the units stay gathered between micro-batches,
+        and ZeRO-2 keeps them gathered through the step)."""
+        return self.fsdp_per_region and self.num_stages == 1 and self.zero != 2
 
     @property
     def fsdp_per_region(self) -> bool:

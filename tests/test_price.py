@@ -96,3 +96,16 @@ def test_a_plan_that_cannot_be_priced_is_refused_in_one_line(args, message):
 def test_a_plan_the_model_cannot_take_is_refused_in_one_line():
     with pytest.raises(GraphsplitError, match="heads cannot be split over tp=8"):
         graphsplit.price(str(EXAMPLES / "gpt.py"), Plan(tp=8), "h100")
+
+
+def test_zero2_is_priced_holding_its_gathered_parameters_and_gathering_once_a_step(gpt):
+    _, profile = gpt
+    zero3 = price_plan(profile, Plan(dp=8, fsdp=True), H100, MEMORY, 8, compare=False).estimate
+    zero2 = price_plan(profile, Plan(dp=8, fsdp=True, zero=2), H100, MEMORY, 8, compare=False).estimate
+    # ZeRO-3 holds about two blocks gathered at a time; ZeRO-2 the whole stage from forward to backward
+    assert zero2.memory["communication_buffers"] > zero3.memory["communication_buffers"]
+    # ZeRO-3 gathers each block again for its backward, with a ring's latencies per unit
+    assert zero2.time["dp_collectives"] < zero3.time["dp_collectives"]
+    plans = search(profile, 8, MEMORY, H100).plans
+    tried = [e.plan for e in plans if e.plan.zero == 2]
+    assert tried and all(p.num_stages == 1 and p.fsdp for p in tried)  # only where it differs from ZeRO-3

@@ -7,7 +7,7 @@
                     averager of the expert weights' gradients (DDP leaves them alone)
     apply_sync_bn   synchronized BatchNorm layers bound to the dp group
     apply_compile   --compile: each stage under torch.compile (compile_stages.py)
-    apply_fsdp      FSDP2 `fully_shard` over the dp axis (ZeRO-3)
+    apply_fsdp      FSDP2 `fully_shard` over the dp axis (ZeRO-3, or ZeRO-2: gathered once a step)
     tied_groups     one group per tied parameter over the pp ranks holding a copy
     apply_ddp       DistributedDataParallel over the dp axis (plain dp); under the split-backward
                     schedules, whose autograd.grad DDP never sees, a `DPGradAverager` instead
@@ -328,7 +328,7 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     skip = frozenset(id(p) for p in experts.params) if experts is not None else frozenset()
     if plan.fsdp:  # a unit per block region (not under a split backward: one unit per stage there)
         apply_fsdp(modules.values(), mesh, plan.autocast, skip, per_region=plan.fsdp_per_region,
-                   reshard_after_forward=plan.num_stages == 1)
+                   reshard_after_forward=plan.fsdp_reshards)
     tied = tied_groups(program, mesh)
     runners, averager = dict(modules), None
     if plan.dp > 1 and not plan.fsdp:

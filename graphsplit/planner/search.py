@@ -133,11 +133,14 @@ def _shapes(tp: int, pp: int, dp: int, cp: int, batch: int, max_stages: int, has
         # the three largest degrees: most of the expert weights' memory saved, the all-to-all
         # growing slowly with ep (the search stays seconds, not minutes, on 256 experts)
         eps = [e for e in divisors(dp) if e > 1 and experts % e == 0][-EP_CHOICES:] if experts and cp == 1 else []
-        sharding = [(False, 1), *([(True, 1)] if dp > 1 else []), *((f, e) for e in eps for f in (False, True))]
-        for checkpoint, autocast, (fsdp, ep), compiled, sp in itertools.product(
+        # (fsdp, ep, zero): ZeRO-2 differs from ZeRO-3 only where there is no pipeline (one stage)
+        zeros = (None, 2) if pp * v == 1 else (None,)
+        sharding = [(False, 1, None), *((True, 1, z) for z in zeros if dp > 1),
+                    *((f, e, z) for e in eps for f, z in ((False, None), *((True, z) for z in zeros)))]
+        for checkpoint, autocast, (fsdp, ep, zero), compiled, sp in itertools.product(
                 checkpoints, AUTOCAST_CHOICES, sharding, COMPILE_CHOICES, (False, True) if tp > 1 else (False,)):
             try:
-                yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, ep=ep, cp=cp, microbatches=m if pp > 1 else None,
+                yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, zero=zero, ep=ep, cp=cp, microbatches=m if pp > 1 else None,
                            schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
                            compile=compiled, sequence_parallel=sp)
             except GraphsplitError as exc:  # a combination the program refuses (plan.py says why)

@@ -367,7 +367,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     # queries over the whole sequence): priced as 1/cp of a sample
     b: float = samples / plan.cp if plan.cp > 1 else samples
     key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, plan.ep, plan.cp,
-           plan.pp, hw.name, plan.compile, plan.schedule in SPLIT_BACKWARD_SCHEDULES)
+           plan.pp, hw.name, plan.compile, plan.schedule in SPLIT_BACKWARD_SCHEDULES, plan.fsdp_reshards)
     if key in table.cache:
         return table.cache[key]
     split = _split(table, plan, b, hw)
@@ -384,7 +384,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
             peak = peak + np.array([gathered[a:e].max() for a, e in zip(bounds[:-1], bounds[1:])]).astype(np.int64)
     output = int(table.output[0] * b + table.output[1])
     units = None
-    if plan.fsdp_per_region and plan.num_stages == 1:  # FSDP units of their own, gathered one or two at a time
+    if plan.fsdp_reshards:  # FSDP units of their own, gathered one or two at a time (ZeRO-3, one stage)
         # (no checkpointing: each block a region run plainly, an FSDP unit all the same)
         sizes = unit_bytes(table, region_spans(table, "blocks" if plan.checkpoint == "none" else plan.checkpoint,
                                                0, table.n))

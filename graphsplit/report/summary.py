@@ -71,7 +71,7 @@ def _fsdp_units(program: Program) -> list[dict[str, Any]]:
         units = fsdp_regions(st.gm) if plan.fsdp_per_region else []
         names = {id(m): n for n, m in st.gm.named_children()}
         found.append({"stage": st.index, "regions": [names[id(m)] for m in units],
-                      "reshard_after_forward": plan.num_stages == 1})
+                      "reshard_after_forward": plan.fsdp_reshards})
     return found
 
 
