@@ -134,6 +134,16 @@ class PipelinedModule(nn.Module):
         """This rank's gradients under the original model's parameter names."""
         return self.pipeline.grads()
 
+    def make_optimizer(self, optimizer_class: type[torch.optim.Optimizer], **kwargs: Any) -> torch.optim.Optimizer:
+        """`optimizer_class(self.parameters(), **kwargs)`; under `Plan(zero=1)` its states sharded over the dp
+        replicas (torch's ZeroRedundancyOptimizer: each replica steps its share and broadcasts it)."""
+        if self.program.plan.zero != 1:
+            return optimizer_class(self.parameters(), **kwargs)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(list(self.parameters()), optimizer_class=optimizer_class,
+                                       process_group=self.rank_program.mesh.get_group("dp"), **kwargs)
+
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """`optimizer.step()`, through the plan's loss scaler under fp16 autocast (every rank must call it).
 

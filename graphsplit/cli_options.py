@@ -31,9 +31,10 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--fsdp", is_flag=True, default=None,
                      help="Shard parameters, gradients and optimizer state over the dp replicas (FSDP2, ZeRO-3)."),
         click.option("--zero", type=click.IntRange(1, 3), default=None,
-                     help="With sharding over the dp replicas, DeepSpeed's stage: 3 (--fsdp's default) frees each "
-                          "block's gathered parameters after its forward; 2 keeps them gathered to the end of the "
-                          "backward (one all-gather a step, more memory). Implies --fsdp."),
+                     help="DeepSpeed's stage over the dp replicas: 1 shards the optimizer states alone (DDP, "
+                          "ZeroRedundancyOptimizer); 2 and 3 shard with FSDP2 (imply --fsdp): 3 (--fsdp's default) "
+                          "frees each block's gathered parameters after its forward, 2 keeps them gathered to the "
+                          "end of the backward (one all-gather a step, more memory)."),
         click.option("--sync-bn", "sync_bn", is_flag=True, default=None,
                      help="BatchNorm statistics over all dp replicas (one all-reduce per layer), not per replica."),
         click.option("--microbatches", type=int, default=None, help="Micro-batches per step (default: number of stages)."),
@@ -81,7 +82,7 @@ def plan_from(kwargs: dict[str, Any], devices: int | None = None) -> tuple[Plan,
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             raise GraphsplitError(f"--plan {plan_file} is a whole plan; drop {flags} or drop --plan")
         return Plan.load(plan_file), True
-    if "zero" in given:
+    if given.get("zero", 1) > 1:
         given["fsdp"] = True
     if "checkpoint_overrides" in given:
         given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])

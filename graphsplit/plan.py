@@ -94,9 +94,11 @@ class Plan:
     tp: int = 1
     dp: int = 1
     fsdp: bool = False
-    # with fsdp, DeepSpeed's stage: 3 (default) frees a block's gathered parameters after its forward and
-    # gathers them again for its backward where there is no pipeline; 2 keeps them gathered from the
-    # forward to the end of the backward (one all-gather a step). Under a pipeline both keep them.
+    # DeepSpeed's stage. 1: plain dp (DDP) with the optimizer states sharded over the replicas (torch's
+    # ZeroRedundancyOptimizer, Megatron's distributed optimizer). With fsdp: 3 (default) frees a block's
+    # gathered parameters after its forward and gathers them again for its backward where there is no
+    # pipeline; 2 keeps them gathered from the forward to the end of the backward (one all-gather a
+    # step). Under a pipeline 2 and 3 both keep them.
     zero: int | None = None
     # expert parallelism: each mixture-of-experts layer's experts placed whole on ep ranks drawn
     # from the dp ranks (ep divides dp; each group of ep consecutive dp ranks exchanges tokens)
@@ -133,13 +135,18 @@ class Plan:
         if self.cp > 1 and self.ep > 1:
             raise _fail("cp", "context and expert parallelism together are not supported yet; drop --cp or --ep")
         if self.zero is not None:
-            if self.zero == 1:
-                raise _fail("zero", "ZeRO-1 (optimizer states alone sharded over dp) is not built yet; use zero=2 "
-                                    "(FSDP2: gradients and optimizer states sharded, parameters gathered once a step) "
-                                    "or plain dp")
-            if self.zero not in (2, 3) or isinstance(self.zero, bool):
-                raise _fail("zero", f"must be 2 or 3 (DeepSpeed's stages that shard over dp), got {self.zero!r}")
-            if not self.fsdp:
+            if self.zero not in (1, 2, 3) or isinstance(self.zero, bool):
+                raise _fail("zero", f"must be 1, 2 or 3 (DeepSpeed's stages), got {self.zero!r}")
+            if self.zero == 1 and self.fsdp:
+                raise _fail("zero", "ZeRO-1 keeps parameters and gradients whole on every replica (DDP) and shards "
+                                    "the optimizer states alone; drop --fsdp, or give --zero 2 or 3")
+            if self.zero == 1 and self.dp < 2:
+                raise _fail("zero", f"ZeRO-1 shards the optimizer states over the data-parallel replicas but "
+                                    f"dp={self.dp}; give --dp 2 or more")
+            if self.zero == 1 and self.ep > 1:
+                raise _fail("zero", "ZeRO-1 with expert parallelism is not supported (the replicas of a dp group hold "
+                                    "other experts); drop --zero 1 or --ep")
+            if self.zero > 1 and not self.fsdp:
                 raise _fail("zero", f"ZeRO-{self.zero} shards over the dp replicas with FSDP2: set fsdp=True "
                                     "(--zero sets it), or drop zero")
         if not isinstance(self.sequence_parallel, bool):

@@ -86,9 +86,10 @@ def test_parallelize_3d_with_fsdp(fsdp_3d):
 
 @pytest.mark.timeout(400)
 def test_parallelize_checkpoint_written_at_one_plan_resumes_at_another(fsdp_3d, tmp_path):
-    """The FSDP dp2 x pp2 x tp2 run saved after its last step; pp2 x tp2 on 4 processes goes on for 2 more:
-    the loss curve is the untouched model's, and the checkpoint exports to a file the untouched model loads."""
-    r = _torchrun(4, "--pp", "2", "--tp", "2", "--steps", "2", "--resume", str(fsdp_3d / "c"))
+    """The FSDP dp2 x pp2 x tp2 run saved after its last step; dp2 x pp2 with ZeRO-1 (`make_optimizer`: AdamW's
+    states sharded over the replicas) on 4 processes goes on for 2 more: the loss curve is the untouched
+    model's, and the checkpoint exports to a file the untouched model loads."""
+    r = _torchrun(4, "--dp", "2", "--pp", "2", "--zero", "1", "--steps", "2", "--resume", str(fsdp_3d / "c"))
     got = {int(a): float(b) for a, b in re.findall(r"step (\d+) loss (\S+)", r.stdout)}
     assert sorted(got) == [STEPS + 1, STEPS + 2]
 

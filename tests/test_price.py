@@ -109,3 +109,14 @@ def test_zero2_is_priced_holding_its_gathered_parameters_and_gathering_once_a_st
     plans = search(profile, 8, MEMORY, H100).plans
     tried = [e.plan for e in plans if e.plan.zero == 2]
     assert tried and all(p.num_stages == 1 and p.fsdp for p in tried)  # only where it differs from ZeRO-3
+
+
+def test_zero1_is_priced_with_a_dp_th_of_the_optimizer_states_and_a_gather_after_the_step(gpt):
+    _, profile = gpt
+    ddp = price_plan(profile, Plan(dp=8), H100, MEMORY, 8, compare=False).estimate
+    zero1 = price_plan(profile, Plan(dp=8, zero=1), H100, MEMORY, 8, compare=False).estimate
+    assert zero1.memory["optimizer_state"] == ddp.memory["optimizer_state"] // 8
+    assert zero1.memory["parameters"] == ddp.memory["parameters"] and zero1.memory["gradients"] == ddp.memory["gradients"]
+    assert zero1.time["dp_exposed"] > ddp.time["dp_exposed"]  # the replicas' shares gathered after the step
+    assert zero1.time["optimizer"] < ddp.time["optimizer"]
+    assert any(e.plan.zero == 1 and not e.plan.fsdp for e in search(profile, 8, MEMORY, H100).plans)

@@ -141,7 +141,8 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     faults = Faults.for_rank(dist.get_rank(), bool(spec.dump_dir))
     faults.after_build(program, rank.modules, runners(pipe.schedule))
     settings = spec.optim_config()
-    optimizer = settings.make_optimizer(pipe.parameters())
+    # ZeRO-1: the optimizer states sharded over the dp replicas
+    optimizer = settings.make_optimizer(pipe.parameters(), rank.mesh.get_group("dp") if plan.zero == 1 else None)
     done = rank.load_checkpoint(spec.resume_dir, optimizer) if spec.resume_dir else 0
     last = done + spec.steps
     scheduler = make_scheduler(optimizer, settings.lr_schedule, settings.warmup_steps, last, done)

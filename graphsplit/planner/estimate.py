@@ -120,7 +120,7 @@ class Estimate:
 
 def plan_fields(plan: Plan) -> dict[str, Any]:
     return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "ep": plan.ep, "cp": plan.cp, "fsdp": plan.fsdp,
-            "zero": (plan.zero or 3) if plan.fsdp else None, "microbatches": plan.num_microbatches,
+            "zero": (plan.zero or 3) if plan.fsdp else plan.zero, "microbatches": plan.num_microbatches,
             "schedule": plan.schedule, "stages_per_rank": plan.stages_per_rank, "checkpoint": plan.checkpoint,
             "autocast": plan.autocast, "compile": plan.compile, "sequence_parallel": plan.sequence_parallel}
 
@@ -170,7 +170,9 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     outputs[plan.stage_rank(plan.num_stages - 1)] = st.output_bytes * last_stage_in_flight(plan.schedule, pp, m, v)
     states = ADAMW_STATES if optimizer == "adamw" else 0
     kept = by_rank(st.kept_param_bytes, "sum")  # FSDP: the first dp rank's shards, the largest
-    parts = {"parameters": kept, "gradients": kept, "optimizer_state": states * kept}
+    # ZeRO-1: each dp replica holds the states of its share of the parameters (ZeroRedundancyOptimizer)
+    shares = dp if plan.zero == 1 else 1
+    parts = {"parameters": kept, "gradients": kept, "optimizer_state": states * kept // shares}
     buffers = 2 * by_rank(st.send_bytes, "max") if pp > 1 else np.zeros(pp, dtype=np.int64)
     if dp > 1 and not plan.fsdp:
         buffers = buffers + np.minimum(params, DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES)
@@ -240,7 +242,11 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     overlap = 0.0 if plan.schedule in ORDERED_SCHEDULES else bottleneck if st.fsdp_regions is not None \
         else 2 * bottleneck / 3
     exposed_dp = max(0.0, dp_comm - overlap)
-    opt_bytes = grads * (7 if optimizer == "adamw" else 3) / (dp if plan.fsdp else 1)
+    if plan.zero == 1:  # each replica broadcasts the share it stepped: an all-gather after the step, not hidden
+        gather_after = ring_seconds(grads, dp, dp_bw, dp_lat, 1)
+        dp_comm += gather_after
+        exposed_dp += gather_after
+    opt_bytes = grads * (7 if optimizer == "adamw" else 3) / (dp if plan.fsdp or plan.zero == 1 else 1)
     optimizer_seconds = opt_bytes / (hw.memory_bandwidth * hw.memory_efficiency) * share
     step = pipeline + exposed_dp + optimizer_seconds
     model_flops = 3 * model_flops_per_sample * samples

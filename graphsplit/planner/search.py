@@ -135,7 +135,8 @@ def _shapes(tp: int, pp: int, dp: int, cp: int, batch: int, max_stages: int, has
         eps = [e for e in divisors(dp) if e > 1 and experts % e == 0][-EP_CHOICES:] if experts and cp == 1 else []
         # (fsdp, ep, zero): ZeRO-2 differs from ZeRO-3 only where there is no pipeline (one stage)
         zeros = (None, 2) if pp * v == 1 else (None,)
-        sharding = [(False, 1, None), *((True, 1, z) for z in zeros if dp > 1),
+        # ZeRO-1 beside plain DDP (its states a dp-th each, its parameters gathered after the step)
+        sharding = [(False, 1, None), *([(False, 1, 1)] if dp > 1 else []), *((True, 1, z) for z in zeros if dp > 1),
                     *((f, e, z) for e in eps for f, z in ((False, None), *((True, z) for z in zeros)))]
         for checkpoint, autocast, (fsdp, ep, zero), compiled, sp in itertools.product(
                 checkpoints, AUTOCAST_CHOICES, sharding, COMPILE_CHOICES, (False, True) if tp > 1 else (False,)):

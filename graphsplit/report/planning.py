@@ -26,7 +26,8 @@ def _plan_cell(p: dict[str, Any]) -> str:
     ep += f" cp{p['cp']}" if p.get("cp", 1) > 1 else ""
     sched = "" if p["pp"] == 1 else f" {p['schedule']}" + (f"x{p['stages_per_rank']}" if p["stages_per_rank"] > 1 else "")
     return (f"tp{p['tp']}{' sp' if p.get('sequence_parallel') else ''} pp{p['pp']} dp{p['dp']}"
-            f"{(' zero2' if p.get('zero') == 2 else ' fsdp') if p['fsdp'] else ''}{ep} mb{p['microbatches']}{sched} "
+            f"{(' zero2' if p.get('zero') == 2 else ' fsdp') if p['fsdp'] else ' zero1' if p.get('zero') == 1 else ''}"
+            f"{ep} mb{p['microbatches']}{sched} "
             f"{p['checkpoint']} {p['autocast'] or 'fp32'}{' compiled' if p.get('compile') else ''}")
 
 

@@ -156,25 +156,34 @@ class OptimConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        return make_optimizer(self.optimizer, params, self.lr, self.weight_decay, self.betas)
+    def make_optimizer(self, params: list[nn.Parameter], shard_over: Any = None) -> torch.optim.Optimizer:
+        return make_optimizer(self.optimizer, params, self.lr, self.weight_decay, self.betas, shard_over)
 
 
 def make_optimizer(name: str, params: list[nn.Parameter], lr: float, weight_decay: float | None = None,
-                   betas: tuple[float, float] | None = None) -> torch.optim.Optimizer:
-    """The optimizers `run` offers, by name (None: torch's default for that setting)."""
+                   betas: tuple[float, float] | None = None, shard_over: Any = None) -> torch.optim.Optimizer:
+    """The optimizers `run` offers, by name (None: torch's default for that setting). `shard_over`: a dp
+    process group the states are sharded over (ZeRO-1: torch's ZeroRedundancyOptimizer; each replica
+    steps its share of the parameters and broadcasts them)."""
     extra: dict[str, Any] = {} if weight_decay is None else {"weight_decay": weight_decay}
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, **extra)
-    if name == "adamw":
+        cls: type[torch.optim.Optimizer] = torch.optim.SGD
+    elif name == "adamw":
+        cls = torch.optim.AdamW
         if params and all(p.device.type == "cuda" for p in params):
             # one kernel over all parameters instead of the foreach implementation's eight passes: on an
             # H200 the foreach AdamW of a 2.8B-parameter stage took 63 ms a step, three times what one
             # pass over the parameters and their gradient and states takes (bench/gpu_stage.py), as the
             # planner prices it; torchtitan's default too
             extra["fused"] = True
-        return torch.optim.AdamW(params, lr=lr, **extra, **({} if betas is None else {"betas": tuple(betas)}))
-    raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
+        extra.update({} if betas is None else {"betas": tuple(betas)})
+    else:
+        raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
+    if shard_over is None:
+        return cls(params, lr=lr, **extra)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=shard_over, lr=lr, **extra)
 
 
 def named_grads(program: Program, stages: Mapping[int, nn.Module]) -> dict[str, torch.Tensor]:

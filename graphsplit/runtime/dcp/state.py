@@ -61,6 +61,7 @@ def rank_state(
         return in_experts(found, dim, ep_rank, ep) if dim is not None else found
 
     state: dict[str, Any] = {}
+    optimizer = local_optimizer(optimizer) if optimizer is not None else None  # ZeRO-1: this replica's share
     for index, module in sorted(modules.items()):
         stage = program.stages[index]
         for local, canonical in stage.param_sources.items():
@@ -91,8 +92,17 @@ def scaler_state(scaler: Any) -> dict[str, torch.Tensor]:
     return {"train/loss_scale": scaler._scale, "train/loss_scale_growth": scaler._growth_tracker}
 
 
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer holding this rank's states: ZeRO-1's (ZeroRedundancyOptimizer) steps this replica's
+    share of the parameters with an optimizer of its own, `optim`; any other is itself."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Create the per-parameter state a step would create, so a load has tensors to fill."""
+    optimizer = local_optimizer(optimizer)
     if isinstance(optimizer, torch.optim.AdamW | torch.optim.Adam):
         for group in optimizer.param_groups:
             for p in group["params"]:
