@@ -9,7 +9,7 @@ import torch
 from graphsplit import Plan
 from graphsplit.analysis.collectives import COLLECTIVES_OF, collectives
 from graphsplit.backends import threads
-from graphsplit.ir.sharding import Shard, shard_tensor
+from graphsplit.ir.sharding import Replicate, Shard, shard_tensor
 from graphsplit.ir.trace_export import trace_export
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
@@ -85,3 +85,19 @@ def test_gather_chunks_puts_every_rank_block_back_chunk_by_chunk():
         assert torch.equal(gathered, whole)
         assert torch.equal(grad, shard_tensor(weight, layout, rank, 2))
     assert COLLECTIVES_OF[tpops.gather_chunks_from_tp] == [("forward", "all_gather")]  # counted and priced
+
+
+@pytest.mark.parametrize("all_heads", [False, True])
+def test_q_and_k_projections_before_a_per_head_norm_are_sharded_by_heads(all_heads, tmp_path):
+    """Qwen3's and Gemma-3's qk-norm normalizes each head's vector: the lookahead follows the heads'
+    shard through the view, the norm's mean over head_dim and the transpose, so q_proj and k_proj are
+    column-parallel; OLMo-2's norm over the whole projection reads every head, and they stay whole."""
+    source = (MODELS / "qk_norm.py").read_text()
+    path = tmp_path / "qk_norm_model.py"
+    path.write_text(source.replace("ALL_HEADS = False", f"ALL_HEADS = {all_heads}"))
+    loaded = load_model(str(path))
+    program, cmp = check_locally(loaded, Plan(tp=2))
+    assert cmp.ok, cmp.failures
+    for name in ("attn.q_proj.weight", "attn.k_proj.weight"):
+        assert program.param_sharding(name) == (Replicate() if all_heads else Shard(0)), name
+    assert program.param_sharding("attn.v_proj.weight") == Shard(0)

@@ -11,15 +11,17 @@ import torch.fx as fx
 
 from ...ir.meta import info
 from ...ir.optable import OpKind, family
+from ...ir.sharding import Shard
 from .layout import (
     chunked_view_dim,
     norm_dim,
     shape_of,
     split_heads,
     view_keeps_dim,
+    view_layout,
     view_shard_dim,
 )
-from .spellings import linear_form, op_name_of, split_sizes
+from .spellings import ROW_NORMS, linear_form, op_name_of, split_sizes
 
 
 def chunk_layout(linear: fx.Node, out_features: int, tp: int) -> tuple[int, ...] | None:
@@ -154,12 +156,20 @@ def feeds_output(node: fx.Node, gm: fx.GraphModule) -> bool:
     return False
 
 
-def column_pays_off(linear: fx.Node, gm: fx.GraphModule, limit: int = 500) -> bool:
-    """Whether a column-parallel output would reach a row-parallel layer (or the model's
-    output) before anything that needs it whole: only then is splitting it worth a collective."""
-    todo, seen, reached = [linear], {linear}, False
+def column_pays_off(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[int, ...] | None = None,
+                    size: int | None = None, limit: int = 500) -> bool:
+    """Whether a column-parallel output would reach a row-parallel layer (or the model's output)
+    before anything that needs it whole: only then is splitting it worth a collective. The shard is
+    followed as the rules would move it (views, transposes, broadcasts), so a norm or a reduction over
+    other dims lets it through (QK-norm: each head's vector normalized on its rank). `chunks`: the
+    linear's fused output (QKV), sharded chunk by chunk; `size`: its features' real size, padded (a
+    vocabulary tp does not divide)."""
+    out = shape_of(linear)
+    if out is None:
+        return False
+    todo, seen, reached = [(linear, Shard(len(out) - 1, chunks, size))], {linear}, False
     while todo and len(seen) < limit:
-        n = todo.pop()
+        n, have = todo.pop()
         for user in n.users:
             if user in seen:
                 continue
@@ -167,11 +177,64 @@ def column_pays_off(linear: fx.Node, gm: fx.GraphModule, limit: int = 500) -> bo
             if user.op == "output":
                 reached = True
                 continue
+            if info(user).value == "scalar":  # a size query: read, not gathered
+                todo.append((user, have))
+                continue
             kind = family(user, gm)
             if kind == OpKind.LINEAR and linear_form(user) is not None or kind == OpKind.GROUPED_LINEAR:
                 reached = True
-            elif kind.passes_shard or info(user).value == "scalar":
-                todo.append(user)
-            else:
+                continue
+            after = _shard_after(user, kind, n, have, tp)
+            if after is None:
                 return False
+            todo.append((user, after))
     return reached
+
+
+def _shard_after(node: fx.Node, kind: OpKind, src: fx.Node, have: Shard, tp: int) -> Shard | None:
+    """Where `have`, a shard of `src`, is in `node`'s output if `node` keeps it; None if it needs the
+    value whole (the rules' own answers, in brief)."""
+    ins, out = shape_of(src), shape_of(node)
+    d = have.dim
+    name = op_name_of(node)
+    if kind == OpKind.SPLIT and ins is not None:  # along another dim the parts keep it; into its chunks, plain
+        if name == "unbind":
+            dim = norm_dim(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0), len(ins))
+            return None if dim == d or have.chunks else have.moved(d - (dim < d))
+        dim = norm_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), len(ins))
+        return have if dim != d else Shard(d) if have.chunks else None
+    if ins is None or out is None:  # a container's element, or a value with no shape: as the rules keep it
+        return have if kind.passes_shard else None
+    if kind == OpKind.VIEW:
+        found = view_layout(ins, out, have, tp)
+        if found is None and (have.chunks or have.padded):  # only where the view keeps the dim whole
+            e = view_keeps_dim(ins, out, d)
+            found = have.moved(e) if e is not None else None
+        if found is None and have.chunks and name in _HEAD_VIEWS:  # fused chunks viewed as (k, heads, hd)
+            fused = chunked_view_dim(ins, out, d, tp)
+            found = Shard(fused[1]) if fused is not None and fused[0] == len(have.chunks) else None
+        return found
+    if kind == OpKind.TRANSPOSE or name in ("contiguous", "clone"):
+        e = _moved_dim(node, name, d, len(ins))
+        return have.moved(e) if e is not None else None
+    if have.chunks or have.padded:
+        return have if kind.passes_shard and len(out) == len(ins) else None
+    if kind == OpKind.REDUCTION:
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        if dim is None:
+            return None
+        dims = {norm_dim(x, len(ins)) for x in (dim if isinstance(dim, (list, tuple)) else [dim])}
+        keep = len(out) == len(ins)
+        return None if d in dims else have if keep else have.moved(d - sum(1 for x in dims if x < d))
+    if kind == OpKind.NORM:
+        if node.op != "call_function" or node.target not in ROW_NORMS or node.args[0] is not src:
+            return None
+        normalized = node.args[1] if len(node.args) > 1 else node.kwargs.get("normalized_shape")
+        n = len(normalized) if isinstance(normalized, (list, tuple)) else 1
+        return have if d < len(ins) - n else None
+    if name == "select":
+        dim = norm_dim(node.args[1], len(ins))
+        return None if dim == d else have.moved(d - (dim < d))
+    if kind.passes_shard and len(out) >= len(ins):
+        return have.moved(d + len(out) - len(ins))  # broadcast against more dims: aligned from the right
+    return None

@@ -107,3 +107,11 @@ def split_sizes(node: fx.Node, dim_size: int) -> list[int] | None:
     if isinstance(arg, (list, tuple)) and all(isinstance(x, int) for x in arg):
         return list(arg)
     return None
+
+
+# norm -> argument positions of (weight, bias): they normalize each row over the trailing
+# `normalized_shape` dims, so rows may sit on any rank
+ROW_NORMS = {
+    F.layer_norm: (2, 3), torch.ops.aten.layer_norm.default: (2, 3),
+    F.rms_norm: (2,), torch.ops.aten.rms_norm.default: (2,),
+}

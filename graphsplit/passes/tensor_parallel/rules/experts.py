@@ -44,7 +44,7 @@ def grouped_linear(node: fx.Node, view: LayoutView) -> Decision:
         if out_features % view.tp or any(c % view.tp for c in chunks or ()):
             return replicated(node, view, f"{describe(node)}: out features {out_features} (chunks {chunks}) "
                                           f"not divisible by tp={view.tp}")
-        if not column_pays_off(node, view.gm):
+        if not column_pays_off(node, view.gm, view.tp, chunks):
             return Decision(R, inputs=tuple(needs), reason=f"{describe(node)} left replicated: its sharded output "
                                                            "would be gathered before any row-parallel layer")
         want = Shard(out_dim, chunks)

@@ -93,7 +93,7 @@ def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) 
         return Decision(R, inputs=tuple(needs), reason=f"linear left replicated: {why}")
     # the output layer (the LM head) shards a vocabulary tp does not divide, padded
     pad = paddable(out_features, tp) and chunks is None and feeds_output(node, view.gm)
-    if (ok or pad) and not column_pays_off(node, view.gm):
+    if (ok or pad) and not column_pays_off(node, view.gm, view.tp, chunks, out_features if pad and not ok else None):
         return Decision(R, inputs=tuple(needs), reason="linear left replicated: its sharded output would be gathered "
                                                        "before any row-parallel layer (a norm or reduction comes first)")
     size = out_features if pad else None

@@ -5,16 +5,14 @@ gradients summed over tp; any other norm gets its input whole."""
 
 from __future__ import annotations
 
-import torch
 import torch.fx as fx
-import torch.nn.functional as F
 
 from ....ir.meta import info
 from ....ir.optable import OpKind
 from ....ir.sharding import Shard
 from ..decision import BROADCAST, Decision, LayoutView, register, replicated
 from ..layout import norm_dim
-from ..spellings import arg_of, describe
+from ..spellings import ROW_NORMS, arg_of, describe
 
 
 @register(OpKind.SOFTMAX)
@@ -42,19 +40,13 @@ def reduction(node: fx.Node, view: LayoutView) -> Decision:
     return Decision(have.moved(have.dim if keepdim else have.dim - sum(1 for x in dims if x < have.dim)))
 
 
-# norm -> argument positions of (weight, bias): they normalize each row over the trailing
-# `normalized_shape` dims, so rows may sit on any rank
-_ROW_NORMS = {
-    F.layer_norm: (2, 3), torch.ops.aten.layer_norm.default: (2, 3),
-    F.rms_norm: (2,), torch.ops.aten.rms_norm.default: (2,),
-}
 
 
 @register(OpKind.NORM)
 def norm(node: fx.Node, view: LayoutView) -> Decision:
     src = node.args[0] if node.args else None
     have = view.layout(src)
-    affine = _ROW_NORMS.get(node.target) if node.op == "call_function" else None
+    affine = ROW_NORMS.get(node.target) if node.op == "call_function" else None
     if isinstance(have, Shard) and affine is not None and not have.chunks and not have.padded:
         normalized = arg_of(node, 1, "normalized_shape")
         n = len(normalized) if isinstance(normalized, (list, tuple)) else 1
