@@ -139,10 +139,9 @@ class PipelinedModule(nn.Module):
         replicas (torch's ZeroRedundancyOptimizer: each replica steps its share and broadcasts it)."""
         if self.program.plan.zero != 1:
             return optimizer_class(self.parameters(), **kwargs)
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from .runtime.training import states_sharded
 
-        return ZeroRedundancyOptimizer(list(self.parameters()), optimizer_class=optimizer_class,
-                                       process_group=self.rank_program.mesh.get_group("dp"), **kwargs)
+        return states_sharded(optimizer_class, self.parameters(), self.rank_program.mesh.get_group("dp"), **kwargs)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """`optimizer.step()`, through the plan's loss scaler under fp16 autocast (every rank must call it).

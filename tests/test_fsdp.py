@@ -5,7 +5,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from graphsplit import Plan
+from graphsplit import GraphsplitError, Plan
 from graphsplit.cli import main
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.runtime.dcp import safe_read
@@ -148,7 +148,7 @@ def test_zero2_keeps_each_units_parameters_gathered_from_its_forward_to_its_back
 def test_a_zero_stage_that_cannot_work_is_refused_in_one_line(args, message):
     done = CliRunner().invoke(main, ["transform", str(EXAMPLES / "gpt.py"), *args])
     assert done.exit_code == 2 and message in done.output and len(done.output.strip().splitlines()) == 1, done.output
-    with pytest.raises(Exception, match="set fsdp=True"):
+    with pytest.raises(GraphsplitError, match="set fsdp=True"):
         Plan(dp=2, zero=2)
 
 

@@ -123,6 +123,11 @@ def _view_moves_shard(g: G) -> fx.Node:
     return g.call("view", g.input("x", (2, 4, 6), S(1)), 2, 3, 8, shape=(2, 3, 8))
 
 
+def _view_reblocks_shard(g: G) -> fx.Node:
+    # each rank's 2 rows of 6 are 3 rows of 4: still one block of the output's rows, not a factor of them
+    return g.call("view", g.input("x", (4, 6), S(0)), 6, 4, shape=(6, 4))
+
+
 def _view_merges_shard(g: G) -> fx.Node:
     # (batch, heads) merged: each rank's heads of every example, chunks of the merged dim
     return g.call("view", g.input("x", (2, 4, 8), S(1)), 8, 8, shape=(8, 8))
@@ -223,6 +228,7 @@ RULE_ROWS = [
     ("detach keeps a fused shard", _detach, S(1, (2, 2)), [], None),
     ("view splitting the sharded dim", _view_heads, S(2), [], None),
     ("view breaking the shard's blocks", _view_moves_shard, R, [("x", R)], "moves the sharded dim 1"),
+    ("view re-cutting the sharded dim's blocks", _view_reblocks_shard, S(0), [], None),
     ("view merging the sharded dim into the one before", _view_merges_shard, S(0, (4, 4)), [], None),
     ("view splitting a merged dim back", _view_unmerges_shard, S(1), [], None),
     ("transpose", _transpose, S(1), [], None),

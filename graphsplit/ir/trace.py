@@ -100,6 +100,7 @@ def trace_model(
     except GraphsplitError:
         raise
     except Exception as export_exc:
+        fx_further = False
         if takes_var_args(model) and not isinstance(fx_error, GraphsplitError):
             # `forward(self, input_ids, ..., **kwargs)` called with named inputs only (minimind, many
             # HF-style models): fx on the named parameters alone, the var-args empty, as the call has them.
@@ -113,17 +114,16 @@ def trace_model(
                 raise
             except Exception as named_exc:
                 fx_error = named_exc
-                if first_line(named_exc).startswith(_FX_BRANCH) and user_frame(named_exc, source) is not None:
-                    # fx went past export's stop (a branch on the model's buffers) to a branch on the data:
-                    # name that line
-                    export_exc.__traceback__ = None
+                # fx went past export's stop (a branch on the model's buffers) to a branch on the data: its line
+                fx_further = first_line(named_exc).startswith(_FX_BRANCH) and user_frame(named_exc, source) is not None
         own = raised_by_model(export_exc)
         if own is not None:  # the model's own raise or assert, on these inputs: not a tracing limit
             raise GraphsplitError(
                 f"{type(model).__name__}.forward raised {type(export_exc).__name__} at {own} on the example inputs: "
                 f"'{first_line(export_exc)}'; make example_inputs() give what the model expects (or fix the model there)"
             ) from export_exc
-        where = user_frame(export_exc, source) or user_frame(fx_error, source) or model_frame(fx_error)
+        where = (user_frame(fx_error, source) if fx_further else None) or user_frame(export_exc, source) \
+            or user_frame(fx_error, source) or model_frame(fx_error)
         at = f" at {where}" if where else ""
         said = f"torch.fx said '{first_line(fx_error)}' and torch.export said '{first_line(export_exc)}'"
         if any(word in first_line(export_exc) for word in READS_VALUES) \

@@ -87,12 +87,10 @@ def check_priceable(plan: Plan, gpus: int | None) -> int:
         if getattr(plan, key, None):
             raise GraphsplitError(f"{flag} is not priced by the planner; price the plan without it")
     if gpus is not None and gpus != plan.world_size:
-        raise GraphsplitError(
-            f"the plan runs on tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.world_size} devices, and --gpus says "
-            f"{gpus}: give --gpus {plan.world_size}, or --dp {gpus // (plan.tp * plan.pp)} if that is the replicas meant"
-            if gpus % (plan.tp * plan.pp) == 0 else
-            f"the plan runs on tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.world_size} devices, and --gpus says "
-            f"{gpus}: give --gpus {plan.world_size}")
+        other = f", or --dp {gpus // (plan.tp * plan.pp)} if that is the replicas meant" \
+            if gpus % (plan.tp * plan.pp) == 0 else ""
+        raise GraphsplitError(f"the plan runs on tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.world_size} devices, "
+                              f"and --gpus says {gpus}: give --gpus {plan.world_size}{other}")
     return plan.world_size
 
 

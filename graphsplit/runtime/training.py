@@ -181,9 +181,16 @@ def make_optimizer(name: str, params: list[nn.Parameter], lr: float, weight_deca
         raise GraphsplitError(f"unknown optimizer {name!r}; choose sgd or adamw")
     if shard_over is None:
         return cls(params, lr=lr, **extra)
+    return states_sharded(cls, params, shard_over, lr=lr, **extra)
+
+
+def states_sharded(cls: type[torch.optim.Optimizer], params: Iterable[nn.Parameter], group: Any,
+                   **kwargs: Any) -> torch.optim.Optimizer:
+    """ZeRO-1: `cls` over `params` with its states sharded over the dp `group` (torch's
+    ZeroRedundancyOptimizer: each replica steps its share of the parameters, then broadcasts it)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=shard_over, lr=lr, **extra)
+    return ZeroRedundancyOptimizer(list(params), optimizer_class=cls, process_group=group, **kwargs)
 
 
 def named_grads(program: Program, stages: Mapping[int, nn.Module]) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ import torch.fx as fx
 from ...ir.meta import info
 from ...ir.sharding import Layout, Placement, Replicate, Shard
 from ...plan import divisors
+from .spellings import arg_of
 
 
 def norm_dim(dim: int, ndim: int) -> int:
@@ -92,6 +93,8 @@ def view_layout(in_shape: tuple[int, ...], out_shape: tuple[int, ...], have: Sha
     `view(B, heads, T, hd)` of that a plain shard of the heads again (nn.MultiheadAttention)."""
     if have.padded or (have.chunks and len(set(have.chunks)) != 1):
         return None
+    if not have.chunks and (e := view_shard_dim(in_shape, out_shape, have.dim, tp)) is not None:
+        return Shard(e)  # a plain block that stays a block of one output dim (not always a factor of it)
     outer = len(have.chunks) if have.chunks else 1
     if in_shape[have.dim] % outer:
         return None
@@ -155,6 +158,29 @@ def view_keeps_dim(in_shape: tuple[int, ...], out_shape: tuple[int, ...], d: int
         prefix *= x
         if prefix > before:
             break
+    return None
+
+
+def moved_dim(node: fx.Node, name: str, dim: int, nd: int) -> int | None:
+    """Where dim `dim` of `node`'s input (of `nd` dims) is in its output, for the ops that only move or
+    add dims (`name`: the op's name, as `spellings.op_name_of` gives it); None for any other op."""
+    if name in ("contiguous", "clone"):
+        return dim
+    if name == "unsqueeze":
+        at = norm_dim(arg_of(node, 1, "dim"), nd + 1)
+        return dim + 1 if at <= dim else dim
+    if name == "squeeze" and isinstance(arg_of(node, 1, "dim"), int):
+        at = norm_dim(arg_of(node, 1, "dim"), nd)
+        return None if at == dim else dim - 1 if at < dim else dim
+    if name == "t":
+        return 1 - dim if nd == 2 else dim
+    if name in ("transpose", "swapaxes", "swapdims"):
+        a, b = norm_dim(arg_of(node, 1, "dim0"), nd), norm_dim(arg_of(node, 2, "dim1"), nd)
+        return b if dim == a else a if dim == b else dim
+    if name == "permute":
+        dims = list(node.args[1]) if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) \
+            else list(node.args[1:]) or list(node.kwargs.get("dims", ()))
+        return [norm_dim(x, nd) for x in dims].index(dim)
     return None
 
 

@@ -14,6 +14,7 @@ from ...ir.optable import OpKind, family
 from ...ir.sharding import Shard
 from .layout import (
     chunked_view_dim,
+    moved_dim,
     norm_dim,
     shape_of,
     split_heads,
@@ -105,29 +106,10 @@ def _taken_apart(node: fx.Node, dim: int, depth: int = 8) -> bool:
             continue
         if name == "getitem" and isinstance(user.args[1], int) and dim == 0:
             continue
-        moved = _moved_dim(user, name, dim, nd)
+        moved = moved_dim(user, name, dim, nd)
         if moved is None or not _taken_apart(user, moved, depth - 1):
             return False
     return True
-
-
-def _moved_dim(node: fx.Node, name: str, dim: int, nd: int) -> int | None:
-    """Where dim `dim` of the input is in `node`'s output, for ops that only move or add dims."""
-    if name in ("contiguous", "clone"):
-        return dim
-    if name == "unsqueeze":
-        at = norm_dim(node.args[1], nd + 1)
-        return dim + 1 if at <= dim else dim
-    if name == "squeeze" and len(node.args) > 1 and isinstance(node.args[1], int):
-        at = norm_dim(node.args[1], nd)
-        return None if at == dim else dim - 1 if at < dim else dim
-    if name in ("transpose", "swapaxes"):
-        a, b = norm_dim(node.args[1], nd), norm_dim(node.args[2], nd)
-        return b if dim == a else a if dim == b else dim
-    if name == "permute":
-        dims = list(node.args[1]) if isinstance(node.args[1], (list, tuple)) else list(node.args[1:])
-        return [norm_dim(x, nd) for x in dims].index(dim)
-    return None
 
 
 def heads_views(graph: fx.Graph) -> list[int]:
@@ -215,7 +197,7 @@ def _shard_after(node: fx.Node, kind: OpKind, src: fx.Node, have: Shard, tp: int
             found = Shard(fused[1]) if fused is not None and fused[0] == len(have.chunks) else None
         return found
     if kind == OpKind.TRANSPOSE or name in ("contiguous", "clone"):
-        e = _moved_dim(node, name, d, len(ins))
+        e = moved_dim(node, name, d, len(ins))
         return have.moved(e) if e is not None else None
     if have.chunks or have.padded:
         return have if kind.passes_shard and len(out) == len(ins) else None

@@ -10,7 +10,7 @@ from ....ir.meta import info
 from ....ir.optable import OpKind
 from ....ir.sharding import Replicate, Shard
 from ..decision import Call, Decision, LayoutView, Local, register, replicated
-from ..layout import container_len, index_shard_dim, norm_dim
+from ..layout import container_len, index_shard_dim, moved_dim, norm_dim
 from ..spellings import arg_of, describe, op_name_of, split_sizes, with_arg
 from .pointwise import identity
 
@@ -23,18 +23,9 @@ def transpose(node: fx.Node, view: LayoutView) -> Decision:
     have = view.layout(src)
     if not isinstance(have, Shard):
         return identity(node, view)
-    nd = len(view.shape(src))
-    name = op_name_of(node)
-    d = have.dim
-    if name == "t":
-        e = 1 - d if nd == 2 else d
-    elif name == "permute":
-        dims = list(node.args[1]) if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else list(node.args[1:])
-        e = [norm_dim(x, nd) for x in dims].index(d)
-    else:
-        a = norm_dim(arg_of(node, 1, "dim0"), nd)
-        b = norm_dim(arg_of(node, 2, "dim1"), nd)
-        e = b if d == a else a if d == b else d
+    e = moved_dim(node, op_name_of(node), have.dim, len(view.shape(src)))
+    if e is None:
+        return replicated(node, view, f"{describe(node)} moves dims in a way no rule reads")
     return Decision(have.moved(e))
 
 
