@@ -68,11 +68,11 @@ def main() -> None:
         losses.append(loss)
         module.optimizer_step(optimizer)  # optimizer.step(), through the loss scaler under fp16
         optimizer.zero_grad(set_to_none=True)
-        if loss is not None and module.tp_rank == 0 and module.dp_rank == 0:  # one printer
+        if dist.get_rank() == 0:  # every rank holds the loss: one prints it
             print(f"step {step} loss {loss.item():.6f}", flush=True)
     if args.save is not None:  # every rank writes its blocks, under the original parameter names
         module.save_checkpoint(args.save, optimizer, step=done + args.steps)
-    if args.dump is not None and losses[-1] is not None:
+    if args.dump is not None and dist.get_rank() == 0:
         torch.save([float(x) for x in losses], args.dump / f"losses{dist.get_rank()}.pt")
     dist.destroy_process_group()
 
