@@ -145,12 +145,10 @@ class PipelinedModule(nn.Module):
 
     # ---- training -------------------------------------------------------------------------------
 
-    def train_step(self, *args: Any, target: Any = None, keep_output: bool = False, scale: float = 1.0,
-                   **kwargs: Any) -> torch.Tensor:
-        """Forward and backward over this rank's batch; the mean loss times `scale`, on every rank.
-
-        The gradient of that scaled loss is *added* to the parameters' gradients, so a loop that
-        accumulates `steps` batches before stepping passes `scale=1 / steps`, as it divided its loss."""
+    def _step(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any,
+              keep_output: bool) -> tuple[torch.Tensor, dict[torch.Tensor, torch.Tensor]]:
+        """One pipeline step; (the loss on every rank, the gradient it made for each parameter), the
+        parameters' gradients left as they were before it."""
         from .runtime.microbatch import batch_size
         from .runtime.replica import loss_everywhere
         from .runtime.training import default_target
@@ -164,15 +162,38 @@ class PipelinedModule(nn.Module):
         for p in held:  # the step's own reductions (dp, tied copies) see this step's gradient alone
             p.grad = None
         loss, output = self.pipeline.step(inputs, target, keep_output)
+        made = {p: p.grad for p in params if p.grad is not None}
         for p in params:
-            if p.grad is not None and scale != 1.0:
-                p.grad.mul_(scale)
-            if p in held:
-                p.grad = held[p] if p.grad is None else held[p].add_(p.grad)
+            p.grad = held.get(p)
         # vocab-parallel cross-entropy keeps logits sharded: there is no whole output to show
         whole = output is not None and not self.program.sharded_outputs
         self.last_output = self.program.unflatten_output(output) if whole else None
-        return loss_everywhere(loss, self.rank_program.mesh, self.program.plan.pp, self.rank_program.device) * scale
+        return loss_everywhere(loss, self.rank_program.mesh, self.program.plan.pp, self.rank_program.device), made
+
+    def train_step(self, *args: Any, target: Any = None, keep_output: bool = False, scale: float = 1.0,
+                   **kwargs: Any) -> torch.Tensor:
+        """Forward and backward over this rank's batch; the mean loss times `scale`, on every rank.
+
+        The gradient of that scaled loss is *added* to the parameters' gradients, so a loop that
+        accumulates `steps` batches before stepping passes `scale=1 / steps`, as it divided its loss."""
+        loss, made = self._step(args, kwargs, target, keep_output)
+        _add_grads(made, scale)
+        return loss * scale
+
+    def deferred_step(self, *args: Any, target: Any = None, **kwargs: Any) -> torch.Tensor:
+        """Forward and backward over this rank's batch now; the loss, on every rank, whose `backward()`
+        adds the gradients to the parameters, times the gradient it receives (`(loss / k).backward()`
+        adds 1/k of them), as an eager forward's loss does. For loops that call `backward()` themselves
+        (Lightning's): without it, the gradients are dropped."""
+        loss, made = self._step(args, kwargs, target, False)
+        leaf = loss.detach().requires_grad_()
+
+        def add(grad: torch.Tensor) -> None:
+            _add_grads(made, float(grad))
+            made.clear()  # a second backward through the same loss adds nothing more
+
+        leaf.register_hook(add)
+        return leaf
 
     @torch.no_grad()
     def evaluate(self, *args: Any, target: Any = None, **kwargs: Any) -> torch.Tensor:
@@ -225,11 +246,22 @@ class PipelinedModule(nn.Module):
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
-    def save_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None, step: int = 0) -> None:
+    def save_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None, step: int = 0,
+                        extra: Any = None) -> None:
         """Every rank calls this: a torch.distributed.checkpoint folder under the original model's names,
-        loadable at any other plan (and by `graphsplit export-weights`); written whole or not at all."""
+        loadable at any other plan (and by `graphsplit export-weights`); written whole or not at all.
+        `extra`: the loop's own state (counters, a scheduler's `state_dict()`), rank 0's saved beside
+        the tensors; `read_extra(directory)` gives it back."""
         self._require_built("save_checkpoint()")
-        self.rank_program.save_checkpoint(directory, optimizer, step, self.rank_program.record("parallelize()", optimizer))
+        self.rank_program.save_checkpoint(directory, optimizer, step, self.rank_program.record("parallelize()", optimizer),
+                                          extra)
+
+    @staticmethod
+    def read_extra(directory: str | Path) -> Any:
+        """What `save_checkpoint(..., extra=...)` saved beside a checkpoint's tensors (None if nothing)."""
+        from .runtime.dcp.state import read_extra
+
+        return read_extra(directory)
 
     def load_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> int:
         """Every rank calls this: fill this rank's tensors (and `optimizer`'s state) from a checkpoint
@@ -259,3 +291,11 @@ def compiled_original(model: nn.Module, plan: Plan) -> tuple[nn.Module, Plan]:
 
         return model._orig_mod, replace(plan, compile=True)
     return model, plan
+
+
+def _add_grads(made: dict[torch.Tensor, torch.Tensor], scale: float) -> None:
+    """Add `scale` times each parameter's gradient in `made` to the gradient it holds."""
+    for p, grad in made.items():
+        if scale != 1.0:
+            grad.mul_(scale)
+        p.grad = grad if p.grad is None else p.grad.add_(grad)

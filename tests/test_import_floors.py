@@ -17,7 +17,7 @@ from .test_imports import imported, modules
 FLOORS: list[tuple[str, ...]] = [
     ("graphsplit.__main__",),
     ("graphsplit.cli", "graphsplit.cli_inspect"),
-    ("graphsplit.api", "graphsplit.pipelined", "graphsplit.cli_errors", "graphsplit.cli_options"),
+    ("graphsplit.api", "graphsplit.pipelined", "graphsplit.lightning", "graphsplit.cli_errors", "graphsplit.cli_options"),
     ("graphsplit.launch", "graphsplit.report"),
     ("graphsplit.planner",),
     ("graphsplit.compile",),

@@ -81,14 +81,18 @@ class RankProgram:
     def record(self, model: str, optimizer: torch.optim.Optimizer | str | None) -> dict[str, Any]:
         """What a checkpoint records beside the tensors: the plan, the model, the optimizer, tied aliases."""
         name = optimizer if isinstance(optimizer, str | None) else type(optimizer).__name__.lower()
-        return {"plan": self.program.plan.to_dict(), "model": model, "optimizer": name, "aliases": self.aliases}
+        record = {"plan": self.program.plan.to_dict(), "model": model, "optimizer": name, "aliases": self.aliases}
+        if isinstance(optimizer, torch.optim.Optimizer):  # its groups' hyper-parameters (an LR schedule's lr)
+            record["param_groups"] = [_plain(group) for group in optimizer.param_groups]
+        return record
 
     def save_checkpoint(self, directory: str | Path, optimizer: torch.optim.Optimizer | None, step: int,
-                        record: dict[str, Any]) -> None:
-        """Every rank calls this: one checkpoint folder, written whole or not at all."""
+                        record: dict[str, Any], extra: Any = None) -> None:
+        """Every rank calls this: one checkpoint folder, written whole or not at all; `extra` (rank 0's),
+        the loop's own state, saved beside the tensors."""
         from ..runtime.dcp.state import save_checkpoint
 
-        save_checkpoint(directory, self.checkpoint_state(optimizer), step, record)
+        save_checkpoint(directory, self.checkpoint_state(optimizer), step, record, extra)
 
     def save_series(self, root: str | Path, optimizer: torch.optim.Optimizer | None, step: int,
                     record: dict[str, Any], keep_last: int, keep: str | Path | None = None) -> Path:
@@ -107,9 +111,15 @@ class RankProgram:
         directory = resolve_checkpoint(directory)
         if optimizer is not None:
             init_optimizer_state(optimizer)
+        info = read_info(directory)
         # the RNG state is restored only when ranks correspond: the world laid out as it was
-        same_world = read_info(directory).get("plan") == self.program.plan.to_dict()
-        return load_checkpoint(directory, self.checkpoint_state(optimizer), same_world)
+        same_world = info.get("plan") == self.program.plan.to_dict()
+        step = load_checkpoint(directory, self.checkpoint_state(optimizer), same_world)
+        saved_groups = info.get("param_groups")
+        if optimizer is not None and isinstance(saved_groups, list) and len(saved_groups) == len(optimizer.param_groups):
+            for group, saved in zip(optimizer.param_groups, saved_groups):  # as optimizer.load_state_dict does
+                group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in saved.items()})
+        return step
 
 
 def assemble_rank(
@@ -142,3 +152,19 @@ def assemble_rank(
     pipeline = parallelize_stages(program, modules, make_loss(program, user_loss, replicas=replicas), mesh, device)
     persistent, aliases = names or (set(), {})
     return RankProgram(program, mesh, device, pipeline, set(persistent), dict(aliases))
+
+
+def _plain(group: Mapping[str, Any]) -> dict[str, Any]:
+    """A parameter group's hyper-parameters that JSON holds (its parameters and anything else left out)."""
+    import json
+
+    kept = {}
+    for key, value in group.items():
+        if key in ("params", "param_names"):
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        kept[key] = value
+    return kept

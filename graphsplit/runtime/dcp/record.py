@@ -22,6 +22,7 @@ import torch.nn as nn
 from ...errors import GraphsplitError
 
 INFO_FILE = "graphsplit.json"
+EXTRA_FILE = "extra.pt"  # the training loop's own state, beside the tensors
 METADATA_FILE = ".metadata"  # DCP's index of the checkpoint (a pickle)
 OPTIMIZER_PREFIX = "optimizer/"
 STEP_KEY = "train/step"

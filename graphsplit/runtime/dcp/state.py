@@ -34,7 +34,7 @@ from ...errors import GraphsplitError
 from ...ir.program import Program
 from ..atomic import remove_leftovers, replace_file, swap_into_place, temporary_sibling
 from .blocks import SavePlanner, in_experts, pieces_of
-from .record import INFO_FILE, OPTIMIZER_PREFIX, STEP_KEY, model_names, read_info
+from .record import EXTRA_FILE, INFO_FILE, OPTIMIZER_PREFIX, STEP_KEY, model_names, read_info
 from .safe_read import dcp_load, require_loadable, stored_keys
 from .series import STEP_NAME, checkpoints_in, require_save_folder, resolve_checkpoint
 
@@ -119,8 +119,11 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         raise GraphsplitError(f"resuming {type(optimizer).__name__} is not supported; use sgd or adamw")
 
 
-def save_checkpoint(directory: str | Path, state: dict[str, Any], step: int, record: dict[str, Any]) -> None:
-    """Every rank calls this: DCP writes the blocks (each stored once), then rank 0 renames into place."""
+def save_checkpoint(directory: str | Path, state: dict[str, Any], step: int, record: dict[str, Any],
+                    extra: Any = None) -> None:
+    """Every rank calls this: DCP writes the blocks (each stored once), then rank 0 renames into place.
+    `extra` (rank 0's): the training loop's own state (its counters, a scheduler's), saved beside them
+    by torch.save (read back by `read_extra`)."""
     final = Path(directory).resolve()
     rank = dist.get_rank()
     holder: list[tuple[str, str] | None] = [None]  # ("tmp", folder) or ("error", message), rank 0's answer
@@ -146,6 +149,8 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any], step: int, rec
         torch.save(torch.get_rng_state(), tmp / "rng" / f"rank{rank}.pt")
         dist.barrier()
         if rank == 0:
+            if extra is not None:
+                torch.save(extra, tmp / EXTRA_FILE)
             # the record is what makes a folder a checkpoint: written last, then the folder is renamed
             (tmp / INFO_FILE).write_text(json.dumps({**record, "step": step, "world_size": dist.get_world_size()}, indent=2))
             swap_into_place(tmp, final)
@@ -155,6 +160,12 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any], step: int, rec
         raise
     dist.barrier()
 
+
+
+def read_extra(directory: str | Path) -> Any:
+    """What the loop saved beside a checkpoint's tensors (`save_checkpoint(extra=...)`), or None."""
+    path = resolve_checkpoint(directory) / EXTRA_FILE
+    return torch.load(path, weights_only=False) if path.is_file() else None
 
 
 def save_series(root: str | Path, state: dict[str, Any], step: int, record: dict[str, Any], keep_last: int,

@@ -1,0 +1,317 @@
+"""`GraphsplitStrategy`: Lightning's Trainer trains an unmodified LightningModule through graphsplit.
+
+    trainer = Trainer(accelerator="gpu", devices=8, strategy=GraphsplitStrategy(pp=2, tp=2))
+    trainer.fit(module, datamodule)   # dp = 8 / (pp x tp) = 2
+
+What runs where:
+
+- `setup`: the module's optimizer from its own `configure_optimizers`, as Lightning builds it;
+- the first `training_step`: the module's `training_step` is traced on that batch (steps.py) and cut
+  by the plan (`parallelize`): this rank builds its stages, and the optimizer's groups are changed in
+  place to its parameters (LR schedulers keep working on them);
+- each `training_step`: the pipeline's forward and backward over the batch (every rank of a replica
+  on its first rank's batch); the loss it returns, on every rank, is the one Lightning's closure
+  divides (gradient accumulation) and calls `backward()` on, which adds the gradients
+  (`PipelinedModule.deferred_step`); the step's `self.log` calls of the loss are made with it;
+- gradient clipping by norm: over every rank's shards, as on the untouched model;
+- `validation_step`: forward only through the pipeline, where the step computes what
+  `training_step` computes (their traced graphs are compared), logged under its own names;
+- checkpoints: a graphsplit DCP folder at the checkpoint's path (loadable at any other plan), with
+  Lightning's own state (loops, callbacks, schedulers) beside the tensors.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.utilities.distributed import _init_dist_connection, _sync_ddp_if_available
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.strategies.parallel import ParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+
+from ..errors import GraphsplitError
+from ..pipelined import PipelinedModule
+from ..plan import Plan
+from .steps import StepLog, batch_tensors, step_module
+
+
+class GraphsplitStrategy(ParallelStrategy):
+    """Pipeline, tensor and data parallelism (DDP or FSDP2), expert and context parallelism,
+    checkpointing and autocast for an unmodified LightningModule, planned by graphsplit.
+
+    `plan`: a `Plan`, or a plan.json path written by `graphsplit transform`; or give its fields
+    (`pp=2, tp=2, fsdp=True, ...`). Its dp is the devices left: Lightning's world size over pp x tp.
+    """
+
+    strategy_name = "graphsplit"
+
+    def __init__(self, plan: Plan | str | Path | None = None, timeout_s: float = 120.0, **fields: Any) -> None:
+        super().__init__()
+        if isinstance(plan, str) and plan == "auto":
+            raise GraphsplitError("GraphsplitStrategy(plan='auto') is not built yet: give the plan "
+                                  "(GraphsplitStrategy(pp=2, tp=2) or a plan.json from graphsplit plan/transform)")
+        if plan is not None and fields:
+            raise GraphsplitError("give GraphsplitStrategy a plan or its fields (pp=, tp=, ...), not both")
+        self._plan_given = _read_plan(plan) if plan is not None else None
+        self._fields = fields
+        self._timeout_s = timeout_s
+        self.plan: Plan | None = None
+        self.pipelined: PipelinedModule | None = None
+        self._train_log: StepLog | None = None
+        self._val_log: StepLog | None = None
+        self._val_same: bool | None = None
+        self.num_nodes = 1
+
+    # ---- where the processes are ---------------------------------------------------------------
+
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    def _replica_size(self) -> int:
+        plan = self._plan_given
+        return plan.pp * plan.tp if plan is not None else self._fields.get("pp", 1) * self._fields.get("tp", 1)
+
+    @property
+    def is_distributed(self) -> bool:
+        return True  # Lightning then gives each dp replica its own share of the data (its sampler)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        # the mesh is (dp, pp, tp): each dp replica reads its own share, every rank of it the same one
+        size = self._replica_size()
+        return {"num_replicas": self.world_size // size, "rank": self.global_rank // size}
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        return False  # the DCP folder holds the optimizer's state: load_checkpoint reads it
+
+    @property
+    def precision_plugin(self) -> Precision:
+        return self._precision_plugin if self._precision_plugin is not None else Precision()
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision | None) -> None:
+        # clipping by norm must take the norm over every rank's shards: the plugin Lightning chose, as a
+        # subclass that asks the pipeline for it (a new object; the given plugin is left as it is)
+        if plugin is not None and not isinstance(plugin, _NormOverRanks):
+            cls = type(f"Graphsplit{type(plugin).__name__}", (_NormOverRanks, type(plugin)), {})
+            clipping = cls.__new__(cls)
+            clipping.__dict__.update(plugin.__dict__)
+            plugin = clipping
+        if plugin is not None:
+            plugin._graphsplit_strategy = self
+        self._precision_plugin = plugin
+
+    def _configure_launcher(self) -> None:
+        assert self.cluster_environment is not None
+        if not self.cluster_environment.creates_processes_externally:
+            self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        reset_seed()
+        self.set_world_ranks()
+        assert self.cluster_environment is not None
+        backend = "nccl" if self.root_device.type == "cuda" else "gloo"
+        _init_dist_connection(self.cluster_environment, backend, timeout=timedelta(seconds=self._timeout_s))
+        size = self._replica_size()
+        if self.world_size % size:
+            raise GraphsplitError(f"the plan's pp x tp = {size} processes per replica do not divide the "
+                                  f"{self.world_size} Lightning was given; give devices= a multiple of {size}")
+        given = self._plan_given or Plan(dp=self.world_size // size, **self._fields)
+        if given.world_size != self.world_size:
+            raise GraphsplitError(f"the plan needs {given.world_size} processes but Lightning was given "
+                                  f"{self.world_size}; give Trainer(devices=...) {given.world_size}")
+        self.plan = given
+
+    def set_world_ranks(self) -> None:
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        rank_zero_only.rank = self.global_rank
+
+    def setup(self, trainer: Any) -> None:
+        assert self.accelerator is not None
+        self.accelerator.setup(trainer)
+        module = self.lightning_module
+        if not module.automatic_optimization:
+            raise GraphsplitError("GraphsplitStrategy trains with Lightning's automatic optimization; "
+                                  f"{type(module).__name__} sets automatic_optimization = False")
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+            if len(self.optimizers) != 1:
+                raise GraphsplitError(f"GraphsplitStrategy trains with one optimizer; {type(module).__name__}."
+                                      f"configure_optimizers gives {len(self.optimizers)}")
+        self.setup_precision_plugin()
+
+    def model_to_device(self) -> None:
+        pass  # each rank's stages are built on its device from the module's tensors, on the first batch
+
+    # ---- steps -----------------------------------------------------------------------------------
+
+    def _build(self, batch: Any) -> None:
+        from ..api import parallelize
+
+        assert self.plan is not None
+        module = self.lightning_module
+        traced, self._train_log = step_module(module, "training_step", batch)
+        optimizer = self.optimizers[0] if self.optimizers else None
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        self.pipelined = parallelize(traced, self.plan, timeout_s=self._timeout_s, optimizer=optimizer)
+        if self._resume is not None:
+            self.pipelined.load_checkpoint(self._resume, optimizer)
+
+    _resume: Path | None = None
+
+    def training_step(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.pipelined is None:
+            self._build(batch)
+        assert self.pipelined is not None and self._train_log is not None
+        with self.precision_plugin.train_step_context():
+            loss = self.pipelined.deferred_step(*batch_tensors(batch, "training_step"))
+        self._log(self._train_log, loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> Any:
+        if self.pipelined is None:  # validation before any training step (Lightning's sanity check)
+            self._build(batch)
+        assert self.pipelined is not None
+        if self._val_same is None:
+            self._val_same, self._val_log = _same_step(self.lightning_module, batch)
+        if not self._val_same:
+            raise GraphsplitError(
+                f"{type(self.lightning_module).__name__}.validation_step computes something other than training_step; "
+                "GraphsplitStrategy validates only a step that computes the training loss: set "
+                "Trainer(limit_val_batches=0) (the guide lists what does not work yet)")
+        assert self._val_log is not None
+        with self.precision_plugin.val_step_context():
+            loss = self.pipelined.evaluate(*batch_tensors(batch, "validation_step"))
+        self._log(self._val_log, loss)
+        return loss
+
+    def _log(self, log: StepLog, loss: torch.Tensor) -> None:
+        for logged in log.losses:
+            self.lightning_module.log(logged.name, loss.detach(), **logged.options)
+        if log.others and not getattr(self, "_warned_others", False):
+            self._warned_others = True
+            rank_zero_warn(f"GraphsplitStrategy logs only the step's loss; not logged: {', '.join(log.others)}")
+
+    # ---- collectives -----------------------------------------------------------------------------
+
+    def barrier(self, name: str | None = None) -> None:
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not (dist.is_available() and dist.is_initialized()):
+            return obj
+        holder = [obj]
+        dist.broadcast_object_list(holder, src)
+        return holder[0]
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        if isinstance(tensor, torch.Tensor):
+            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+        return tensor
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return {}  # the weights go to the DCP folder, by the module's own names
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        return {}
+
+    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
+        pass  # load_checkpoint filled the tensors (or will, on the first batch)
+
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        pass
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        if self.pipelined is None or not self.pipelined.built:
+            raise GraphsplitError("GraphsplitStrategy saves a checkpoint once the model has trained a step")
+        if storage_options is not None:
+            raise GraphsplitError("GraphsplitStrategy writes a DCP folder: storage_options are not taken")
+        path = Path(self.broadcast(str(filepath)))
+        lightning_state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+        optimizer = self.optimizers[0] if self.optimizers else None
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        self.pipelined.save_checkpoint(path, optimizer, step=int(checkpoint.get("global_step", 0)), extra=lightning_state)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(self.broadcast(str(checkpoint_path)))
+        state = PipelinedModule.read_extra(path)  # a bad folder fails here, in one line
+        if state is None:
+            raise GraphsplitError(f"{path} holds no Lightning state: give a checkpoint GraphsplitStrategy saved")
+        if self.pipelined is not None:
+            optimizer = self.optimizers[0] if self.optimizers else None
+            if isinstance(optimizer, LightningOptimizer):
+                optimizer = optimizer._optimizer
+            self.pipelined.load_checkpoint(path, optimizer)
+        else:
+            self._resume = path  # read once the model is built on the first batch
+        return {**state, "state_dict": {}, "optimizer_states": []}
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        if self.is_global_zero:
+            import shutil
+
+            shutil.rmtree(filepath, ignore_errors=True)
+
+    def teardown(self) -> None:
+        assert self.cluster_environment is not None
+        self.cluster_environment.teardown()
+        self.precision_plugin.teardown()
+        if self.accelerator is not None:
+            self.accelerator.teardown()
+
+
+class _NormOverRanks:
+    """Mixed into the precision plugin Lightning chose: clipping by norm over every rank's gradients."""
+
+    _graphsplit_strategy: GraphsplitStrategy
+
+    def clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
+        pipelined = self._graphsplit_strategy.pipelined
+        assert pipelined is not None
+        pipelined.clip_grad_norm_(float(clip_val))
+
+
+def _read_plan(plan: Plan | str | Path) -> Plan:
+    return plan if isinstance(plan, Plan) else Plan.load(plan)
+
+
+def _same_step(module: Any, batch: Any) -> tuple[bool, StepLog]:
+    """Whether `validation_step` computes what `training_step` does (their traced graphs alike), and
+    what it logs."""
+    from ..ir.trace import trace_model
+
+    tensors = tuple(batch_tensors(batch, "validation_step"))
+    train, _ = step_module(module, "training_step", batch)
+    val, log = step_module(module, "validation_step", batch)
+    try:
+        same = trace_model(train, tensors, {}).gm.code == trace_model(val, tensors, {}).gm.code
+    except GraphsplitError:  # a validation step graphsplit cannot trace: refused in one line by the caller
+        return False, log
+    return same, log

@@ -1,0 +1,72 @@
+"""Lightning's Trainer trains an unmodified LightningModule (tests/models/lightning_gpt.py) under
+`GraphsplitStrategy` as it trains it on one device with its default strategy, on the whole batch: each
+step's loss, the loss it logs, its validation loss, its LR schedule and the weights after the last step,
+with gradient accumulation and clipping by norm on; and a checkpoint saved at one plan resumes at another.
+Each run is Lightning's own launcher starting the processes (tests/workers/lightning_fit.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import exported_weights
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).parent / "workers" / "lightning_fit.py"
+
+
+def _fit(out: Path, *args: str) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run([sys.executable, str(WORKER), "--out", str(out), *args], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=out)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return torch.load(out / "seen.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The module under Lightning's default strategy, one device, the whole batch of 8."""
+    return _fit(tmp_path_factory.mktemp("reference"), "--reference", "--steps", "4")
+
+
+def _same_training(seen: dict, reference: dict, steps: slice = slice(None)) -> None:
+    for key in ("losses", "logged", "lrs"):
+        assert seen[key] == pytest.approx(reference[key][steps], rel=1e-5), key
+    assert seen["val"] == pytest.approx(reference["val"][:len(seen["val"])], rel=1e-5)
+
+
+def _same_weights(checkpoint: Path, reference: dict) -> None:
+    got = exported_weights(checkpoint)
+    for name, tensor in reference["weights"].items():
+        if name.endswith(".bias") and name not in got:  # the causal-mask buffer is not persistent
+            continue
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("dp,pp,tp", [(1, 2, 1), (1, 1, 2), (2, 2, 1)])
+def test_trainer_under_graphsplit_equals_default_strategy(tmp_path, reference, dp, pp, tp):
+    seen = _fit(tmp_path, "--dp", str(dp), "--pp", str(pp), "--tp", str(tp), "--steps", "4",
+                "--save", str(tmp_path / "last.ckpt"))
+    assert len(seen["losses"]) == 8 and len(seen["val"]) >= 2  # 4 steps of 2 batches; sanity check + evals
+    _same_training(seen, reference)
+    _same_weights(tmp_path / "last.ckpt", reference)
+
+
+def test_checkpoint_saved_at_one_plan_resumes_at_another(tmp_path):
+    """Two steps at pp 2 (one epoch), saved by trainer.save_checkpoint; resumed by trainer.fit(ckpt_path=...)
+    at tp 2 for two more: its losses, LR schedule, validation and weights are those of the default strategy
+    saving and resuming the same way (Lightning's resumed epoch does not replay the uninterrupted run's order)."""
+    _fit(tmp_path / "ref_first", "--reference", "--steps", "2", "--save", str(tmp_path / "ref_half.ckpt"))
+    reference = _fit(tmp_path / "ref_second", "--reference", "--steps", "4", "--resume", str(tmp_path / "ref_half.ckpt"))
+    _fit(tmp_path / "first", "--pp", "2", "--steps", "2", "--save", str(tmp_path / "half.ckpt"))
+    seen = _fit(tmp_path / "second", "--tp", "2", "--steps", "4", "--resume", str(tmp_path / "half.ckpt"),
+                "--save", str(tmp_path / "last.ckpt"))
+    assert len(seen["losses"]) == 4 and seen["lrs"][0] < 0.1  # two steps more, the schedule where it was
+    _same_training(seen, reference)
+    _same_weights(tmp_path / "last.ckpt", reference)
