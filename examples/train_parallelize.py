@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--dp", type=int, default=1)
     parser.add_argument("--fsdp", action="store_true", help="shard parameters over the dp replicas (FSDP2)")
     parser.add_argument("--zero", type=int, default=None, help="1: AdamW's states sharded over the dp replicas")
+    parser.add_argument("--fp8", default=None, help="tensorwise or rowwise: the linears in float8 (torchao)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dump", type=Path, default=None)
     parser.add_argument("--save", type=Path, default=None, help="checkpoint folder to write after the last step")
@@ -47,7 +48,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = example.build_model()
     inputs, target = example.example_inputs(), example.example_target()
-    plan = Plan(dp=args.dp, pp=args.pp, tp=args.tp, fsdp=args.fsdp, zero=args.zero)
+    plan = Plan(dp=args.dp, pp=args.pp, tp=args.tp, fsdp=args.fsdp, zero=args.zero, fp8=args.fp8)
     if args.dp > 1:  # like DDP: each replica trains on its own share of the batch
         dp_rank = int(os.environ["RANK"]) // (args.pp * args.tp)  # the mesh is (dp, pp, tp)
         inputs = tuple(t.chunk(args.dp)[dp_rank] for t in inputs)

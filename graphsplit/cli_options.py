@@ -54,6 +54,8 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "selective; the last matching one wins, e.g. --checkpoint-module 'h.0=none'."),
         click.option("--autocast", type=click.Choice(["bf16", "fp16"]), default=None,
                      help="Mixed precision: matmuls in this dtype, parameters, norms and the loss in fp32."),
+        click.option("--fp8", type=click.Choice(["tensorwise", "rowwise"]), default=None,
+                     help="Linears in float8 with torchao's recipe (pip install torchao), scales agreed across tp shards."),
         click.option("--compile", "compile", is_flag=True, default=None,
                      help="Run each stage under torch.compile (inductor); tp collectives stay eager, between compiled pieces."),
         click.option("--plan", "plan_file", type=click.Path(path_type=Path), default=None,
@@ -65,7 +67,7 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "ep", "cp", "fsdp", "zero", "sync_bn", "microbatches", "schedule", "stages_per_rank",
-              "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "compile")
+              "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "fp8", "compile")
 
 
 def plan_from(kwargs: dict[str, Any], devices: int | None = None) -> tuple[Plan, bool]:

@@ -10,6 +10,7 @@ The passes, in the order they run (each in graphsplit/passes/):
 - expert_parallel.py: with --ep, whole experts per rank, tokens exchanged by all-to-alls;
 - tensor_parallel/: shard linears and embeddings, insert the tp collectives;
 - vocab_parallel_loss.py: keep vocab-sharded logits sharded into a cross-entropy;
+- float8.py: with --fp8, the linears in float8 (torchao's recipes), scales agreed across tp shards;
 - autocast.py: matmuls in bf16 / fp16, norms, softmax and the loss in fp32;
 - context_parallel.py: with --cp, each rank's shard of the sequence; keys and values gathered at
   every attention call, positions made global;
@@ -48,6 +49,7 @@ from .passes.context_parallel import (
     cut_positions,
 )
 from .passes.expert_parallel import ExpertParallelResult, expert_parallel_pass
+from .passes.float8 import Float8Result, float8_pass
 from .passes.grad_mode import grad_mode_pass
 from .passes.manager import LossInput, Pass, PassInput, run_passes
 from .passes.pipeline_split import cut_places, pipeline_split_pass, too_few_cuts
@@ -66,6 +68,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("expert_parallel", expert_parallel_pass),
     ("tensor_parallel", tensor_parallel_pass),
     ("vocab_parallel_loss", vocab_parallel_loss_pass),
+    ("float8", float8_pass),
     ("autocast", autocast_pass),
     ("context_parallel", context_parallel_pass),
     ("pipeline_split", pipeline_split_pass),
@@ -328,6 +331,8 @@ def compile_program(
         expert_params=dict(experts.expert_params) if experts else None,
         expert_layers=experts.layers if experts else (),
     )
+    fp8 = run.results.get(Float8Result)
+    program.fp8_modules = fp8.modules if fp8 else ()
     timings["build"] = time.perf_counter() - start
     return CompileResult(program, timings)
 

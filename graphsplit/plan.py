@@ -60,6 +60,7 @@ CHECKPOINT_POLICIES = ("none", "blocks", "stage", "selective")
 # keeps its matmul/attention outputs and recomputes the cheap ops around them.
 CHECKPOINT_OVERRIDE_POLICIES = ("none", "full", "selective")
 AUTOCAST_DTYPES = (None, "bf16", "fp16")
+FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 training recipes (--fp8)
 
 
 def _fail(field_name: str, message: str) -> GraphsplitError:
@@ -118,6 +119,8 @@ class Plan:
     checkpoint: str = "none"
     checkpoint_overrides: tuple[tuple[str, str], ...] = ()
     autocast: str | None = None
+    # torchao's float8 training recipe for the linears (tensorwise or rowwise scaling): passes/float8.py
+    fp8: str | None = None
     seed: int = 0
     compile: bool = False
 
@@ -231,6 +234,11 @@ class Plan:
             raise _fail("compile", f"must be true or false, got {self.compile!r}")
         if self.autocast not in AUTOCAST_DTYPES:
             raise _fail("autocast", f"unknown dtype {self.autocast!r}; choose bf16 or fp16")
+        if self.fp8 not in (None, *FP8_RECIPES):
+            raise _fail("fp8", f"unknown recipe {self.fp8!r}; choose {' or '.join(FP8_RECIPES)} (torchao's float8 scalings)")
+        if self.fp8 is not None and self.autocast == "fp16":
+            raise _fail("fp8", "float8 linears train with fp32 or bf16 around them (torchao's recipes); "
+                               "use --autocast bf16 with --fp8")
         if self.schedule in SPLIT_BACKWARD_SCHEDULES and self.compile and self.fsdp and self.autocast and self.tp > 1:
             # found by run --check on the Llama example: in torch's weight backward a compiled piece's
             # backward (CompiledFunctionBackward, run again from its saved intermediates) returns no

@@ -100,6 +100,8 @@ class Program:
     # dim, held in plan.ep slices over the expert-parallel ranks; and the layers placed
     expert_params: dict[str, int] = field(default_factory=dict)
     expert_layers: tuple[Any, ...] = ()
+    # --fp8 (passes/float8.py): the nn.Linear modules, by the model's names, whose calls run in float8
+    fp8_modules: tuple[str, ...] = ()
 
     @property
     def batch(self) -> BatchDims:

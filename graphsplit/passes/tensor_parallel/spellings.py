@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ...ir.optable import op_name
 from ...ops import tp as tpops
+from ...ops.float8 import float8_linear
 
 aten = torch.ops.aten
 
@@ -63,6 +64,8 @@ def linear_form(node: fx.Node) -> tuple[Any, Any, Any, int, int] | None:
         return node.args[1], node.args[2], node.args[0], 1, 0
     if isinstance(t, torch._ops.OpOverload) and t.overloadpacket in (aten.mm,) or t is torch.mm:
         return node.args[0], node.args[1], None, 1, 0
+    if t is float8_linear:  # (x, weight, bias, comm, recipe, style)
+        return node.args[0], node.args[1], node.args[2], 0, 1
     if t is tpops.column_linear_from_seq_shard:  # (gathered, shard, weight, bias, dim, comm)
         return node.args[0], node.args[2], node.args[3], 0, 1
     return None

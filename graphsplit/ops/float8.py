@@ -1,0 +1,143 @@
+"""FP8 linears, as torchao's float8 training computes them, with scales that agree across tp shards.
+
+`float8_linear(x, weight, bias, comm, recipe, style)` is torchao's `Float8Linear.forward` for one
+linear of the graph (`torchao.float8`: `Float8LinearConfig.from_recipe_name(recipe)`, the same casts,
+the same three GEMMs through `torch._scaled_mm`): each operand is cast to float8 with a dynamic
+scale from its amax, the input and weight to e4m3, the output gradient to e5m2.
+
+What graphsplit adds is the tensor-parallel part. A scale is `max / amax` over the values it scales:
+the whole tensor (tensorwise) or each row along one axis (rowwise). When that axis (or any axis,
+for tensorwise) is the one a tp shard cuts, each rank's local amax is only part of it, and the
+shards would be scaled differently from the one tensor the untouched model scales; so the amax is
+all-reduced (max) over the tp group there, and only there (`_reduced`). A column-parallel linear
+(its output features sharded) reduces its weight's and output gradient's amax; a row-parallel one
+(its input features sharded) its input's and weight's. Each is a scalar, or one value per row.
+
+Activation scales follow the values a rank holds: per micro-batch and per dp replica (as torchao's
+are under DDP or FSDP); weight scales are the whole weight's.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from .tp_comm import TPComm
+
+RECIPES = ("tensorwise", "rowwise")
+STYLES = ("column", "row", "replicated")
+# the dim of each 2-D GEMM operand a tp shard cuts, by the linear's style: the input (M, K), the
+# transposed weight (K, N) and the output gradient (M, N)
+_SHARDED: dict[str, dict[str, int | None]] = {
+    "column": {"input": None, "weight": 1, "grad_output": 1},
+    "row": {"input": 1, "weight": 0, "grad_output": None},
+    "replicated": {"input": None, "weight": None, "grad_output": None},
+}
+
+
+@cache
+def _config(recipe: str, emulate: bool = False) -> Any:
+    """torchao's config for `recipe`; `emulate`: its GEMMs in float32 on the float8 values (off a GPU:
+    exact, where CPU's `_scaled_mm` rounds a row-scaled product's partial sums its own way)."""
+    import dataclasses
+
+    from torchao.float8 import Float8LinearConfig
+
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
+
+
+@cache
+def _mm_config(recipe: str, emulate: bool = False) -> Any:
+    """torchao's GEMM settings for the recipe, as `Float8Linear.__init__` builds them."""
+    from torchao.float8.float8_training_tensor import LinearMMConfig, ScaledMMConfig
+
+    c = _config(recipe, emulate)
+    return LinearMMConfig(
+        ScaledMMConfig(c.emulate, c.gemm_config_output.use_fast_accum, False, c.pad_inner_dim),
+        ScaledMMConfig(c.emulate, c.gemm_config_grad_input.use_fast_accum, False, c.pad_inner_dim),
+        ScaledMMConfig(c.emulate, c.gemm_config_grad_weight.use_fast_accum, False, c.pad_inner_dim),
+    )
+
+
+def _reduced(cast_config: Any, axis: int, sharded: int | None) -> bool:
+    """Whether the amax of an operand whose dim `sharded` is cut by tp must be reduced over tp."""
+    from torchao.float8.config import ScalingGranularity
+
+    if sharded is None:
+        return False
+    if cast_config.scaling_granularity is ScalingGranularity.TENSORWISE:
+        return True
+    return axis % 2 == sharded  # rowwise: the amax runs along `axis`
+
+
+def _cast(t: torch.Tensor, cast_config: Any, role: Any, axis: int, sharded: int | None, recipe: tuple[str, bool],
+          comm: TPComm | None, direction: str) -> torch.Tensor:
+    """`t` in float8 as torchao's `hp_tensor_to_float8_dynamic` casts it, its amax reduced over tp where
+    the shard cuts what the scale covers."""
+    from torchao.float8.config import ScalingType
+    from torchao.float8.float8_scaling_utils import get_maybe_axiswise_dim
+    from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
+    from torchao.float8.float8_utils import amax_to_scale, tensor_to_amax
+
+    if cast_config.scaling_type is ScalingType.DISABLED:
+        return t
+    axiswise_dim = get_maybe_axiswise_dim(axis, cast_config.scaling_granularity)
+    amax = tensor_to_amax(t, False, None, cast_config.scaling_granularity, axiswise_dim)
+    if comm is not None and comm.size > 1 and _reduced(cast_config, axis, sharded):
+        amax = comm.all_reduce(amax, direction, op=dist.ReduceOp.MAX)
+    scale = amax_to_scale(amax, cast_config.target_dtype, _config(*recipe).round_scales_to_power_of_2)
+    return hp_tensor_and_scale_to_float8(t, scale, cast_config.target_dtype, _mm_config(*recipe), role, axiswise_dim)
+
+
+class _Float8MatMul(torch.autograd.Function):
+    """`input @ weight_t` with every operand of the three GEMMs in float8 (torchao's
+    `matmul_with_hp_or_float8_args`, with tp-consistent scales)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight_t: torch.Tensor, comm: TPComm | None, recipe: tuple[str, bool],
+                style: str) -> torch.Tensor:
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        ctx.save_for_backward(x, weight_t)
+        ctx.comm, ctx.recipe, ctx.style = comm, recipe, style
+        c, cut = _config(*recipe), _SHARDED[style]
+        x8 = _cast(x, c.cast_config_input, GemmInputRole.INPUT, -1, cut["input"], recipe, comm, "fwd")
+        w8 = _cast(weight_t, c.cast_config_weight, GemmInputRole.WEIGHT, 0, cut["weight"], recipe, comm, "fwd")
+        out = torch.mm(x8.reshape(-1, x.shape[-1]), w8)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        x, weight_t = ctx.saved_tensors
+        comm, recipe = ctx.comm, ctx.recipe
+        c, cut = _config(*recipe), _SHARDED[ctx.style]
+        go = grad_output.reshape(-1, grad_output.shape[-1])
+        go8 = _cast(go, c.cast_config_grad_output, GemmInputRole.GRAD_OUTPUT, -1, cut["grad_output"], recipe, comm, "bwd")
+        w8 = _cast(weight_t, c.cast_config_weight_for_grad_input, GemmInputRole.WEIGHT, -1, cut["weight"], recipe,
+                   comm, "bwd")
+        grad_input = torch.mm(go8, w8.t()).reshape(*grad_output.shape[:-1], weight_t.shape[0])
+        go8_w = _cast(go, c.cast_config_grad_output_for_grad_weight, GemmInputRole.GRAD_OUTPUT, 0,
+                      cut["grad_output"], recipe, comm, "bwd")
+        x8_w = _cast(x.reshape(-1, x.shape[-1]), c.cast_config_input_for_grad_weight, GemmInputRole.INPUT, 0,
+                     cut["input"], recipe, comm, "bwd")
+        grad_weight = torch.mm(go8_w.t(), x8_w)
+        return grad_input, grad_weight.t(), None, None, None
+
+
+def float8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, comm: TPComm | None,
+                  recipe: str, style: str) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` in float8 (torchao's recipe `recipe`); `style`: how tp cuts this
+    linear (column, row, replicated), `comm` the tp communicator (None without tp)."""
+    if x.device.type == "meta":  # shapes and dtypes only: the high-precision linear's
+        return F.linear(x, weight, bias)
+    if torch.is_autocast_enabled(x.device.type):  # as Float8Linear: the input in autocast's dtype
+        x = x.to(torch.get_autocast_dtype(x.device.type))
+    out = _Float8MatMul.apply(x, weight.t(), comm, (recipe, x.device.type != "cuda"), style)
+    return out if bias is None else out + bias.to(out.dtype)

@@ -1,0 +1,116 @@
+"""--fp8: the model's linears in float8, as torchao's float8 training converts them.
+
+Every call of an `nn.Linear` module whose weight's two dims (as this tp rank holds it) are multiples of 16
+(what `torch._scaled_mm` needs; torchtitan filters the same way) becomes `ops.float8.float8_linear`,
+told how tensor parallelism cut it (column, row or whole) so its scales agree across the shards.
+Other matmuls (`F.linear` on a weight of another module, attention's, HF's Conv1D as `addmm`,
+sequence parallelism's gathering linear) keep their precision, as torchao's module swap leaves
+everything but `nn.Linear`; the modules made float8 are listed (`Program.fp8_modules`), so `--check`
+converts the same ones in the untouched model. Runs after tensor
+parallelism (whose shardings it reads) and before autocast (which casts the linear's input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch.fx as fx
+import torch.nn as nn
+
+from ..errors import GraphsplitError
+from ..ir.meta import META_KEY, info, insert_node
+from ..ir.optable import OpKind, register_function_kind
+from ..ir.sharding import Shard
+from ..ops.float8 import float8_linear
+from ..ops.tp_comm import COMM_ATTR
+from .functionalize import functionalize_modules
+from .manager import PassInput, PassResults
+from .tensor_parallel import TensorParallelResult
+from .tensor_parallel.spellings import linear_form
+
+register_function_kind(float8_linear, OpKind.LINEAR)
+
+_ALIGN = 16  # torch._scaled_mm's K and N
+
+
+def fp8_eligible(out_features: int, in_features: int, style: str, tp: int) -> bool:
+    """Whether a linear of this size and tp cut runs in float8: its dims as one rank holds them
+    multiples of 16 (the planner asks the same)."""
+    local_out = out_features // tp if style == "column" else out_features
+    local_in = in_features // tp if style == "row" else in_features
+    return local_out % _ALIGN == 0 and local_in % _ALIGN == 0
+
+
+def float8_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, Float8Result | None]:
+    """The linears made float8 (None without --fp8)."""
+    recipe = inp.plan.fp8
+    if recipe is None:
+        return gm, None
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        raise GraphsplitError("--fp8 trains with torchao's float8 linears: pip install torchao") from None
+    functionalize_modules(gm, (nn.Linear,))
+    tp = inp.plan.tp
+    shardings = done.get(TensorParallelResult).param_shardings if tp > 1 else {}
+    comm: fx.Node | None = None
+    converted: list[str] = []
+    for node in list(gm.graph.nodes):
+        form = linear_form(node) if node.op == "call_function" and node.target is not float8_linear else None
+        if form is None or form[3] != 0:  # F.linear / aten.linear: weight [out, in]
+            continue
+        x, weight, bias = form[0], form[1], form[2]
+        if not isinstance(weight, fx.Node) or weight.op != "get_attr":
+            continue
+        owner = str(weight.target).rpartition(".")[0]
+        if not isinstance(_submodule(gm, owner), nn.Linear):  # torchao swaps nn.Linear modules, nothing else
+            continue
+        param = gm.get_parameter(str(weight.target))
+        # the weight's layout as tensor parallelism left it (a tied LM head reads the embedding's
+        # shards under its own name)
+        sharding = info(weight).sharding if tp > 1 else None
+        if not isinstance(sharding, Shard):
+            sharding = shardings.get(str(weight.target))
+        style = ("column" if sharding.dim == 0 else "row") if isinstance(sharding, Shard) else "replicated"
+        if not fp8_eligible(param.shape[0], param.shape[1], style, tp):
+            continue
+        if style != "replicated" and comm is None:
+            comm = _comm(gm)
+        new = insert_node(gm.graph, float8_linear, (x, weight, bias, comm if style != "replicated" else None,
+                                                    recipe, style),
+                          owner=node, kind=OpKind.LINEAR, before=node)
+        new.meta[META_KEY] = dataclasses.replace(info(node))  # the same value, cost and layout
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        converted.append(owner)
+    gm.graph.lint()
+    gm.recompile()
+    return gm, Float8Result(tuple(dict.fromkeys(converted)))
+
+
+@dataclass(frozen=True)
+class Float8Result:
+    modules: tuple[str, ...]  # the nn.Linear modules (by name) whose calls run in float8
+
+
+def _submodule(gm: fx.GraphModule, name: str) -> nn.Module | None:
+    try:
+        return gm.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def _comm(gm: fx.GraphModule) -> fx.Node:
+    """The graph's tp communicator (tensor parallelism put it there with its collectives)."""
+    found = next((n for n in gm.graph.nodes if n.op == "get_attr" and n.target == COMM_ATTR), None)
+    if found is not None:
+        return found
+    if not hasattr(gm, COMM_ATTR):
+        raise GraphsplitError("--fp8 under tp found a sharded linear but no tp communicator in the graph; "
+                              "this is graphsplit's fault: run without --fp8 and report the model")
+    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    with gm.graph.inserting_before(first):
+        found = gm.graph.get_attr(COMM_ATTR)
+    found.meta[META_KEY] = dataclasses.replace(info(first), value="scalar", tensor=None, flops=0, bytes_moved=0)
+    return found
