@@ -120,3 +120,27 @@ def test_zero1_is_priced_with_a_dp_th_of_the_optimizer_states_and_a_gather_after
     assert zero1.time["dp_exposed"] > ddp.time["dp_exposed"]  # the replicas' shares gathered after the step
     assert zero1.time["optimizer"] < ddp.time["optimizer"]
     assert any(e.plan.zero == 1 and not e.plan.fsdp for e in search(profile, 8, MEMORY, H100).plans)
+
+
+def test_fp8_is_priced_from_the_float8_rate_and_the_casts(gpt):
+    """--fp8 runs the GPT example's 17 linears in float8: at Llama-like widths that is faster, at this toy's
+    width (64) the casts cost more than the GEMMs save; each linear's own time is its GEMM at the float8
+    rate and its operands cast (2.5x their bytes); where the profile has no float8 rate, one line."""
+    from graphsplit.planner.stages import as_run, op_seconds
+
+    loaded, profile = gpt
+    plan = Plan(tp=2, dp=4, autocast="bf16")
+    bf16 = price_plan(profile, plan, H100, MEMORY, 8, compare=False).estimate
+    fp8 = price_plan(profile, plan.replace(fp8="tensorwise"), H100, MEMORY, 8, compare=False).estimate
+    assert fp8.step_seconds != bf16.step_seconds and fp8.memory == bf16.memory
+    table = profile.table(plan)
+    plain = op_seconds(as_run(table, plan), 8, H100)
+    cast = op_seconds(as_run(table, plan.replace(fp8="rowwise")), 8, H100)
+    assert table.fp8.sum() == 17 and (cast[~table.fp8] == plain[~table.fp8]).all()
+    # a linear 4096 x 4096 on 8,192 tokens: its GEMM at twice bf16's rate, the casts at the memory's
+    flops, operands = 2 * 8192 * 4096 * 4096, 2 * (8192 * 4096 + 4096 * 4096)
+    gemm_bf16, gemm_fp8 = flops / H100.flops("bfloat16"), flops / H100.flops("float8")
+    casts = 2.5 * operands / (H100.memory_bandwidth * H100.memory_efficiency)
+    assert gemm_fp8 + casts < gemm_bf16  # where FP8 pays: large linears
+    with pytest.raises(GraphsplitError, match="float8"):
+        price_plan(profile, plan.replace(fp8="tensorwise"), load_hardware("a100"), MEMORY, 8, compare=False)

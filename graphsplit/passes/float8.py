@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, info, insert_node
@@ -32,6 +34,8 @@ from .tensor_parallel.spellings import linear_form
 register_function_kind(float8_linear, OpKind.LINEAR)
 
 _ALIGN = 16  # torch._scaled_mm's K and N
+# the spellings made float8: not sequence parallelism's gathering linear (it keeps the token shard for backward)
+_LINEARS = (F.linear, torch.ops.aten.linear.default)
 
 
 def fp8_eligible(out_features: int, in_features: int, style: str, tp: int) -> bool:
@@ -57,7 +61,7 @@ def float8_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[
     comm: fx.Node | None = None
     converted: list[str] = []
     for node in list(gm.graph.nodes):
-        form = linear_form(node) if node.op == "call_function" and node.target is not float8_linear else None
+        form = linear_form(node) if node.op == "call_function" and node.target in _LINEARS else None
         if form is None or form[3] != 0:  # F.linear / aten.linear: weight [out, in]
             continue
         x, weight, bias = form[0], form[1], form[2]

@@ -81,11 +81,14 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def check_priceable(plan: Plan, gpus: int | None) -> int:
+def check_priceable(plan: Plan, gpus: int | None, hw: Hardware | None = None) -> int:
     """The devices the plan takes; a plan the planner cannot price as given is refused in one line."""
     for key, flag in NOT_PRICED.items():
         if getattr(plan, key, None):
             raise GraphsplitError(f"{flag} is not priced by the planner; price the plan without it")
+    if plan.fp8 is not None and hw is not None and "float8" not in hw.peak_flops:
+        raise GraphsplitError(f"--fp8 needs FP8 tensor cores, and the profile of {hw.name} gives no float8 rate; "
+                              "price it on h100 or h200, or drop --fp8")
     if gpus is not None and gpus != plan.world_size:
         other = f", or --dp {gpus // (plan.tp * plan.pp)} if that is the replicas meant" \
             if gpus % (plan.tp * plan.pp) == 0 else ""
@@ -97,7 +100,7 @@ def check_priceable(plan: Plan, gpus: int | None) -> int:
 def price_plan(profile: ModelProfile, plan: Plan, hw: Hardware, gpu_memory: int, gpus: int | None = None,
                gpus_per_node: int | None = None, optimizer: str = "adamw", compare: bool = True) -> Priced:
     """`plan` priced from `profile` (fits or not); `compare`: search the same devices for the best."""
-    devices = check_priceable(plan, gpus)
+    devices = check_priceable(plan, gpus, hw)
     profile.hardware = hw
     est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
                    profile.model_flops_per_sample, optimizer)

@@ -62,9 +62,19 @@ def op_seconds(table: OpTable, b: int, hw: Hardware, fused: bool = False) -> np.
     if key not in table.cache:
         flops = table.at(table.flops, b).astype(np.float64)
         moved = table.at(table.bytes, b).astype(np.float64)
+        memory = hw.memory_bandwidth * hw.memory_efficiency
         rate = np.where(table.low_rate & table.compute, hw.flops("bfloat16"), hw.flops("float32"))
-        roofline = np.maximum(flops / rate, moved / (hw.memory_bandwidth * hw.memory_efficiency))
-        table.cache[key] = roofline + hw.op_overhead
+        seconds = np.maximum(flops / rate, moved / memory) + hw.op_overhead
+        if table.float8:
+            # a float8 linear: its GEMM at the float8 rate, and each of its two operands read for its amax
+            # and read again and written in float8 first (torchao's casts, ops/float8.py): 2.5x their bytes
+            # (the GEMM itself reads its operands in float8: half their bytes, and writes its output)
+            operands = table.at(table.fp8_cast, b).astype(np.float64)
+            gemm_bytes = 0.5 * operands + table.at(table.out, b).astype(np.float64)
+            fp8 = np.maximum(flops / hw.flops("float8"), gemm_bytes / memory) + 2.5 * operands / memory \
+                + 5 * hw.op_overhead
+            seconds = np.where(table.fp8, fp8, seconds)
+        table.cache[key] = seconds
     return table.cache[key]
 
 
@@ -152,12 +162,14 @@ def as_run(table: OpTable, plan: Plan) -> OpTable:
     the compiler's, priced on the table as compiled.)"""
     table = table.for_ep(plan.ep)
     table = table.for_gathered_low() if _gathered_low(plan) else table
+    table = table.for_fp8() if plan.fp8 is not None else table
     return table.for_compiled() if plan.compile else table
 
 
 def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.ndarray | list[int]]:
     """What the policy does not change, for `plan.num_stages` stages at `b` samples per micro-batch."""
-    key = ("split", plan.num_stages, b, plan.tp, plan.ep, plan.cp, plan.pp, hw.name, plan.compile, _gathered_low(plan))
+    key = ("split", plan.num_stages, b, plan.tp, plan.ep, plan.cp, plan.pp, hw.name, plan.compile, _gathered_low(plan),
+           plan.fp8)
     if key in table.cache:
         return table.cache[key]
     n, count = table.n, plan.num_stages
@@ -367,7 +379,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     # queries over the whole sequence): priced as 1/cp of a sample
     b: float = samples / plan.cp if plan.cp > 1 else samples
     key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, plan.ep, plan.cp,
-           plan.pp, hw.name, plan.compile, plan.schedule in SPLIT_BACKWARD_SCHEDULES, plan.fsdp_reshards)
+           plan.pp, hw.name, plan.compile, plan.schedule in SPLIT_BACKWARD_SCHEDULES, plan.fsdp_reshards, plan.fp8)
     if key in table.cache:
         return table.cache[key]
     split = _split(table, plan, b, hw)

@@ -26,6 +26,8 @@ class OpTable:
     live: tuple[np.ndarray, np.ndarray]  # per cut 0..n: bytes live across it
     blocked: np.ndarray  # per cut: a container is live across it
     low_rate: np.ndarray  # bool: runs at the low-precision matmul rate
+    fp8: np.ndarray  # bool: a linear --fp8 runs in float8 (passes/float8.py's choice)
+    fp8_cast: tuple[np.ndarray, np.ndarray]  # such a linear's input and weight bytes, which it casts first
     compute: np.ndarray  # bool: a matmul-class op (selective checkpointing keeps its output)
     block: np.ndarray  # the repeated block each op lies in (index into `blocks`), -1 outside
     blocks: list[str]
@@ -55,6 +57,8 @@ class OpTable:
     # keeps its own output (a softmax, an attention) where a storage it keeps is made there; a matmul
     # keeps only its inputs
     storage_maker: np.ndarray | None = None
+    # --fp8: the `fp8` linears run at the float8 rate, their operands cast first (`for_fp8`)
+    float8: bool = False
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -154,6 +158,14 @@ class OpTable:
                         breaks[op] = True
             starts = np.concatenate([[True], breaks[:-1]]) & ~breaks  # a run begins after a break, or at 0
             found = self.cache[key] = np.where(breaks, -1, np.cumsum(starts) - 1)
+        return found
+
+    def for_fp8(self) -> OpTable:
+        """This table as --fp8 runs it: its float8 linears at the float8 rate, each operand cast first
+        (stages.op_seconds)."""
+        found = self.cache.get("fp8")
+        if found is None:
+            found = self.cache["fp8"] = dataclasses.replace(self, float8=True, cache={})
         return found
 
     def for_compiled(self) -> OpTable:

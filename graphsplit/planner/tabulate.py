@@ -99,6 +99,8 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
     collectives: list[tuple[int, str, str, int, int]] = []
     recomp, memo = recomputable(a.gm.graph), {}
     lows = np.zeros(n, dtype=bool)
+    fp8 = np.zeros(n, dtype=bool)
+    cast = np.zeros((n, 2), dtype=np.int64)  # a float8 linear's operands (its input and weight), as read
     compute = np.zeros(n, dtype=bool)
     grouped = np.zeros(n, dtype=bool)
     expert_layers: dict[tuple[Any, int], list[tuple[int, fx.Node, fx.Node]]] = {}  # (offsets, copy) -> its linears
@@ -122,6 +124,9 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         params.append(tuple(here))
         lows[i] = ni.tensor is not None and ni.tensor.dtype in (torch.bfloat16, torch.float16)
         compute[i] = ni.kind in SELECTIVE_KINDS
+        fp8[i] = ni.kind == OpKind.LINEAR and _fp8_linear(a.gm, node)
+        if fp8[i]:
+            cast[i] = _pair(_operand_bytes(node), _operand_bytes(node2))
         if ni.kind == OpKind.GROUPED_LINEAR and len(node.args) > 2:
             grouped[i] = True
             expert_layers.setdefault((node.args[2], k), []).append((i, node, node2))
@@ -213,7 +218,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         flops=_linear(a.flops, b.flops), bytes=_linear(a.bytes, b.bytes), kept=kept_ids,
         storage=(storage[:, 0], storage[:, 1]), storage_keys=list(ids),
         out=_linear(a.out, b.out), selective=_linear(a.selective, b.selective), live=_linear(a.live, b.live), blocked=a.blocked | b.blocked,
-        low_rate=lows, compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs, reads=reads,
+        low_rate=lows, fp8=fp8, fp8_cast=(cast[:, 0], cast[:, 1]), compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs, reads=reads,
         params=params, param_bytes=param_bytes, param_shapes=param_shapes, collectives=collectives, output=output,
         period=period, grouped=grouped, expert_bytes=expert_bytes,
         # a grouped matmul keeps its (cast) weight for backward: a storage of it that does not grow with
@@ -235,3 +240,31 @@ def _gathered_bytes(attention: fx.Node) -> int:
     ek, ev = head_repeat(k, attention), head_repeat(v, attention)
     repeats = ek.repeats if ek is not None and ev is not None and ek.repeats == ev.repeats else 1
     return sum(info(x).out_bytes for x in (k, v) if isinstance(x, fx.Node)) // repeats
+
+
+def _operand_bytes(node: fx.Node) -> int:
+    """A linear's input and weight, as it reads them: what --fp8 casts to float8 first."""
+    return sum(info(x).out_bytes for x in node.args[:2] if isinstance(x, fx.Node))
+
+
+def _fp8_linear(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether --fp8 runs this linear in float8 (passes/float8.py): an nn.Linear's weight in `F.linear`
+    (not sequence parallelism's gathering linear), its two dims as this tp rank holds it multiples of 16."""
+    from ..passes.tensor_parallel.spellings import linear_form
+
+    form = linear_form(node) if node.op == "call_function" and node.target in FP8_LINEARS else None
+    weight = form[1] if form is not None else None
+    while isinstance(weight, fx.Node) and weight.op == "call_method" and weight.target == "to":  # autocast's cast
+        weight = weight.args[0]
+    if not isinstance(weight, fx.Node) or weight.op != "get_attr":
+        return False
+    try:
+        owner = gm.get_submodule(str(weight.target).rpartition(".")[0])
+    except AttributeError:
+        return False
+    spec = info(weight).tensor
+    return isinstance(owner, torch.nn.Linear) and spec is not None and len(spec.shape) == 2 \
+        and all(int(d) % 16 == 0 for d in spec.shape)
+
+
+FP8_LINEARS = (torch.nn.functional.linear, torch.ops.aten.linear.default)  # what passes/float8.py converts

@@ -129,7 +129,7 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         tp=table.tp, low=table.low, flops=pair(table.flops), bytes=pair(table.bytes), kept=kept,
         storage=(storage_array[:, 0], storage_array[:, 1]), storage_keys=list(keys),
         out=pair(table.out), selective=pair(table.selective), live=pair(table.live), blocked=per_op(table.blocked),
-        low_rate=per_op(table.low_rate), compute=per_op(table.compute), block=new_block, blocks=names,
+        low_rate=per_op(table.low_rate), fp8=per_op(table.fp8), fp8_cast=pair(table.fp8_cast), compute=per_op(table.compute), block=new_block, blocks=names,
         block_inputs=block_inputs, reads=reads, params=params, param_bytes=param_bytes, param_shapes=param_shapes,
         collectives=collectives, output=table.output, period=(first, length, first + (whole.count - 1) * length),
         grouped=per_op(table.grouped) if table.grouped is not None else None,

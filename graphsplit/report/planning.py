@@ -28,7 +28,8 @@ def _plan_cell(p: dict[str, Any]) -> str:
     return (f"tp{p['tp']}{' sp' if p.get('sequence_parallel') else ''} pp{p['pp']} dp{p['dp']}"
             f"{(' zero2' if p.get('zero') == 2 else ' fsdp') if p['fsdp'] else ' zero1' if p.get('zero') == 1 else ''}"
             f"{ep} mb{p['microbatches']}{sched} "
-            f"{p['checkpoint']} {p['autocast'] or 'fp32'}{' compiled' if p.get('compile') else ''}")
+            f"{p['checkpoint']} {p['autocast'] or 'fp32'}{' fp8-' + p['fp8'] if p.get('fp8') else ''}"
+            f"{' compiled' if p.get('compile') else ''}")
 
 
 def _rate(value: float | None) -> str:
@@ -116,7 +117,7 @@ def price_command(loaded: Any, plan: Any, gpus: int, memory: int, gpus_per_node:
     from ..planner.price import check_priceable, price_plan
     from ..planner.profile import profile_model
 
-    check_priceable(plan, gpus)  # before the profile: a wrong device count costs nothing
+    check_priceable(plan, gpus, hw)  # before the profile: a wrong device count costs nothing
     profile = profile_model(loaded, (plan.tp,), hw.fused_attention)
     priced = price_plan(profile, plan, hw, memory, gpus, gpus_per_node or hw.gpus_per_node, optimizer)
     if as_json:
