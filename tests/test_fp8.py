@@ -136,6 +136,12 @@ def test_fp8_is_float8():
     expected = shard_tensor(fp32.grads[name], program.param_sharding(name), 0, 2)
     assert float((steps[0].grads[name] - expected).norm() / expected.norm()) > 1e-2
     assert len(program.fp8_modules) == 17  # 4 blocks x 4 linears and the LM head
+    from click.testing import CliRunner
+
+    from graphsplit.cli import main
+
+    shown = CliRunner().invoke(main, ["transform", GPT, "--tp", "2", "--fp8", "rowwise"])
+    assert shown.exit_code == 0 and "fp8 (rowwise): 17 linears in float8: h.0.attn.c_attn" in shown.output
 
 
 def test_fp8_plan_and_command_line_refuse_what_they_cannot_do(tmp_path):

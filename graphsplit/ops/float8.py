@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..errors import GraphsplitError
+
 if TYPE_CHECKING:
     from .tp_comm import TPComm
 
@@ -40,12 +42,30 @@ _SHARDED: dict[str, dict[str, int | None]] = {
 }
 
 
+def import_torchao() -> None:
+    """torchao's float8, imported quietly: on import it reports each optional kernel library this
+    machine cannot load (CUDA ones on a CPU machine), which says nothing about float8 training."""
+    import contextlib
+    import io
+    import logging
+
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            import torchao.float8  # noqa: F401
+    except ImportError:
+        raise GraphsplitError("--fp8 trains with torchao's float8 linears: pip install torchao") from None
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 @cache
 def _config(recipe: str, emulate: bool = False) -> Any:
     """torchao's config for `recipe`; `emulate`: its GEMMs in float32 on the float8 values (off a GPU:
     exact, where CPU's `_scaled_mm` rounds a row-scaled product's partial sums its own way)."""
     import dataclasses
 
+    import_torchao()
     from torchao.float8 import Float8LinearConfig
 
     return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)

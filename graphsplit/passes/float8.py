@@ -24,7 +24,7 @@ from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, info, insert_node
 from ..ir.optable import OpKind, register_function_kind
 from ..ir.sharding import Shard
-from ..ops.float8 import float8_linear
+from ..ops.float8 import float8_linear, import_torchao
 from ..ops.tp_comm import COMM_ATTR
 from .functionalize import functionalize_modules
 from .manager import PassInput, PassResults
@@ -51,10 +51,7 @@ def float8_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[
     recipe = inp.plan.fp8
     if recipe is None:
         return gm, None
-    try:
-        import torchao.float8  # noqa: F401
-    except ImportError:
-        raise GraphsplitError("--fp8 trains with torchao's float8 linears: pip install torchao") from None
+    import_torchao()
     functionalize_modules(gm, (nn.Linear,))
     tp = inp.plan.tp
     shardings = done.get(TensorParallelResult).param_shardings if tp > 1 else {}

@@ -120,6 +120,7 @@ def summarize(program: Program, transform_seconds: float | None = None, timings:
         "stages": stages,
         "boundaries": boundaries,
         "tied_parameters": program.shared_params,
+        "fp8_modules": list(program.fp8_modules),
     }
     if plan.checkpoint != "none" or plan.checkpoint_overrides:
         data["activation_bytes"] = _activation_bytes(program)
@@ -284,6 +285,10 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     if summary["tied_parameters"]:
         tied = ", ".join(f"{k} (stages {', '.join(map(str, v))})" for k, v in summary["tied_parameters"].items())
         console.print(f"tied parameters, gradients summed across stages: {tied}")
+    if summary.get("fp8_modules"):
+        names = summary["fp8_modules"]
+        console.print(f"fp8 ({plan['fp8']}): {len(names)} linears in float8: {', '.join(names[:6])}"
+                      f"{f' and {len(names) - 6} more' if len(names) > 6 else ''}")
     if summary.get("fsdp_units"):
         console.print(f"FSDP over dp={plan['dp']}: " + "; ".join(
             f"stage {u['stage']}: " + (f"{len(u['regions'])} block units ({u['regions'][0]}..{u['regions'][-1]}"
