@@ -157,10 +157,9 @@ def run_training(
         if opts.check and opts.nodes.count > 1:
             raise GraphsplitError("--check compares every rank's dumps in one place, so it runs on one node; "
                                   "compare a multi-node run's --metrics losses with a one-node run instead")
-    if opts.check and plan.fp8 is not None:
-        raise GraphsplitError("--check compares with the untouched model in fp32, and under --fp8 it is not built yet "
-                              "(tests/test_fp8.py compares --fp8 with torchao's own conversion of the model); "
-                              "drop --check, or check the plan without --fp8")
+    if opts.check and plan.fp8 is not None and plan.autocast is not None:
+        raise GraphsplitError(f"--check under --fp8 compares with torchao's float8 model in fp32; with --autocast "
+                              f"{plan.autocast} it is not built yet: check --fp8 without --autocast")
     if opts.save:
         require_save_folder(opts.save)  # before training, not after it
     Faults.for_rank(0, opts.check)  # GRAPHSPLIT_FAULT (--check's own tests): a wrong name before anything starts
@@ -260,6 +259,10 @@ def run_training(
         if skipped:
             echo(f"fp16: step(s) {', '.join(map(str, sorted(skipped)))} skipped on overflow (the reference skips them too)")
         # as the ranks ran: dropout off, draws from the plan's seed (worker.py)
+        if plan.fp8 is not None:  # the reference is the untouched model as torchao converts it
+            from .fp8_reference import float8_reference
+
+            model = float8_reference(model, program.fp8_modules, plan.fp8)
         initial = {k: p.detach().clone() for k, p in model.named_parameters(remove_duplicate=False)}
         with no_dropout() if randoms.dropouts else contextlib.nullcontext(), seeded(plan.seed):
             # the reference's twin, whose distance is its own spread (tolerance.py): under --autocast the
@@ -267,9 +270,10 @@ def run_training(
             reference = reference_run(model, loaded, plan, opts.steps, config, opts.resume, first_step, skipped,
                                       train_data=loaded.train_data is not None, data_start=data_start,
                                       eval_every=opts.eval_every, program=program,
-                                      precise=plan.autocast is not None or not randoms.draws, autocast=plan.autocast)
+                                      precise=plan.autocast is not None or not randoms.draws, autocast=plan.autocast,
+                                      nudge=plan.fp8 is not None)
         return check_run(program, tmp, reference, echo, first_step, grads=first_step not in skipped, model=model,
-                         initial=initial, weights_rtol=weight_tolerance(Precision(plan.autocast)),
+                         initial=initial, weights_rtol=weight_tolerance(Precision.of(plan)),
                          randoms=randoms)
 
 

@@ -178,7 +178,7 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
     having one exactly when the original has one. What should be there and is not fails: no loss, a
     replica's output missing, a parameter no rank has a gradient for."""
     plan = program.plan
-    precision = Precision(plan.autocast)
+    precision = Precision.of(plan)
     cmp = Comparison()
     reporting = [r for r in ranks if r.loss is not None]
     if not reporting:
@@ -252,8 +252,14 @@ def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] |
     loss_fn = loaded.loss_fn or default_loss
     precise = reordered = None
     step = (loaded.args, loaded.kwargs, target, loss_fn, cut.pieces, cut.replicas, program)
+    if plan.fp8 is not None:  # torchao's float8 model; its spread from weights one ulp away (fp8_reference.py)
+        from .fp8_reference import float8_reference, nudged
+
+        model = float8_reference(model, program.fp8_modules, plan.fp8)
     with within(), seeded(plan.seed):  # the reference's own spread (tolerance.py)
-        if plan.autocast is not None:
+        if plan.fp8 is not None:
+            precise = reference_step(nudged(model), *step)
+        elif plan.autocast is not None:
             precise = autocast_step(model, *step, autocast=plan.autocast)
         else:
             # float64 draws are other numbers: no float64 twin where the model draws

@@ -222,15 +222,15 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
                   resume: str | None = None, first_step: int = 1, skipped: Collection[int] = (),
                   train_data: bool = False, data_start: int = 0, eval_every: int = 0,
                   program: Program | None = None, precise: bool = False,
-                  autocast: str | None = None) -> ReferenceRun:
+                  autocast: str | None = None, nudge: bool = False) -> ReferenceRun:
     """Train the untouched model in this process as `run` trains the program: the same optimizer,
     lr schedule and clipping (`clip_grad_norm_` over its parameters), from the checkpoint `resume` if
     given, on the same global batches (train_data() from batch `data_start`, or example_inputs())
     each as one batch (or, `reference_batch`, the program's pieces where BatchNorm needs them).
     `skipped`: steps whose optimizer step the program skipped (fp16 overflows); the schedule still
     advances on them, as it does in the program. `precise`: the same run in float64 beside it, step for step,
-    or (`autocast`) under torch.autocast in that dtype (`PreciseRun`: where rounding alone takes the
-    reference)."""
+    or (`autocast`) under torch.autocast in that dtype, or (`nudge`, a float8 reference) in float32 from
+    weights one ulp away (`PreciseRun`: where rounding alone takes the reference)."""
     from ..runtime.data import Batch, DataSource
     from ..runtime.schedule import advance, make_scheduler
 
@@ -250,7 +250,7 @@ def reference_run(model: nn.Module, loaded: LoadedModel, plan: Plan, steps: int,
         batches = itertools.repeat(Batch(loaded.args, loaded.kwargs, loaded.target))
     cut = reference_batch(model, plan)
     first, losses, norms, evals, reordered = None, [], [], {}, None
-    twin = _Twin(model, config, done, steps, autocast) if precise else None
+    twin = _Twin(model, config, done, steps, autocast, nudge) if precise else None
     for step in range(first_step, first_step + steps):
         batch = next(batches)
         target = batch.target if batch.target is not None else _stand_in(program, batch)
@@ -283,14 +283,16 @@ class _Twin:
     where the model does not run so."""
 
     def __init__(self, model: nn.Module, config: OptimConfig, done: int, steps: int,
-                 autocast: str | None = None) -> None:
+                 autocast: str | None = None, nudge: bool = False) -> None:
         import copy
 
         from ..runtime.schedule import make_scheduler
+        from .fp8_reference import nudged
 
-        self.autocast = autocast
+        self.autocast, self.nudge = autocast, nudge
         try:
-            self.model: nn.Module | None = widened(model) if autocast is None else copy.deepcopy(model)
+            self.model: nn.Module | None = nudged(model) if nudge else \
+                widened(model) if autocast is None else copy.deepcopy(model)
         except Exception:  # noqa: BLE001 - cannot be copied: no estimate
             self.model = None
         if self.model is not None:
@@ -308,8 +310,12 @@ class _Twin:
         if self.model is None:
             return
         step_args = (args, kwargs, target, loss_fn, cut.pieces, cut.replicas, program)
-        result = precise_step(self.model, *step_args, wide_model=self.model) if self.autocast is None else \
-            autocast_step(self.model, *step_args, autocast=self.autocast, keep_buffers=False)
+        if self.nudge:
+            result: StepResult | None = reference_step(self.model, *step_args)
+        elif self.autocast is None:
+            result = precise_step(self.model, *step_args, wide_model=self.model)
+        else:
+            result = autocast_step(self.model, *step_args, autocast=self.autocast, keep_buffers=False)
         if result is None:
             self.model = None
             return

@@ -1,5 +1,6 @@
 """Which batch the untouched model runs on for `--check`: the whole global batch, unless the model's
-own definition makes it depend on how the batch is cut.
+own definition makes it depend on how the batch is cut (BatchNorm below; under --fp8, float8's scales
+of activations, which are each piece's).
 
 The bar is the untouched model on the whole global batch, one forward and one backward: a
 reference run on graphsplit's own micro-batches shares graphsplit's choices (its batch dim, its
@@ -53,6 +54,10 @@ def reference_batch(model: nn.Module, plan: Plan) -> ReferenceBatch:
     """The whole global batch, or (BatchNorm with the batch cut) the pieces whose statistics the
     program's BatchNorms compute, with the reason."""
     pieces = plan.dp * plan.num_microbatches
+    if plan.fp8 is not None and pieces > 1:
+        return ReferenceBatch(pieces, 1, f"--fp8 scales each float8 activation and output gradient by the amax of "
+                                         f"the values a rank holds, each of the program's {pieces} pieces (as "
+                                         "torchao's under DDP or FSDP), so the whole batch's scales legitimately differ")
     norms = batch_statistics_modules(model)
     if pieces == 1 or not norms:
         return ReferenceBatch()

@@ -48,7 +48,7 @@ def check_weights_after(program: Program, folder: Path, model: nn.Module, initia
     float64 or autocast twin) own distance times the precision's factor where that is larger. Every rank
     must have written its dump, and every parameter must be on some rank."""
     plan = program.plan
-    precision = Precision(plan.autocast)
+    precision = Precision.of(plan)
     cmp = Comparison()
     reference = dict(model.named_parameters(remove_duplicate=False))
     wide = dict(twin.model.named_parameters(remove_duplicate=False)) if twin is not None else {}
@@ -142,7 +142,7 @@ def check_run(program: Program, folder: Path, reference: ReferenceRun, echo: Cal
     loss curve still is). The reference's twin (`reference.precise`: float64, or torch.autocast under
     --autocast) sets each tolerance from the reference's own spread (tolerance.py), and the report says so."""
     plan = program.plan
-    precision = Precision(plan.autocast)
+    precision = Precision.of(plan)
     first, twin = reference.first, reference.precise
     ranks = [RankStep(**torch.load(p, weights_only=False)) for p in sorted(folder.glob("rank*.pt"))]
     lacking = sorted(set(range(plan.world_size)) - {r.rank for r in ranks})
@@ -181,7 +181,7 @@ def _report(program: Program, cmp: Comparison, ranks: Sequence[RankStep], refere
             echo: Callable[[str], None], first_step: int, grads: bool, curve: tuple[list, float],
             norms: tuple[list, float], evals: tuple[dict, float], weights: Comparison) -> None:
     plan = program.plan
-    precision = Precision(plan.autocast)
+    precision = Precision.of(plan)
     pieces = plan.sample_replicas * plan.num_microbatches
     echo(f"check: untouched model in one process {reference.batch.describe()} vs graphsplit "
          f"dp={plan.dp}{' (fsdp)' if plan.fsdp else ''}{f' (cp={plan.cp})' if plan.cp > 1 else ''} pp={plan.pp} "
@@ -211,7 +211,8 @@ def _report(program: Program, cmp: Comparison, ranks: Sequence[RankStep], refere
         echo(f"  weights       after step {first_step + len(curve[0]) - 1}: {len(weights.max_diff)} tensors, "
              f"max relative error of their update {max(weights.max_diff.values()):.3g}")
     twin = reference.precise
-    spread = ("the untouched model under torch.autocast" if precision.low else "the untouched model in float64") \
+    spread = ("torchao's float8 model from weights one ulp away" if precision.fp8 else
+              "the untouched model under torch.autocast" if precision.low else "the untouched model in float64") \
         if twin is not None else ("another summation order" if reference.reordered is not None else "")
     if cmp.tolerances:
         what, tol = max(cmp.tolerances.items(), key=lambda kv: kv[1])

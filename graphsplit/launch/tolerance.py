@@ -11,6 +11,8 @@ The tolerance of each value is derived from the untouched model's own spread (`P
 - fp32: the reference's distance from the same model in float64 and from the same fp32 step summed in
   another order, times NOISE_FACTOR, and at least RTOL. A healthy program lies about as far from exact
   arithmetic as the reference does; a wrong one (a gradient scaled by 0.9, a dropped micro-batch) far more.
+- fp8 (`--fp8`): the reference is the untouched model as torchao converts it (launch/fp8_reference.py),
+  and its spread the distance of the same run from weights one float32 ulp away, times NOISE_FACTOR.
 - bf16 / fp16 (`--autocast`): the untouched model run under `torch.autocast` in that dtype, whose distance
   from the fp32 reference is what that precision costs this model, times LOW_NOISE_FACTOR, and at least
   the precision's floor. The program is compared with the fp32 reference: it must be as close to it as
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -88,6 +91,11 @@ class Precision:
     """The tolerance rule of one plan's precision: its floor and its noise factor."""
 
     autocast: str | None = None
+    fp8: str | None = None  # --fp8's recipe: the reference is torchao's float8 model, its twin one ulp away
+
+    @classmethod
+    def of(cls, plan: Any) -> Precision:
+        return cls(plan.autocast, plan.fp8)
 
     @property
     def low(self) -> bool:
@@ -112,6 +120,9 @@ class Precision:
         return base if noise is None else max(base, self.factor * noise)
 
     def describe(self) -> str:
+        if self.fp8:
+            return (f"fp8 ({self.fp8}, torchao's recipe): each value within {RTOL:g} relative, or {NOISE_FACTOR:g}x the "
+                    "distance of torchao's float8 model from itself with its weights one ulp away where that is larger")
         if self.autocast:
             return (f"{self.autocast} autocast: each value within {LOW_NOISE_FACTOR:g}x the distance of the untouched "
                     f"model under torch.autocast from its fp32 run, and at least {self.floor:g} (relative)")
