@@ -4,6 +4,7 @@ model at the same precision, beside the planner's prediction for the same stage,
     python bench/gpu_stage.py                     # 8 layers of Llama 3 8B's width, 2 x 8,192 tokens, bf16
     python bench/gpu_stage.py --plans none,blocks # fewer plans
     python bench/gpu_stage.py --small             # tiny shapes: checks the script itself (CPU is fine)
+    python bench/gpu_stage.py --plans none --fp8  # FP8 linears (torchao's recipes) beside eager torchao
     python bench/gpu_stage.py --predict-only h200 # the planner's columns alone, on any machine
 
 The stage: the Llama example (examples/llama.py: RMSNorm, rotary, GQA through scaled_dot_product_attention,
@@ -66,9 +67,11 @@ PLANS = {
     "blocks": Plan(autocast="bf16", checkpoint="blocks"),
     "selective": Plan(autocast="bf16", checkpoint="selective"),
     "compiled": Plan(autocast="bf16", compile=True),
+    "fp8": Plan(autocast="bf16", fp8="tensorwise"),
+    "fp8-rowwise": Plan(autocast="bf16", fp8="rowwise"),
 }
 FLAGS = {"none": [], "blocks": ["--checkpoint", "blocks"], "selective": ["--checkpoint", "selective"],
-         "compiled": ["--compile"]}
+         "compiled": ["--compile"], "fp8": ["--fp8", "tensorwise"], "fp8-rowwise": ["--fp8", "rowwise"]}
 
 
 def profile_name(device: torch.device) -> str:
@@ -159,10 +162,17 @@ def kernels(device: torch.device, hw: Any, config: dict[str, int], tokens: int) 
           f" of memory bandwidth, fp32->bf16 cast {1.5 * a.nbytes / cast / bandwidth:.2f}", flush=True)
 
 
-def eager(loaded: Any, device: torch.device, steps: int, warmup: int, lr: float) -> tuple[list[float], float, int]:
+def eager(loaded: Any, device: torch.device, steps: int, warmup: int, lr: float,
+          fp8: str | None = None) -> tuple[list[float], float, int]:
     """The untouched model, fp32 parameters, forward under autocast bf16, AdamW: (step seconds, first loss,
-    peak bytes). Prints the median forward (with the loss), backward and optimizer seconds."""
+    peak bytes). Prints the median forward (with the loss), backward and optimizer seconds. `fp8`: its
+    nn.Linear modules converted by torchao's recipe of that name first (what --fp8 is compared with)."""
     model = loaded.build(device, seed=0)
+    if fp8 is not None:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(fp8),
+                                   module_filter_fn=lambda m, fqn: m.in_features % 16 == 0 and m.out_features % 16 == 0)
     # the optimizer `run --optimizer adamw` makes (fused on a GPU), so the two sides differ only in the model
     optimizer = make_optimizer("adamw", list(model.parameters()), lr)
     inputs = tuple(t.to(device) for t in loaded.args)
@@ -189,7 +199,7 @@ def eager(loaded: Any, device: torch.device, steps: int, warmup: int, lr: float)
             first = loss.item()
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     split = [statistics.median(p[i] for p in parts[warmup:]) for i in range(3)]
-    print(f"eager: forward {split[0]:.3f} s, backward {split[1]:.3f} s, optimizer {split[2]:.3f} s", flush=True)
+    print(f"eager{f' fp8 {fp8}' if fp8 else ''}: forward {split[0]:.3f} s, backward {split[1]:.3f} s, optimizer {split[2]:.3f} s", flush=True)
     del model, optimizer
     return times[warmup:], first, peak
 
@@ -214,6 +224,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--plans", default="none,blocks,selective,compiled")
+    parser.add_argument("--fp8", action="store_true",
+                        help="also --fp8 tensorwise and rowwise (torchao), beside the eager model torchao converts")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the median")
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -225,7 +237,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     hw = load_hardware(args.predict_only or profile_name(device))
     config = {**(SMALL if args.small else WIDTH_8B), "n_layers": args.layers}
-    names = args.plans.split(",")
+    names = args.plans.split(",") + (["fp8", "fp8-rowwise"] if args.fp8 else [])
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
           f"profile {hw.name}; model {config}, batch {args.batch}", flush=True)
     if device.type == "cuda" and not args.predict_only:
@@ -254,6 +266,11 @@ def main() -> None:
         measured = eager(loaded, device, args.steps, args.warmup, args.lr)
         print(f"eager: {measured}", flush=True)
         rows.append(("eager (torch.autocast bf16)", measured, None))
+        for recipe in ("tensorwise", "rowwise") if args.fp8 else ():
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            rows.append((f"eager fp8 {recipe} (torchao)", eager(loaded, device, args.steps, args.warmup, args.lr,
+                                                                 recipe), None))
         if device.type == "cuda":
             torch.cuda.empty_cache()
         for name in names:
