@@ -61,6 +61,7 @@ class PipelinedModule(nn.Module):
     def __init__(self, pending: _Pending) -> None:
         super().__init__()
         self._pending: _Pending | None = pending
+        self._samples = 0  # the batch size the pipeline was built for
         self.stages = nn.ModuleDict()
         self.last_output: Any = None
 
@@ -98,6 +99,9 @@ class PipelinedModule(nn.Module):
             rank = assemble_rank(program, lambda stages: source, pending.loss_fn, model_names(model), pending.timeout_s)
             replica_batch = ReplicaBatch(rank.mesh, rank.device)
         self._attach(rank, replica_batch)
+        from .runtime.microbatch import batch_size
+
+        self._samples = batch_size(program, program.traced.flatten_inputs(args, kwargs))
         if pending.optimizer is not None:
             from .runtime.adopt_optimizer import adopt_optimizer, held_parameters
 
@@ -117,11 +121,19 @@ class PipelinedModule(nn.Module):
 
     def _ready(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any) -> tuple[tuple, dict, Any]:
         """Build on this batch if not built; every rank of the replica then holds its first rank's batch."""
+        from .runtime.microbatch import batch_size
+
         if self._pending is not None:
             with torch.enable_grad():  # the stages are set up for training, even when built by evaluate()
                 self._build(args, kwargs, target)
         if self._replica_batch is not None:
             args, kwargs, target = self._replica_batch((args, kwargs, target))
+        # every rank of the replica holds the same batch now: all refuse it alike, before any collective
+        samples = batch_size(self.program, self.program.traced.flatten_inputs(args, kwargs))
+        if samples != self._samples:
+            raise GraphsplitError(
+                f"this batch holds {samples} samples and the pipeline was built for {self._samples} (its micro-batches' "
+                f"shapes are fixed): give every step {self._samples} samples (a DataLoader's drop_last=True)")
         return args, kwargs, target
 
     def _require_built(self, what: str) -> None:
@@ -276,9 +288,14 @@ class PipelinedModule(nn.Module):
         self._pending.resume = (directory, optimizer)
         return step
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise GraphsplitError("a pipelined model trains through train_step(*inputs, target=...) and is validated "
-                              "through evaluate(*inputs, target=...), not forward()")
+    def forward(self, *args: Any, target: Any = None, **kwargs: Any) -> torch.Tensor:
+        """Calling the module runs the pipeline on this batch and returns its loss, on every rank: in grad
+        mode a training step whose loss's `backward()` adds the gradients (`deferred_step`), as an eager
+        forward's loss does; under `torch.no_grad()` the evaluation loss (`evaluate`). The model's own
+        outputs stay on the last stage (`train_step(..., keep_output=True)`)."""
+        if torch.is_grad_enabled():
+            return self.deferred_step(*args, target=target, **kwargs)
+        return self.evaluate(*args, target=target, **kwargs)
 
 
 def compiled_original(model: nn.Module, plan: Plan) -> tuple[nn.Module, Plan]:

@@ -60,7 +60,7 @@ class GraphsplitStrategy(ParallelStrategy):
                                   "(GraphsplitStrategy(pp=2, tp=2) or a plan.json from graphsplit plan/transform)")
         if plan is not None and fields:
             raise GraphsplitError("give GraphsplitStrategy a plan or its fields (pp=, tp=, ...), not both")
-        self._plan_given = _read_plan(plan) if plan is not None else None
+        self._plan_given = read_plan(plan) if plan is not None else None
         self._fields = fields
         self._timeout_s = timeout_s
         self.plan: Plan | None = None
@@ -298,7 +298,8 @@ class _NormOverRanks:
         pipelined.clip_grad_norm_(float(clip_val))
 
 
-def _read_plan(plan: Plan | str | Path) -> Plan:
+def read_plan(plan: Plan | str | Path) -> Plan:
+    """A `Plan`, or the plan a plan.json holds (what `graphsplit plan --out` or `transform` write)."""
     return plan if isinstance(plan, Plan) else Plan.load(plan)
 
 
