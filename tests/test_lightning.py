@@ -49,7 +49,8 @@ def _same_weights(checkpoint: Path, reference: dict) -> None:
         torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("dp,pp,tp", [(1, 2, 1), (1, 1, 2), (2, 2, 1)])
+# tp 2 alone: the resume test below trains at tp 2 against the default strategy
+@pytest.mark.parametrize("dp,pp,tp", [(1, 2, 1), (2, 2, 1)])
 def test_trainer_under_graphsplit_equals_default_strategy(tmp_path, reference, dp, pp, tp):
     seen = _fit(tmp_path, "--dp", str(dp), "--pp", str(pp), "--tp", str(tp), "--steps", "4",
                 "--save", str(tmp_path / "last.ckpt"))
@@ -88,10 +89,10 @@ def fabric_reference(tmp_path_factory) -> dict:
     return _fabric(tmp_path_factory.mktemp("fabric_reference"), "--reference")
 
 
-@pytest.mark.parametrize("dp,pp,tp", [(1, 2, 1), (2, 1, 2)])
+@pytest.mark.parametrize("dp,pp,tp", [(2, 1, 2)])  # the Trainer's tests run pp
 def test_fabric_loop_under_graphsplit_equals_default_strategy(tmp_path, fabric_reference, dp, pp, tp):
     """A Fabric loop (setup, setup_dataloaders, backward of loss / 2 twice a step, clip_gradients, a validation
-    loss under no_grad, save and load) under GraphsplitFabricStrategy at pp 2 and dp 2 x tp 2: its losses,
+    loss under no_grad, save and load) under GraphsplitFabricStrategy at dp 2 x tp 2: its losses,
     gradient norms, validation loss and saved weights are the default strategy's on one device."""
     seen = _fabric(tmp_path, "--dp", str(dp), "--pp", str(pp), "--tp", str(tp))
     for key in ("losses", "norms"):
