@@ -22,24 +22,21 @@ checkpoints (a graphsplit DCP folder, the loop's other values beside the tensors
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.fabric.strategies import ParallelStrategy
 from lightning.fabric.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from lightning.fabric.utilities.distributed import _init_dist_connection, _sync_ddp_if_available
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.fabric.utilities.distributed import _sync_ddp_if_available
 
 from ..errors import GraphsplitError
 from ..pipelined import PipelinedModule
 from ..plan import Plan
-from .strategy import read_plan
+from .processes import PlannedProcesses
 
 
-class GraphsplitFabricStrategy(ParallelStrategy):
+class GraphsplitFabricStrategy(PlannedProcesses, ParallelStrategy):
     """Pipeline, tensor and data parallelism (DDP or FSDP2), expert and context parallelism,
     checkpointing and autocast for your own Fabric loop, planned by graphsplit.
 
@@ -49,33 +46,8 @@ class GraphsplitFabricStrategy(ParallelStrategy):
     def __init__(self, plan: Plan | str | Path | None = None, loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  timeout_s: float = 120.0, **fields: Any) -> None:
         super().__init__()
-        if plan is not None and fields:
-            raise GraphsplitError("give GraphsplitFabricStrategy a plan or its fields (pp=, tp=, ...), not both")
-        self._plan_given = read_plan(plan) if plan is not None else None
-        self._fields = fields
+        self._take_plan(plan, fields, timeout_s, "GraphsplitFabricStrategy")
         self._loss_fn = loss_fn
-        self._timeout_s = timeout_s
-        self.plan: Plan | None = None
-        self.num_nodes = 1
-
-    @property
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
-
-    def _replica_size(self) -> int:
-        plan = self._plan_given
-        return plan.pp * plan.tp if plan is not None else self._fields.get("pp", 1) * self._fields.get("tp", 1)
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        # the mesh is (dp, pp, tp): each dp replica reads its own share, every rank of it the same one
-        size = self._replica_size()
-        return {"num_replicas": self.world_size // size, "rank": self.global_rank // size}
 
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
@@ -84,21 +56,7 @@ class GraphsplitFabricStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = self.global_rank
-        assert self.cluster_environment is not None
-        backend = "nccl" if self.root_device.type == "cuda" else "gloo"
-        _init_dist_connection(self.cluster_environment, backend, timeout=timedelta(seconds=self._timeout_s))
-        size = self._replica_size()
-        if self.world_size % size:
-            raise GraphsplitError(f"the plan's pp x tp = {size} processes per replica do not divide the "
-                                  f"{self.world_size} Fabric was given; give devices= a multiple of {size}")
-        self.plan = self._plan_given or Plan(dp=self.world_size // size, **self._fields)
-        if self.plan.world_size != self.world_size:
-            raise GraphsplitError(f"the plan needs {self.plan.world_size} processes but Fabric was given "
-                                  f"{self.world_size}; give Fabric(devices=...) {self.plan.world_size}")
+        self._join("Fabric")
 
     # ---- the model and its optimizer -----------------------------------------------------------------
 
@@ -134,17 +92,6 @@ class GraphsplitFabricStrategy(ParallelStrategy):
         if isinstance(tensor, torch.Tensor):
             return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
         return tensor
-
-    def barrier(self, *args: Any, **kwargs: Any) -> None:
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not (dist.is_available() and dist.is_initialized()):
-            return obj
-        holder = [obj]
-        dist.broadcast_object_list(holder, src)
-        return holder[0]
 
     # ---- checkpoints ---------------------------------------------------------------------------------
 

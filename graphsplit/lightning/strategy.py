@@ -22,28 +22,27 @@ What runs where:
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from lightning.fabric.utilities.distributed import _init_dist_connection, _sync_ddp_if_available
+from lightning.fabric.utilities.distributed import _sync_ddp_if_available
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from ..errors import GraphsplitError
 from ..pipelined import PipelinedModule
 from ..plan import Plan
+from .processes import PlannedProcesses
 from .steps import StepLog, batch_tensors, step_module
 
 
-class GraphsplitStrategy(ParallelStrategy):
+class GraphsplitStrategy(PlannedProcesses, ParallelStrategy):
     """Pipeline, tensor and data parallelism (DDP or FSDP2), expert and context parallelism,
     checkpointing and autocast for an unmodified LightningModule, planned by graphsplit.
 
@@ -55,45 +54,17 @@ class GraphsplitStrategy(ParallelStrategy):
 
     def __init__(self, plan: Plan | str | Path | None = None, timeout_s: float = 120.0, **fields: Any) -> None:
         super().__init__()
-        if isinstance(plan, str) and plan == "auto":
-            raise GraphsplitError("GraphsplitStrategy(plan='auto') is not built yet: give the plan "
-                                  "(GraphsplitStrategy(pp=2, tp=2) or a plan.json from graphsplit plan/transform)")
-        if plan is not None and fields:
-            raise GraphsplitError("give GraphsplitStrategy a plan or its fields (pp=, tp=, ...), not both")
-        self._plan_given = read_plan(plan) if plan is not None else None
-        self._fields = fields
-        self._timeout_s = timeout_s
-        self.plan: Plan | None = None
+        self._take_plan(plan, fields, timeout_s, "GraphsplitStrategy")
         self.pipelined: PipelinedModule | None = None
         self._train_log: StepLog | None = None
         self._val_log: StepLog | None = None
         self._val_same: bool | None = None
-        self.num_nodes = 1
 
     # ---- where the processes are ---------------------------------------------------------------
 
     @property
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
-
-    def _replica_size(self) -> int:
-        plan = self._plan_given
-        return plan.pp * plan.tp if plan is not None else self._fields.get("pp", 1) * self._fields.get("tp", 1)
-
-    @property
     def is_distributed(self) -> bool:
         return True  # Lightning then gives each dp replica its own share of the data (its sampler)
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        # the mesh is (dp, pp, tp): each dp replica reads its own share, every rank of it the same one
-        size = self._replica_size()
-        return {"num_replicas": self.world_size // size, "rank": self.global_rank // size}
 
     @property
     def restore_checkpoint_after_setup(self) -> bool:
@@ -128,25 +99,7 @@ class GraphsplitStrategy(ParallelStrategy):
     def setup_environment(self) -> None:
         super().setup_environment()
         reset_seed()
-        self.set_world_ranks()
-        assert self.cluster_environment is not None
-        backend = "nccl" if self.root_device.type == "cuda" else "gloo"
-        _init_dist_connection(self.cluster_environment, backend, timeout=timedelta(seconds=self._timeout_s))
-        size = self._replica_size()
-        if self.world_size % size:
-            raise GraphsplitError(f"the plan's pp x tp = {size} processes per replica do not divide the "
-                                  f"{self.world_size} Lightning was given; give devices= a multiple of {size}")
-        given = self._plan_given or Plan(dp=self.world_size // size, **self._fields)
-        if given.world_size != self.world_size:
-            raise GraphsplitError(f"the plan needs {given.world_size} processes but Lightning was given "
-                                  f"{self.world_size}; give Trainer(devices=...) {given.world_size}")
-        self.plan = given
-
-    def set_world_ranks(self) -> None:
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = self.global_rank
+        self._join("Trainer")
 
     def setup(self, trainer: Any) -> None:
         assert self.accelerator is not None
@@ -217,17 +170,6 @@ class GraphsplitStrategy(ParallelStrategy):
 
     # ---- collectives -----------------------------------------------------------------------------
 
-    def barrier(self, name: str | None = None) -> None:
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not (dist.is_available() and dist.is_initialized()):
-            return obj
-        holder = [obj]
-        dist.broadcast_object_list(holder, src)
-        return holder[0]
-
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         if isinstance(tensor, torch.Tensor):
             return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
@@ -296,11 +238,6 @@ class _NormOverRanks:
         pipelined = self._graphsplit_strategy.pipelined
         assert pipelined is not None
         pipelined.clip_grad_norm_(float(clip_val))
-
-
-def read_plan(plan: Plan | str | Path) -> Plan:
-    """A `Plan`, or the plan a plan.json holds (what `graphsplit plan --out` or `transform` write)."""
-    return plan if isinstance(plan, Plan) else Plan.load(plan)
 
 
 def _same_step(module: Any, batch: Any) -> tuple[bool, StepLog]:
