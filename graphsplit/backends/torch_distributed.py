@@ -234,6 +234,7 @@ class DistributedPipeline:
                     kwargs["target"] = batch_first(self.program, target)
                 self.schedule.eval(*args, **kwargs)
                 loss = torch.stack([x.detach() for x in losses]).mean() if self.is_last else None
+        self._reshard()
         if loss is not None and self.scaler is not None:
             loss = loss / self.scaler.get_scale()  # the objective is the scaled loss
         if self.loss_group is not None and loss is not None:
@@ -241,6 +242,19 @@ class DistributedPipeline:
             dist.all_reduce(loss, group=self.loss_group)
             loss /= self.plan.dp
         return loss
+
+    def _reshard(self) -> None:
+        """Under FSDP, every unit sharded again after a forward with no backward: FSDP2 keeps the root
+        unit (and ZeRO-2's units) gathered after a forward, for the backward that would follow; with
+        none, the gradients the training steps after it accumulate came out wrong (tests/test_own_script.py)."""
+        if not self.plan.fsdp:
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.modules.values():
+            for unit in module.modules():
+                if isinstance(unit, FSDPModule):
+                    unit.reshard()
 
     def _pipeline_step(self, inputs: tuple[torch.Tensor, ...], target: Any,
                        keep_output: bool) -> tuple[torch.Tensor | None, Any]:

@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--dp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--fsdp", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
@@ -56,7 +57,7 @@ def main() -> None:
         mine = [(torch.randint_like(x, gpt.GPTConfig.vocab_size), torch.randint_like(y, gpt.GPTConfig.vocab_size))
                 for x, y in mine]
 
-    module = parallelize(model, Plan(dp=args.dp, pp=args.pp, tp=args.tp), loss_fn=gpt.loss_fn, optimizer=optimizer)
+    module = parallelize(model, Plan(dp=args.dp, pp=args.pp, tp=args.tp, fsdp=args.fsdp), loss_fn=gpt.loss_fn, optimizer=optimizer)
     evaluated = module.evaluate(mine[0][0], target=mine[0][1])  # builds the model on this batch
     losses = [module.train_step(x, target=y, scale=0.5) for x, y in mine]
     grads = module.grads()
