@@ -140,6 +140,67 @@ class LoadedModel:
         return model
 
 
+@dataclass
+class ModelInMemory(LoadedModel):
+    """A model already built (with its weights), read as a model file is: for the planner, which
+    traces and measures it on meta. `build("meta")` is a twin on meta (no weight copied); the twin's
+    buffers stay real for `build_buffers_only`."""
+
+    module: nn.Module | None = None
+
+    def build(self, device: str | torch.device = "meta", seed: int | None = None) -> nn.Module:
+        if torch.device(device).type != "meta":
+            raise GraphsplitError(f"{self.factory} is a model in memory: the planner reads it on meta only")
+        assert self.module is not None
+        return meta_twin(self.module, buffers=True)
+
+    def build_buffers_only(self, keep_up_to: int = 0) -> nn.Module:
+        assert self.module is not None
+        return meta_twin(self.module, buffers=False)
+
+
+def model_in_memory(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+                    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, target: Any = None,
+                    batch_dims: dict[str, int | None] | None = None) -> ModelInMemory:
+    """`model` with an example batch, as a `LoadedModel` the planner takes (`plan_model`, `price`)."""
+    import inspect
+
+    try:
+        path = Path(inspect.getsourcefile(type(model)) or "<model>")
+    except TypeError:  # a class made at run time
+        path = Path("<model>")
+    return ModelInMemory(path, type(model).__name__, lambda: model, args, dict(kwargs or {}), loss_fn, target,
+                         batch_dims=batch_dims, module=model)
+
+
+def meta_twin(model: nn.Module, buffers: bool = True) -> nn.Module:
+    """A copy of `model` whose parameters (and, with `buffers`, buffers) are on meta: each module
+    copied shallowly (its other attributes shared, a Lightning trainer too), tied tensors kept tied."""
+    twins: dict[int, Any] = {}
+
+    def on_meta(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in twins:
+            empty = torch.empty_like(t, device="meta")
+            twins[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else empty
+        return twins[id(t)]
+
+    def twin(module: nn.Module) -> nn.Module:
+        if id(module) in twins:
+            return twins[id(module)]
+        copy = type(module).__new__(type(module))
+        copy.__dict__.update(module.__dict__)
+        twins[id(module)] = copy
+        copy._parameters = {k: None if p is None else on_meta(p) for k, p in module._parameters.items()}
+        if buffers:
+            copy._buffers = {k: None if b is None else on_meta(b) for k, b in module._buffers.items()}
+        else:
+            copy._buffers = dict(module._buffers)
+        copy._modules = {k: None if m is None else twin(m) for k, m in module._modules.items()}
+        return copy
+
+    return twin(model)
+
+
 def tensor_attributes(model: nn.Module) -> list[tuple[str, str]]:
     """(module name, attribute) of every tensor a module holds as a plain attribute, neither a parameter
     nor a buffer (a RoPE table or a mask assigned as `self.x = tensor`)."""

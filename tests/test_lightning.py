@@ -59,6 +59,20 @@ def test_trainer_under_graphsplit_equals_default_strategy(tmp_path, reference, d
     _same_weights(tmp_path / "last.ckpt", reference)
 
 
+def test_trainer_plan_auto_equals_default_strategy_at_the_batch_it_trains(tmp_path, reference):
+    """GraphsplitStrategy(plan="auto") on 4 processes, each replica's DataLoader yielding 4 samples: the plan
+    the planner chose (rank 0's, taken by every rank) trains as the default strategy does on 4 x its dp
+    samples a batch (Lightning's convention: the DataLoader's batch is each replica's, as under DDP)."""
+    seen = _fit(tmp_path, "--auto", "--devices", "4", "--batch", "4", "--steps", "4", "--save", str(tmp_path / "last.ckpt"))
+    plan = seen["plan"]
+    assert plan is not None and plan["dp"] * plan["pp"] * plan["tp"] == 4 and plan["compile"] is False  # kept
+    whole = 4 * plan["dp"]
+    expected = reference if whole == 8 else _fit(tmp_path / "reference", "--reference", "--batch", str(whole),
+                                                  "--steps", "4")
+    _same_training(seen, expected)
+    _same_weights(tmp_path / "last.ckpt", expected)
+
+
 def test_checkpoint_saved_at_one_plan_resumes_at_another(tmp_path):
     """Two steps at pp 2 (one epoch), saved by trainer.save_checkpoint; resumed by trainer.fit(ckpt_path=...)
     at tp 2 for two more: its losses, LR schedule, validation and weights are those of the default strategy

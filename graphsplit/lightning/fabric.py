@@ -46,6 +46,11 @@ class GraphsplitFabricStrategy(PlannedProcesses, ParallelStrategy):
     def __init__(self, plan: Plan | str | Path | None = None, loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  timeout_s: float = 120.0, **fields: Any) -> None:
         super().__init__()
+        if isinstance(plan, str) and plan == "auto":
+            raise GraphsplitError("GraphsplitFabricStrategy(plan='auto') is not built: Fabric shares the data out "
+                                  "(setup_dataloaders) before graphsplit sees a batch; give the plan (fields, a Plan, "
+                                  "or the plan.json `graphsplit plan --out` writes), or use the Trainer's "
+                                  "GraphsplitStrategy(plan='auto')")
         self._take_plan(plan, fields, timeout_s, "GraphsplitFabricStrategy")
         self._loss_fn = loss_fn
 

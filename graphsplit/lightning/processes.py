@@ -1,8 +1,9 @@
 """What the Trainer's and Fabric's strategies share: the plan, this process's place, the process group.
 
-The plan is given (a `Plan` or plan.json) or made from its fields with dp the devices left over
-pp x tp; the mesh is (dp, pp, tp), so each dp replica reads its own share of the data and every rank
-of a replica the same one (Lightning's sampler, from `distributed_sampler_kwargs`).
+The plan is given (a `Plan` or plan.json), or made from its fields with dp the devices left over
+pp x tp, or "auto": the planner's, found by the Trainer's strategy in `setup` (auto_plan.py). The
+mesh is (dp, pp, tp), so each dp replica reads its own share of the data and every rank of a
+replica the same one (Lightning's sampler, from `distributed_sampler_kwargs`).
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ class PlannedProcesses:
     cluster_environment: Any
 
     def _take_plan(self, plan: Plan | str | Path | None, fields: dict[str, Any], timeout_s: float, who: str) -> None:
-        if isinstance(plan, str) and plan == "auto":
-            raise GraphsplitError(f"{who}(plan='auto') is not built yet: give the plan ({who}(pp=2, tp=2) or a "
-                                  "plan.json from graphsplit plan/transform)")
-        if plan is not None and fields:
-            raise GraphsplitError(f"give {who} a plan or its fields (pp=, tp=, ...), not both")
-        self._plan_given = read_plan(plan) if plan is not None else None
+        self._auto = isinstance(plan, str) and plan == "auto"
+        if self._auto:
+            from .auto_plan import constraint
+
+            constraint(fields)  # a field Plan lacks is refused here, not after the processes start
+        elif plan is not None and fields:
+            raise GraphsplitError(f"give {who} a plan or its fields (pp=, tp=, ...), not both (or plan='auto' with "
+                                  "the fields the planner must keep)")
+        self._plan_given = read_plan(plan) if plan is not None and not self._auto else None
         self._fields = fields
         self._timeout_s = timeout_s
         self.plan: Plan | None = None
@@ -58,7 +62,10 @@ class PlannedProcesses:
         return len(self.parallel_devices) if self.parallel_devices is not None else 0
 
     def _replica_size(self) -> int:
-        plan = self._plan_given
+        plan = self.plan or self._plan_given
+        if plan is None and self._auto:
+            raise GraphsplitError("plan='auto' is found in the strategy's setup, before Lightning shares the data out; "
+                                  "the data was asked for before it")
         return plan.pp * plan.tp if plan is not None else self._fields.get("pp", 1) * self._fields.get("tp", 1)
 
     @property
@@ -75,6 +82,8 @@ class PlannedProcesses:
         rank_zero_only.rank = self.global_rank
         backend = "nccl" if self.root_device.type == "cuda" else "gloo"
         _init_dist_connection(self.cluster_environment, backend, timeout=timedelta(seconds=self._timeout_s))
+        if self._auto:
+            return  # the planner chooses it on the first batch (the Trainer's setup)
         size = self._replica_size()
         if self.world_size % size:
             raise GraphsplitError(f"the plan's pp x tp = {size} processes per replica do not divide the "

@@ -48,13 +48,22 @@ class GraphsplitStrategy(PlannedProcesses, ParallelStrategy):
 
     `plan`: a `Plan`, or a plan.json path written by `graphsplit transform`; or give its fields
     (`pp=2, tp=2, fsdp=True, ...`). Its dp is the devices left: Lightning's world size over pp x tp.
+    `plan="auto"`: the planner's fastest plan for the devices Lightning was given, each replica training
+    on the DataLoader's batch (auto_plan.py); fields given with it are kept. `hardware` (a built-in
+    profile name, a JSON profile, a `Hardware`; default: this device's) and `gpu_memory` (bytes or
+    "80GiB"; default: this device's) are what it plans for.
     """
 
     strategy_name = "graphsplit"
 
-    def __init__(self, plan: Plan | str | Path | None = None, timeout_s: float = 120.0, **fields: Any) -> None:
+    def __init__(self, plan: Plan | str | Path | None = None, timeout_s: float = 120.0, hardware: Any = None,
+                 gpu_memory: int | str | None = None, **fields: Any) -> None:
         super().__init__()
         self._take_plan(plan, fields, timeout_s, "GraphsplitStrategy")
+        if not self._auto and (hardware is not None or gpu_memory is not None):
+            raise GraphsplitError("GraphsplitStrategy's hardware= and gpu_memory= are what plan='auto' plans for; "
+                                  "give them with plan='auto' only")
+        self._hardware, self._gpu_memory = hardware, gpu_memory
         self.pipelined: PipelinedModule | None = None
         self._train_log: StepLog | None = None
         self._val_log: StepLog | None = None
@@ -108,12 +117,43 @@ class GraphsplitStrategy(PlannedProcesses, ParallelStrategy):
         if not module.automatic_optimization:
             raise GraphsplitError("GraphsplitStrategy trains with Lightning's automatic optimization; "
                                   f"{type(module).__name__} sets automatic_optimization = False")
+        if self.plan is None:  # plan="auto": before Lightning shares the data out
+            if trainer.state.fn != TrainerFn.FITTING:
+                raise GraphsplitError("GraphsplitStrategy(plan='auto') plans on the first training batch: give "
+                                      "validate/test a plan (or fit first)")
+            self._choose_plan(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
             if len(self.optimizers) != 1:
                 raise GraphsplitError(f"GraphsplitStrategy trains with one optimizer; {type(module).__name__}."
                                       f"configure_optimizers gives {len(self.optimizers)}")
         self.setup_precision_plugin()
+
+    def _choose_plan(self, trainer: Any) -> None:
+        """plan="auto": rank 0 plans on the first training batch; every rank takes its plan."""
+        from ..report.advise import parse_bytes
+        from .auto_plan import auto_plan, first_batch, hardware_here
+
+        found: tuple[Plan, str] | None = None
+        if self.global_rank == 0:
+            hw, memory = hardware_here(self.root_device, self._hardware, self.num_processes)
+            if self._gpu_memory is not None:
+                memory = parse_bytes(self._gpu_memory) if isinstance(self._gpu_memory, str) else int(self._gpu_memory)
+            try:
+                found = auto_plan(self.lightning_module, first_batch(trainer), self.world_size, self.num_processes,
+                                  hw, memory, self._fields)
+            except Exception as exc:
+                # every rank fails with rank 0's line, none waits for a plan
+                self.broadcast(str(exc) if isinstance(exc, GraphsplitError) else f"plan='auto' failed on rank 0: "
+                               f"{type(exc).__name__}: {exc}")
+                raise
+        found = self.broadcast(found)
+        if isinstance(found, str):
+            raise GraphsplitError(found)
+        assert found is not None
+        self.plan, line = found
+        if self.global_rank == 0:
+            print(line, flush=True)
 
     def model_to_device(self) -> None:
         pass  # each rank's stages are built on its device from the module's tensors, on the first batch

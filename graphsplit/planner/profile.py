@@ -81,6 +81,12 @@ class ModelProfile:
         counts = set(reference.expert_params().values())
         self.experts = math.gcd(*counts) if counts else 0
 
+    def for_batch(self, samples: int) -> ModelProfile:
+        """This profile for a global batch of `samples` (its tables are per sample: they are shared)."""
+        sized = dataclasses.replace(self, batch=samples)
+        sized.read_reference()  # the FLOPs per sample count the batch's constant part over it
+        return sized
+
     def only(self, tp: int, low: bool, sp: bool = False) -> ModelProfile:
         """This profile holding one variant and no trace: what pricing that variant's plans needs, small
         enough to send to another process."""

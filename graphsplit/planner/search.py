@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from typing import Any
@@ -191,13 +191,14 @@ def _price(_state: Any, work: tuple[Any, Hardware, int, str, list[tuple[int, Pla
 
 def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node: int | None = None,
            optimizer: str = "adamw", top: int = 10, workers: Workers | None = None,
-           building: dict[tuple[int, bool], Future[Any]] | None = None) -> SearchResult:
+           building: dict[tuple[int, bool], Future[Any]] | None = None,
+           keep: Callable[[Plan], bool] | None = None) -> SearchResult:
     """Price every candidate for `gpus` devices of `gpu_memory` bytes; the ones that fit, fastest first.
 
     Candidates are priced in groups that share a table (one tp degree and precision), each group on a
     core of its own where the machine has several (parallel.py), sent with its table alone.
     `building`: tp degree -> its tables still being built on `workers` (plan_model); a degree's groups
-    are priced as soon as its tables are there."""
+    are priced as soon as its tables are there. `keep`: which candidates to price (every one by default)."""
     start = time.perf_counter()
     per_node = gpus_per_node or hw.gpus_per_node
     building = dict(building or {})
@@ -205,6 +206,7 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
     groups: dict[tuple[int, bool, bool], list[tuple[int, Plan]]] = {}  # (tp, sequence parallel, low precision)
     plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out,
                             profile.experts, profile.sequence))
+    plans = [p for p in plans if keep is None or keep(p)]
     if "bfloat16" in hw.peak_flops:  # fp16 prices as bf16 does and needs a loss scaler: only bf16 is shown
         plans = [p for p in plans if p.autocast != "fp16"]
     for index, plan in enumerate(plans):

@@ -4,7 +4,11 @@ starts the other processes). Rank 0 saves what it saw: each training step's loss
 val losses, the learning rates, and (default strategy) the trained weights.
 
     python tests/workers/lightning_fit.py --pp 2 --tp 1 --dp 1 --steps 4 --out DIR [--save CKPT] [--resume CKPT]
-    python tests/workers/lightning_fit.py --reference --steps 4 --out DIR
+    python tests/workers/lightning_fit.py --reference --steps 4 --out DIR [--batch 8]
+    python tests/workers/lightning_fit.py --auto --devices 4 --batch 4 --steps 4 --out DIR
+
+`--auto`: GraphsplitStrategy(plan="auto", compile=False) on `--devices` processes, each replica reading
+batches of `--batch`; rank 0 also saves the plan it chose (the reference then trains on `--batch` x dp).
 """
 
 import argparse
@@ -49,12 +53,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--save", type=Path, default=None)
     parser.add_argument("--resume", type=Path, default=None)
+    parser.add_argument("--auto", action="store_true")
+    parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=None)
     args = parser.parse_args()
 
     L.seed_everything(0)
     module = LightningGPT()
     if args.reference:
-        strategy, devices, per_replica = "auto", 1, GLOBAL_BATCH
+        strategy, devices, per_replica = "auto", 1, args.batch or GLOBAL_BATCH
+    elif args.auto:
+        from graphsplit.lightning import GraphsplitStrategy
+
+        # torch.compile's stages would compile C++ for minutes on this CPU: the planner chooses the rest
+        strategy, devices, per_replica = GraphsplitStrategy(plan="auto", compile=False), args.devices, args.batch
     else:
         from graphsplit.lightning import GraphsplitStrategy
 
@@ -77,8 +89,9 @@ def main() -> None:
         trainer.save_checkpoint(args.save)
     if trainer.global_rank == 0:
         weights = {k: v.detach().clone() for k, v in module.state_dict().items()} if args.reference else None
+        plan = getattr(trainer.strategy, "plan", None)
         torch.save({"losses": seen.losses, "logged": seen.logged, "val": seen.val, "lrs": seen.lrs,
-                    "weights": weights}, args.out / "seen.pt")
+                    "weights": weights, "plan": None if plan is None else plan.to_dict()}, args.out / "seen.pt")
 
 
 if __name__ == "__main__":
