@@ -4,6 +4,8 @@ straight-through sign a sign, and autograd would differentiate those instead. Ch
 untouched model on the whole batch at pp 2, tp 2 and dp 2 x pp 2; where torch.fx cannot trace the
 model, torch.export would trace through the Function, so the model is refused in one line."""
 
+import sys
+
 import pytest
 import torch
 
@@ -60,9 +62,31 @@ def test_through_torch_export_each_function_is_one_node_too():
     assert cmp.ok, cmp.failures
 
 
+RECOMPUTE = MODELS / "recompute_function.py"
+
+
+@pytest.mark.parametrize("factory,tracer", [("build_model", "fx"), ("build_keyword_model", "export")])
+def test_a_checkpointing_function_given_the_blocks_method_is_traced_through(factory, tracer):
+    """Megatron's / DeepSpeed's / latent diffusion's CheckpointFunction (no_grad forward of a callable,
+    enable_grad recompute and autograd.grad in backward): its gradient is the callable's, so the callable's
+    ops are traced with their gradients, under torch.fx and torch.export, and the program trains as the
+    untouched model at pp 2, tp 2 and dp 2 x pp 2 (every block's gradient compared)."""
+    loaded = load_model(f"{RECOMPUTE}:{factory}")
+    traced = trace_loaded(loaded)
+    assert traced.tracer == tracer and "recompute a callable" in traced.reason and "CheckpointFunction" in traced.reason
+    assert not any(user_function(n) for n in traced.gm.graph.nodes)
+    function = sys.modules[type(loaded.build("meta")).__module__].CheckpointFunction
+    assert "apply" not in vars(function)  # the trace left the class as it was
+    for plan in PLANS.values():
+        program, cmp = check_locally(loaded, plan, traced=traced.copy())
+        assert cmp.ok, cmp.failures
+        compared = {key.split(" (")[0] for key in cmp.max_diff}
+        assert {f"grad blocks.{i}.up.weight" for i in range(4)} <= compared, cmp.max_diff
+
+
 def test_a_function_given_a_callable_is_refused_in_one_line():
-    """Kept whole, a Function given `self._forward` (a checkpointing Function) would run the model's own
-    module outside the program: refused, naming it."""
+    """Kept whole, a Function given `self._forward` that does not recompute it (a forward run with gradients,
+    a backward of its own) would run the model's own module outside the program: refused, naming it."""
 
     class Recompute(torch.autograd.Function):
         @staticmethod

@@ -28,7 +28,7 @@ TRAINS = [
     "efficientnet", "entmax", "dann", "loralib_gpt2", "peft_llama_lora", "peft_gpt2_lora", "t5_labels",
     "improved_diffusion", "mistral_moe", "x_transformers", "rasbt_gpt", "rasbt_llama32", "makemore_mlp", "makemore_gru",
     "mlp_mixer", "ncf_neumf", "open_clip_rn", "open_clip",
-    "minimind",
+    "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc",
 ]
 # their loss couples the samples (open_clip's ClipLoss): under dp every replica gathers the replicas' outputs,
 # which the local backend (replicas one after the other) cannot: their dp 2 x pp 2 runs on real processes
@@ -55,10 +55,6 @@ REFUSED = {
     "minimind_moe": "cannot trace MiniMindForCausalLM at model_minimind.py:165 in forward: `if mask.any():`",
     # sizes one_hot by a tensor's maximum, read into Python
     "lucidrains_moe": "cannot trace MoE at mixture_of_experts.py:40 in safe_one_hot:",
-    # CTC's kernel has outputs shaped by the data (torch.export cannot trace it); its label check is kept
-    "wav2vec2_ctc": "cannot trace Wav2Vec2ForCTC at loss_ctc.py:54 in ForCTCLoss: `return nn.functional.ctc_loss(`",
-    # an autograd Function given the model's own method (activation checkpointing)
-    "improved_diffusion_ckpt": "cannot trace DiffusionTrainStep at nn.py:137 in checkpoint:",
     # a sparse adjacency: torch has no meta kernel for sparse mm (traces, refused at every plan)
     "pygcn": "mm in module 'gc1' at layers.py:33 in forward takes a sparse tensor",
 }

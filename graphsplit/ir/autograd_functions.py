@@ -14,11 +14,19 @@ restored at once). torch.export sees each call as one `graphsplit::function_call
 traces (`functions_as_ops`), made the same FunctionCall afterwards (`functions_as_calls`).
 torch's own Functions (checkpointing, its internal ops) are traced through as before: they are
 the framework, not the model.
+
+A Function given a callable that it runs under `no_grad` in forward and runs again under
+`enable_grad` in backward to differentiate it is activation checkpointing written by hand
+(Megatron-LM's and DeepSpeed's `checkpoint`, the CheckpointFunction of guided/improved-diffusion and
+latent diffusion): its gradient is the callable's own, so it is traced through, the callable's ops
+with their gradients in the graph (`recomputes`), and graphsplit's `--checkpoint` does the
+recomputing where the plan asks for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import itertools
 import operator
@@ -79,6 +87,102 @@ class _Tensor:
 _TENSOR = _Tensor()
 # what a Function may take besides tensors and stay one node: values a graph can hold as constants
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _given_callable(leaf: Any) -> bool:
+    return callable(leaf) and not isinstance(leaf, torch.Tensor | type | fx.Proxy)
+
+
+@functools.cache
+def _recomputing(cls: type) -> bool:
+    try:
+        forward, backward = inspect.getsource(cls.forward), inspect.getsource(cls.backward)
+    except (OSError, TypeError):
+        return False
+    return "no_grad" in forward and "enable_grad" in backward and ("autograd.grad" in backward or
+                                                                  "backward(" in backward)
+
+
+def recomputes(cls: type, leaves: list[Any]) -> bool:
+    """Whether a Function call is activation checkpointing by hand: given a callable, the Function's
+    forward runs under `no_grad` and its backward under `enable_grad`, differentiating what it runs
+    again (`torch.autograd.grad` or `.backward(`). Its gradient is then the callable's own."""
+    return any(_given_callable(leaf) for leaf in leaves) and _recomputing(cls)
+
+
+class _TraceContext:
+    """The `ctx` a recomputing Function's forward gets when it runs as plain code in a trace: what it
+    keeps for its backward is kept nowhere (autograd differentiates the callable's ops instead)."""
+
+    needs_input_grad: tuple[bool, ...] = ()
+    materialize_grads = True
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        pass
+
+    def mark_non_differentiable(self, *tensors: Any) -> None:
+        pass
+
+    def mark_dirty(self, *tensors: Any) -> None:
+        pass
+
+    def set_materialize_grads(self, value: bool) -> None:
+        pass
+
+
+def _with_grad(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.enable_grad():
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def run_forward_with_grad(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A recomputing Function's forward run as plain code, the callables it is given run with
+    gradients on (its `no_grad` would hide their ops' gradients from the trace)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    args, kwargs = pytree.tree_unflatten([_with_grad(v) if _given_callable(v) else v for v in leaves], spec)
+    return cls.forward(_TraceContext(), *args, **kwargs)
+
+
+@contextlib.contextmanager
+def recomputing_traced_through() -> Iterator[list[str]]:
+    """While torch.fx traces: a call of a hand-written checkpointing Function (`recomputes`) runs its
+    forward as plain code, the callable it is given under `enable_grad` (torch.fx would record the
+    callable's ops under the forward's `no_grad`). Yields the names of the Functions traced through;
+    each class's `apply` is redirected for the trace alone, as `functions_as_ops` does for export."""
+    names: list[str] = []
+    saved: dict[type, Any] = {}
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if recomputes(cls, pytree.tree_leaves((args, kwargs))):
+            names.append(cls.__qualname__)
+            return run_forward_with_grad(cls, args, kwargs)
+        own = saved[cls]
+        if own is not _NONE:
+            return own.__get__(None, cls)(*args, **kwargs)
+        return torch.autograd.Function.apply.__func__(cls, *args, **kwargs)  # type: ignore[attr-defined]
+
+    for cls in _user_function_classes():
+        if _recomputing(cls):
+            saved[cls] = cls.__dict__.get("apply", _NONE)
+            cls.apply = classmethod(apply)  # type: ignore[method-assign,assignment]
+    try:
+        yield names
+    finally:
+        for cls, original in saved.items():
+            if original is _NONE:
+                del cls.apply
+            else:
+                cls.apply = original  # type: ignore[method-assign]
+
+
+def recomputed_through(names: list[str]) -> str:
+    """The summary's words for the checkpointing Functions traced through (empty when none)."""
+    traced = ", ".join(dict.fromkeys(names))
+    return (f" (autograd Functions that recompute a callable, activation checkpointing by hand, traced through: "
+            f"{traced}; --checkpoint recomputes where the plan asks)") if traced else ""
 
 
 def plain_arguments(cls: type, leaves: list[Any], is_value: Any) -> None:
@@ -236,6 +340,7 @@ _EXPORTED: dict[int, tuple[type, pytree.TreeSpec, tuple[Any, ...]]] = {}
 _OUTPUTS: dict[int, tuple[pytree.TreeSpec, tuple[Any, ...]]] = {}
 _ORIGINAL: dict[type, Any] = {}  # while `functions_as_ops` holds: each class's own `apply`, if it had one
 _KEYS = itertools.count(1)
+_RECOMPUTED: list[str] = []  # while `functions_as_ops` holds: the checkpointing Functions traced through
 _NONE = object()  # a class with no `apply` of its own (it inherits Function's)
 
 
@@ -265,19 +370,21 @@ def _apply_original(cls: type, spec: pytree.TreeSpec, values: tuple[Any, ...], t
 
 
 @contextlib.contextmanager
-def functions_as_ops() -> Iterator[None]:
+def functions_as_ops() -> Iterator[list[str]]:
     """While torch.export traces, each user Function call is one `graphsplit::function_call` op (its
     forward runs only to give the op's shapes), so the graph keeps where the Function was; its
     `apply` is redirected for the trace alone and restored after, as torch.fx's own `wrap` patches
-    a module's globals while it traces. `functions_as_calls` then makes each op a FunctionCall."""
+    a module's globals while it traces. `functions_as_calls` then makes each op a FunctionCall.
+    Yields the names of the checkpointing Functions traced through instead (`recomputes`)."""
     saved: dict[type, Any] = {}
+    _RECOMPUTED.clear()
     for cls in _user_function_classes():
         saved[cls] = cls.__dict__.get("apply", _NONE)
         if saved[cls] is not _NONE:
             _ORIGINAL[cls] = saved[cls]
         cls.apply = classmethod(_export_apply)  # type: ignore[method-assign,assignment]
     try:
-        yield
+        yield _RECOMPUTED
     finally:
         for cls, original in saved.items():
             _ORIGINAL.pop(cls, None)
@@ -289,6 +396,9 @@ def functions_as_ops() -> Iterator[None]:
 
 def _export_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     leaves, spec = pytree.tree_flatten((args, kwargs))
+    if recomputes(cls, leaves):
+        _RECOMPUTED.append(cls.__qualname__)
+        return run_forward_with_grad(cls, args, kwargs)
     values = tuple(_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
     tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
     if not tensors:  # nothing traced flows through it

@@ -31,10 +31,13 @@ NEUTRAL = torch.device("meta")  # a graph's device for what it makes; each rank 
 def meta_sizes() -> Iterator[None]:
     """`with meta_sizes():` a graph runs on meta as the analysis runs it: an op whose output's size follows
     the data (a nonzero, a boolean mask's selection) gives the largest it can be (every element counted;
-    `NodeInfo.sizes_follow_data`). A torch config switch, nothing per op."""
+    `NodeInfo.sizes_follow_data`): a torch config switch, and the shapes of ops torch has no meta kernel
+    for (meta_kernels.py)."""
     from torch.fx.experimental import _config
 
-    with _config.patch(meta_nonzero_assume_all_nonzero=True):
+    from .meta_kernels import missing_kernels
+
+    with _config.patch(meta_nonzero_assume_all_nonzero=True), missing_kernels():
         yield
 
 

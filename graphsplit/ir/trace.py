@@ -32,7 +32,12 @@ import torch.utils._pytree as pytree
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..errors import GraphsplitError
-from .autograd_functions import FunctionCapture, kept_whole
+from .autograd_functions import (
+    FunctionCapture,
+    kept_whole,
+    recomputed_through,
+    recomputing_traced_through,
+)
 from .devices import explicit_devices
 from .grad_regions import (
     GradModeProxy,
@@ -187,6 +192,7 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     places = "; ".join(dict.fromkeys(tracer.conditions))  # a block's condition once, not once per block
     decided = f" (sizes decided on the example inputs: {places})" if places else ""
     decided += kept_whole(tracer.functions.kept if tracer.functions is not None else [])
+    decided += recomputed_through(tracer.recomputed)
     decided += kept_checks(tracer.value_checks)
     if tracer.state_branches:
         places = "; ".join(dict.fromkeys(tracer.state_branches))
@@ -219,6 +225,7 @@ class _Tracer(fx.Tracer):
         self.sizes = sizes
         self.conditions: list[str] = []  # where each decided condition is (size_conditions.py)
         self.functions: FunctionCapture | None = None  # the user's autograd Functions, kept whole
+        self.recomputed: list[str] = []  # the checkpointing Functions traced through (autograd_functions.py)
         self.value_checks: list[str] = []  # where each check on tensor values is (value_checks.py)
         self.state_branches: list[str] = []  # where each branch on the model's own buffers is
         self.root_forward: Callable[..., Any] | None = None  # forward without its *args/**kwargs (_named_only)
@@ -356,7 +363,8 @@ class _Tracer(fx.Tracer):
             self._names = ({id(p): n for n, p in root.named_parameters()},
                            {id(b): n for n, b in root.named_buffers()})
         try:
-            return super().trace(root, concrete_args)
+            with recomputing_traced_through() as self.recomputed:
+                return super().trace(root, concrete_args)
         finally:
             if self.functions is not None:
                 self.functions.finish()

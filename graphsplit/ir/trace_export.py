@@ -17,10 +17,11 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.fx.graph import CodeGen
 
-from .autograd_functions import functions_as_calls, functions_as_ops, kept_whole
+from .autograd_functions import functions_as_calls, functions_as_ops, kept_whole, recomputed_through
 from .export_views import views_to_reshapes
 from .grad_regions import inline_grad_regions, mark_inference_mode
 from .meta import info
+from .meta_kernels import missing_kernels
 from .size_conditions import check_export_ranges
 from .trace_device import as_if_on_cpu, back_to_meta, fake_inputs, on_meta
 from .traced import Traced, bake, flat_output, mark_constants
@@ -81,8 +82,9 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                 torch.Tensor, functools.partial(fake_inputs, mode), (args, kwargs))
         else:
             meta_args, meta_kwargs = _to_model_device(model, (args, kwargs))
-        stack.enter_context(functions_as_ops())  # each of the model's own autograd Functions one op
+        recomputing = stack.enter_context(functions_as_ops())  # each of the model's own autograd Functions one op
         stack.enter_context(ExportChecks())  # the model's checks on values kept as checks
+        stack.enter_context(missing_kernels())  # CTC's shapes (meta_kernels.py)
         try:
             ep = torch.export.export(
                 model, meta_args, meta_kwargs, dynamic_shapes=_batch_dynamic(model, args, kwargs, batch_dims),
@@ -92,6 +94,7 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             ep = torch.export.export(model, meta_args, meta_kwargs, strict=False)
         gm = ep.module()
         kept = functions_as_calls(gm)  # ... and each op the Function's own call, its backward with it
+        recomputed = list(recomputing)
         checks = checks_as_calls(gm)
         ranges = ep.range_constraints
     if on_meta(model):
@@ -130,4 +133,4 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         flat = torch.fx._pytree.tree_flatten_spec((call_args, call_kwargs), in_spec)
         return [flat[i] for i in keep]
 
-    return Traced(gm, "export", names, spec, flatten, reason=kept_whole(kept) + kept_checks(checks))
+    return Traced(gm, "export", names, spec, flatten, reason=kept_whole(kept) + recomputed_through(recomputed) + kept_checks(checks))

@@ -108,6 +108,38 @@ def nll(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     reduced_loss(d, func, args, kwargs, out, labels)
 
 
+def ctc(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """_ctc_loss(log_probs [T, N, C], targets [N, S] or every sample's concatenated, input_lengths [N],
+    target_lengths [N]) -> (loss [N], log_alpha [N, T, 2S + 1]): each sample's alignment sums over its
+    time steps and classes (coupled), the samples lined up with their lengths. Concatenated targets (a
+    boolean mask's selection of the padded labels) are made again from each piece of the batch."""
+    log_probs, targets, lengths = args[0], args[1], args[2:4]
+    where = f"{func.overloadpacket.__name__} aligns over it at {d.where()}"
+    labels = d.value(log_probs).labels
+    if log_probs.dim() != 3:  # one unbatched sequence
+        for label in labels:
+            d.couple_label(label, where)
+        for t in pytree.tree_leaves(out):
+            d.fresh(t, d.reduced_in(args, kwargs))
+        return
+    d.couple_label(labels[0], where)
+    d.couple_label(labels[2], where)
+    samples = labels[1]
+    for t in lengths:
+        if isinstance(t, torch.Tensor) and t.dim() == 1:
+            samples = d.unify(samples, d.value(t).labels[0])
+    if targets.dim() == 2:
+        padded = d.value(targets).labels
+        samples = d.unify(samples, padded[0])
+        d.couple_label(padded[1], where)
+    loss, alpha = out[0], out[1]
+    reduced = d.reduced_in(args, kwargs)
+    d.set(loss, [samples], reduced)
+    d.set(alpha, [samples, *[(d.atoms.new(s),) if s > 1 else () for s in alpha.shape[1:]]], reduced)
+    for label in d.value(alpha).labels[1:]:
+        d.couple_label(label, where)
+
+
 def matmul_like(d: Discovery, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> list[Label]:
     """a [..., n, k] @ b [..., k, m]: batch dims broadcast, k contracted (coupled)."""
     av, bv = d.value(a), d.value(b)
