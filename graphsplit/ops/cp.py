@@ -29,37 +29,40 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
+from .communicator import Communicator
 from .eager import eager as _eager
 
 CP_COMM_ATTR = "cp_comm"
 
 
-class CPComm(nn.Module):
+class CPComm(Communicator):
     """The context-parallel ranks one graph's attention exchanges run over (see the module doc)."""
 
+    axis = "cp"
+    link: dist.ProcessGroup | None
+
     def __init__(self, cp: int) -> None:
-        super().__init__()
-        self.cp = cp
+        super().__init__(cp)
         self.rank = 0
-        self.group: dist.ProcessGroup | None = None
 
     def bind(self, group: dist.ProcessGroup | None) -> None:
-        self.group = group
+        super().bind(group)
         self.rank = dist.get_rank(group) if group is not None else 0
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> CPComm:
-        return CPComm(self.cp)  # a copy starts unbound, as TPComm's
+    @property
+    def cp(self) -> int:
+        return self.degree
 
-    def extra_repr(self) -> str:
-        return f"cp={self.cp}, bound={self.group is not None}"
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        return self.link
 
     @property
     def bound(self) -> bool:
-        return self.group is not None and self.cp > 1
+        return self.link is not None and self.degree > 1
 
 
 def _chunk_order(cp: int) -> list[int]:

@@ -22,39 +22,33 @@ routing gives. It counts the rows each local expert received: the load balance.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
+from .communicator import Communicator
 from .eager import eager as _eager
 
 EP_COMM_ATTR = "ep_comm"
 
 
-class EPComm(nn.Module):
+class EPComm(Communicator):
     """The expert-parallel ranks one graph's token exchanges run over (see the module doc)."""
 
+    axis = "ep"
+    link: dist.ProcessGroup | None
+
     def __init__(self, ep: int) -> None:
-        super().__init__()
-        self.ep = ep
-        self.group: dist.ProcessGroup | None = None
+        super().__init__(ep)
         # the layer's index -> rows each local expert received, summed over calls (`take_tokens`)
         self.tokens: dict[int, torch.Tensor] = {}
 
-    def bind(self, group: dist.ProcessGroup | None) -> None:
-        self.group = group
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> EPComm:
-        return EPComm(self.ep)  # a copy starts unbound, as TPComm's
-
-    def extra_repr(self) -> str:
-        return f"ep={self.ep}, bound={self.group is not None}"
+    @property
+    def ep(self) -> int:
+        return self.degree
 
     @property
-    def bound(self) -> bool:
-        return self.group is not None
+    def group(self) -> dist.ProcessGroup | None:
+        return self.link
 
     def exchange(self, x: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
         out = x.new_empty((sum(out_splits), *x.shape[1:]))

@@ -11,13 +11,14 @@ autograd functions that call it are ops/tp.py's.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from ..ir.sharding import Shard, shard_tensor
+from .communicator import Communicator
 
 COMM_ATTR = "tp_comm"  # the attribute of a graph module that holds its communicator
 
@@ -64,33 +65,24 @@ class GroupLink:
         return out
 
 
-class TPComm(nn.Module):
+class TPComm(Communicator):
     """The tp ranks one graph's collectives run over.
 
     Unbound: rank 0 of `tp`, collectives shaped but not run (all-reduce returns its
-    input, all-gather repeats it). Bound to a link: the real collectives, counted.
+    input, all-gather repeats it). Bound to a link: the real collectives, counted (a copy
+    starts with no counts).
     """
 
+    axis = "tp"
+    link: TPLink | None
+
     def __init__(self, tp: int) -> None:
-        super().__init__()
-        self.tp = tp
-        self.link: TPLink | None = None
+        super().__init__(tp)
         self.counts: Counter[tuple[str, str]] = Counter()
 
-    def bind(self, link: TPLink | None) -> None:
-        self.link = link
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> TPComm:
-        # a copy starts unbound with no counts: a process group is not copied, and a copied
-        # stage (materialization, meta analysis) is bound again where it runs
-        return TPComm(self.tp)
-
-    def extra_repr(self) -> str:
-        return f"tp={self.tp}, bound={self.link is not None}"
-
     @property
-    def bound(self) -> bool:
-        return self.link is not None
+    def tp(self) -> int:
+        return self.degree
 
     @property
     def size(self) -> int:
