@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ..ir.meta import info
 from ..ir.optable import OpKind, classify, op_name, randomness
+from ..ir.walk import inputs, reachable
 
 aten = torch.ops.aten
 _MEAN = 1  # ATen's reduction enum: 0 none, 1 mean, 2 sum
@@ -200,19 +201,13 @@ def _not_data(node: object, gm: fx.GraphModule, data: set[fx.Node]) -> str:
     """'' when `node` is computed from the data alone, else why not."""
     if not isinstance(node, fx.Node):
         return "its target is not a tensor of the data"
-    stack, seen = [node], {node}
-    while stack:
-        n = stack.pop()
+    for n in reachable([node], inputs):
         if n.op == "placeholder" and n not in data:
             return "its count depends on the model's output"
         if n.op in ("get_attr", "call_module"):
             return "its count reads a parameter or buffer of the model"
         if n.op != "placeholder" and randomness(n, gm) is not None:
             return "its count depends on a random draw"
-        for a in n.all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                stack.append(a)
     return ""
 
 
@@ -255,12 +250,7 @@ def _not_ignored(ignore_index: int) -> Callable[[fx.Graph, fx.Node], fx.Node]:
 def _extract(gm: fx.GraphModule, root: fx.Node, placeholders: list[fx.Node],
              finish: Callable[[fx.Graph, fx.Node], fx.Node] | None) -> CountGraph:
     """`root` and what it is computed from, as a graph of its own (`finish` adds the last steps)."""
-    needed, stack = {root}, [root]
-    while stack:
-        for a in stack.pop().all_input_nodes:
-            if a not in needed:
-                needed.add(a)
-                stack.append(a)
+    needed = set(reachable([root], inputs))
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     uses = []

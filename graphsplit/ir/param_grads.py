@@ -12,6 +12,8 @@ import operator
 import torch
 import torch.fx as fx
 
+from .walk import reachable
+
 CALLS = ("call_function", "call_method", "call_module")
 
 
@@ -72,16 +74,9 @@ def _reaching_params(gm: fx.GraphModule, referenced: set[int], reached: set[int]
                 return list(called.parameters())
         return []
 
-    stack = [n for n in gm.graph.nodes if n.op == "output" or (n.op in CALLS and (not n.users or in_place(n)))]
-    seen: set[fx.Node] = set()
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
+    ends = [n for n in gm.graph.nodes if n.op == "output" or (n.op in CALLS and (not n.users or in_place(n)))]
+    for node in reachable(ends, lambda n: () if is_detach(n) else n.all_input_nodes):
         reached.update(id(p) for p in params_of(node))
-        if not is_detach(node):
-            stack.extend(node.all_input_nodes)
     for node in gm.graph.nodes:
         referenced.update(id(p) for p in params_of(node))
 

@@ -58,6 +58,7 @@ from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, NodeInfo, block_of, info
 from ..ir.optable import OpKind
 from ..ir.param_grads import mutates
+from ..ir.walk import reachable
 from ..ops.activation_checkpoint import CheckpointRegion
 from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .manager import PassInput, PassResults
@@ -291,27 +292,17 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int, recomp: set[fx.Node], b
 def _recomputed_inputs(region: list[fx.Node], members: set[fx.Node], recomp: set[fx.Node]) -> list[fx.Node]:
     """The tensors outside the region, computed from weights, buffers and sizes alone, that it reads
     (and the ones they are computed from), in graph order."""
-    found: set[fx.Node] = set()
-    todo = [a for n in region for a in n.all_input_nodes]
-    while todo:
-        a = todo.pop()
-        if a in found or a in members or a not in recomp or a.op == "get_attr" or info(a).value != "tensor":
-            continue
-        found.add(a)
-        todo.extend(a.all_input_nodes)
+    def taken(a: fx.Node) -> bool:
+        return a not in members and a in recomp and a.op != "get_attr" and info(a).value == "tensor"
+
+    found = set(reachable([a for n in region for a in n.all_input_nodes if taken(a)],
+                          lambda a: [b for b in a.all_input_nodes if taken(b)]))
     return [n for n in region[0].graph.nodes if n in found]
 
 
 def _recomputed_chain(leaving: list[fx.Node], members: set[fx.Node], recomp: set[fx.Node]) -> list[fx.Node]:
     """The region's recomputable nodes that `leaving` are computed from, in graph order."""
-    found: set[fx.Node] = set()
-    todo = list(leaving)
-    while todo:
-        n = todo.pop()
-        if n in found:
-            continue
-        found.add(n)
-        todo.extend(a for a in n.all_input_nodes if a in members and a in recomp)
+    found = set(reachable(leaving, lambda n: [a for a in n.all_input_nodes if a in members and a in recomp]))
     return [n for n in next(iter(members)).graph.nodes if n in found]
 
 

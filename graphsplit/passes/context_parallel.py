@@ -28,6 +28,7 @@ import torch.fx as fx
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, module_path
 from ..ir.optable import calls
+from ..ir.walk import reachable, users
 from ..ops.cp import CP_COMM_ATTR, CPComm, cp_attention, cp_positions, cp_take
 from .attention_form import SDPA, SDPA_ARGS
 from .manager import PassInput, PassResults
@@ -94,31 +95,15 @@ def _sequence_length(node: object, length: int) -> bool:
 def _live(node: fx.Node) -> bool:
     """Whether `node`'s value reaches the graph's output (a build whose result nothing reads, left by
     a mask put in SDPA's form, does not)."""
-    todo, seen = [node], set()
-    while todo:
-        x = todo.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if x.op == "output":
-            return True
-        todo.extend(x.users)
-    return False
+    return any(x.op == "output" for x in reachable([node], users))
 
 
 def _reads_a_size(node: object) -> bool:
     """Whether a number is computed from a tensor's size (through arithmetic on numbers)."""
-    todo, seen = [node], set()
-    while todo:
-        x = todo.pop()
-        if not isinstance(x, fx.Node) or x in seen:
-            continue
-        seen.add(x)
-        if _size_read(x) is not None or calls(x, "size"):
-            return True
-        if info(x).value != "tensor":
-            todo.extend(x.all_input_nodes)
-    return False
+    if not isinstance(node, fx.Node):
+        return False
+    return any(_size_read(x) is not None or calls(x, "size")
+               for x in reachable([node], lambda x: x.all_input_nodes if info(x).value != "tensor" else ()))
 
 
 _CASTS = ("to", "type_as", "_to_copy")

@@ -12,6 +12,7 @@ import torch.fx as fx
 from ...ir.meta import info
 from ...ir.optable import OpKind, family
 from ...ir.sharding import Shard
+from ...ir.walk import reachable
 from .layout import (
     chunked_view_dim,
     moved_dim,
@@ -126,16 +127,8 @@ def heads_views(graph: fx.Graph) -> list[int]:
 
 def feeds_output(node: fx.Node, gm: fx.GraphModule) -> bool:
     """Whether `node`'s value reaches the model's output through layout-only ops (an LM head)."""
-    todo, seen = [node], set()
-    while todo:
-        n = todo.pop()
-        for user in n.users:
-            if user.op == "output":
-                return True
-            if user not in seen and family(user, gm).layout_only:
-                seen.add(user)
-                todo.append(user)
-    return False
+    return any(n.op == "output" for n in reachable(
+        [node], lambda n: [u for u in n.users if u.op == "output" or family(u, gm).layout_only]))
 
 
 def column_pays_off(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[int, ...] | None = None,
