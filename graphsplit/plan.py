@@ -11,6 +11,7 @@ an invalid value fails at construction with a message naming the field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -55,6 +56,38 @@ def rounds_fit(schedule: str, pp: int, microbatches: int) -> bool:
         return microbatches % pp == 0
     return True
 CHECKPOINT_POLICIES = ("none", "blocks", "stage", "selective")
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """A checkpoint policy, parsed once: `kind` none, blocks, every (K blocks per region), first (the
+    first N blocks of each stage), stage or selective; `count` the K or N (1 otherwise)."""
+
+    kind: str
+    count: int = 1
+
+    @property
+    def by_blocks(self) -> bool:
+        """Its regions are made of the model's repeated blocks."""
+        return self.kind in ("blocks", "every", "first", "selective")
+
+
+@functools.cache
+def checkpoint_policy(text: str) -> CheckpointPolicy:
+    """`text` ("every:2", "blocks", ...) as a policy; otherwise a GraphsplitError saying what is wrong
+    (Plan names the field before it)."""
+    kind, _, count = str(text).partition(":")
+    if kind in ("every", "first"):
+        if not re.fullmatch(r"[1-9]\d*", count):
+            what = ("every:K takes K, the number of blocks per recomputed region" if kind == "every" else
+                    "first:N takes N, how many blocks of each stage are recomputed")
+            raise GraphsplitError(f"{text!r}: {what}, a whole number of at least 1 (e.g. {kind}:"
+                                  f"{2 if kind == 'every' else 1})")
+        return CheckpointPolicy(kind, int(count))
+    if text not in CHECKPOINT_POLICIES:
+        raise GraphsplitError(f"unknown policy {text!r}; choose one of {', '.join(CHECKPOINT_POLICIES)}, "
+                              "every:K or first:N")
+    return CheckpointPolicy(str(text))
 # What a per-module override (Plan.checkpoint_overrides) does to the modules its glob matches:
 # none: never checkpointed; full: one region, recomputed whole; selective: one region that
 # keeps its matmul/attention outputs and recomputes the cheap ops around them.
@@ -220,15 +253,10 @@ class Plan:
                 f"{given} split points make {given + 1} stages, but pp={self.pp} x "
                 f"stages_per_rank={self.stages_per_rank} needs {self.num_stages - 1} split points; {fix}",
             )
-        if str(self.checkpoint).startswith("every:") and not re.fullmatch(r"every:[1-9]\d*", self.checkpoint):
-            raise _fail("checkpoint", f"{self.checkpoint!r}: every:K takes K, the number of blocks per recomputed "
-                                      "region, a whole number of at least 1 (e.g. every:2)")
-        if str(self.checkpoint).startswith("first:") and not re.fullmatch(r"first:[1-9]\d*", self.checkpoint):
-            raise _fail("checkpoint", f"{self.checkpoint!r}: first:N takes N, how many blocks of each stage are "
-                                      "recomputed, a whole number of at least 1 (e.g. first:1)")
-        if self.checkpoint not in CHECKPOINT_POLICIES and not re.fullmatch(r"(every|first):[1-9]\d*", str(self.checkpoint)):
-            raise _fail("checkpoint", f"unknown policy {self.checkpoint!r}; choose one of {', '.join(CHECKPOINT_POLICIES)}, "
-                                      "every:K or first:N")
+        try:
+            checkpoint_policy(self.checkpoint)
+        except GraphsplitError as exc:
+            raise _fail("checkpoint", str(exc)) from None
         object.__setattr__(self, "checkpoint_overrides", _overrides(self.checkpoint_overrides))
         if not isinstance(self.compile, bool):
             raise _fail("compile", f"must be true or false, got {self.compile!r}")
@@ -272,6 +300,10 @@ class Plan:
         backward: ZeRO-3 with one stage (under a pipeline the units stay gathered between micro-batches,
         and ZeRO-2 keeps them gathered through the step)."""
         return self.fsdp_per_region and self.num_stages == 1 and self.zero != 2
+
+    @property
+    def checkpoint_policy(self) -> CheckpointPolicy:
+        return checkpoint_policy(self.checkpoint)
 
     @property
     def fsdp_per_region(self) -> bool:

@@ -138,11 +138,12 @@ def regions(gm: fx.GraphModule, plan: Plan | str) -> list[Region]:
         elif k is not None:
             runs.append(Region([node], k[1], k[2], k[3]))
         prev = k
-    if policy.startswith("every:"):
-        runs = _merge_every(runs, int(policy.split(":", 1)[1]), pos)
-    if policy.startswith("first:"):
-        runs = _first_of_each_stage(runs, int(policy.split(":", 1)[1]))
-    if policy == "blocks" or policy.startswith("every:"):
+    parsed = plan.checkpoint_policy
+    if parsed.kind == "every":
+        runs = _merge_every(runs, parsed.count, pos)
+    if parsed.kind == "first":
+        runs = _first_of_each_stage(runs, parsed.count)
+    if parsed.kind in ("blocks", "every"):
         free = [n for n in seq if key(n) is None and info(n).module not in rules]
         _take_tails(runs, seq, pos, set(free))
     return [r for r in runs if any(info(n).flops for n in r.nodes) and _no_containers_leave(r.nodes)]

@@ -33,7 +33,7 @@ import numpy as np
 from ..analysis.balance import balanced_cuts
 from ..analysis.cost import BYTES_TO_FLOPS
 from ..errors import GraphsplitError
-from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
+from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan, checkpoint_policy
 from .estimate import Stages, group_link
 from .hardware import Hardware
 from .param_reads import held, stage_of, unit_bytes
@@ -247,9 +247,10 @@ def region_spans(table: OpTable, policy: str, a: int, e: int) -> list[tuple[int,
 def _policy_regions(table: OpTable, policy: str, a: int, e: int) -> tuple[list[tuple[int, int]], list[int]]:
     """`_regions` under a block policy (blocks, every:K, first:N, selective): first:N's other blocks
     run plainly, among the ops outside every region."""
-    regions, outside = _regions(table, a, e, int(policy.split(":")[1]) if policy.startswith("every:") else 1)
-    if policy.startswith("first:"):  # the first N blocks recomputed, the others keep their activations
-        count = int(policy.split(":")[1])
+    parsed = checkpoint_policy(policy)
+    regions, outside = _regions(table, a, e, parsed.count if parsed.kind == "every" else 1)
+    if parsed.kind == "first":  # the first N blocks recomputed, the others keep their activations
+        count = parsed.count
         outside = [*outside, *(i for lo, hi in regions[count:] for i in range(lo, hi))]
         regions = regions[:count]
     return regions, outside
