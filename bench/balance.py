@@ -29,11 +29,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graphsplit.compile import compile_loaded  # noqa: E402
 from graphsplit.ir.meta import info  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
 from graphsplit.passes.pipeline_split import liveness  # noqa: E402
 from graphsplit.plan import Plan  # noqa: E402
+from graphsplit.rewrite import rewrite_loaded  # noqa: E402
 from graphsplit.runtime.materialize import materialize_stage, model_tensors  # noqa: E402
 from graphsplit.runtime.microbatch import split_microbatches  # noqa: E402
 
@@ -120,9 +120,9 @@ def main() -> None:
         for pp in [int(p) for p in args.pp.split(",")]:
             batch = next(t.shape[0] for t in (*loaded.args, *loaded.kwargs.values()) if isinstance(t, torch.Tensor))
             plan = Plan(pp=pp, microbatches=math.gcd(batch, pp))
-            ours = compile_loaded(loaded, plan).program
+            ours = rewrite_loaded(loaded, plan).program
             cuts = param_split_cuts(ours.traced.gm, pp)
-            theirs = compile_loaded(loaded, plan, cuts).program
+            theirs = rewrite_loaded(loaded, plan, cuts).program
             a, b = ours.balance(), theirs.balance()
             row = f"{name:8} {pp:>3} | {a:>10.3f} {b:>11.3f} {b / a:>6.2f} |"
             if model is not None:

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from graphsplit import Plan  # noqa: E402
 from graphsplit.backends.local import LocalProgram  # noqa: E402
-from graphsplit.compile import compile_loaded  # noqa: E402
 from graphsplit.launch.parity import default_target  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
+from graphsplit.rewrite import rewrite_loaded  # noqa: E402
 from graphsplit.runtime.materialize import model_tensors  # noqa: E402
 
 MODEL = '''
@@ -72,7 +72,7 @@ def main() -> None:
         target = loaded.target if loaded.target is not None else default_target(inputs)
         sides = {}
         for name, plan in (("eager", Plan(pp=2)), ("compiled", Plan(pp=2, compile=True))):
-            program = compile_loaded(loaded, plan).program
+            program = rewrite_loaded(loaded, plan).program
             sides[name] = LocalProgram(program, weights, loaded.loss_fn, args.backend)
 
         def step(name: str) -> float:

@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from graphsplit import Plan  # noqa: E402
-from graphsplit.compile import compile_loaded  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
+from graphsplit.rewrite import rewrite_loaded  # noqa: E402
 from graphsplit.runtime.fast_init import FastInit  # noqa: E402
 from graphsplit.runtime.lean_init import lean_build  # noqa: E402
 from graphsplit.runtime.materialize import materialize_stages  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
             loaded = load_model(str(path))
             total = sum(p.numel() for p in loaded.build("meta").parameters())
             for tp in map(int, args.tp.split(",")):
-                program = compile_loaded(loaded, Plan(tp=tp)).program
+                program = rewrite_loaded(loaded, Plan(tp=tp)).program
                 keep = set(program.stages[0].param_sources.values())
 
                 def exact(program=program, keep=keep, loaded=loaded):  # noqa: ANN001, ANN202

@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from graphsplit.analysis.memory import saved_bytes  # noqa: E402
-from graphsplit.compile import compile_loaded  # noqa: E402
 from graphsplit.ir.meta import block_of, info  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
 from graphsplit.plan import Plan  # noqa: E402
+from graphsplit.rewrite import rewrite_loaded  # noqa: E402
 from graphsplit.runtime.materialize import materialize_stage, model_tensors  # noqa: E402
 
 PLANS = [
@@ -115,12 +115,12 @@ def main() -> None:
     print(f"{'plan':28} {'params':>8} {'grads':>8} {'adamw':>8} {'ideal':>8} {'ratio':>6} | "
           f"{'acts/mb':>8} {'no ckpt':>8} {'bound':>8} {'ratio':>6}")
     for plan in PLANS:
-        program = compile_loaded(loaded, plan).program
+        program = rewrite_loaded(loaded, plan).program
         worst = max((rank_state_bytes(program, model, p, t) for p in range(plan.pp) for t in range(plan.tp)),
                     key=lambda x: x[0])
         ideal = total / (plan.tp * plan.pp)
         acts, plain = [], []
-        unwrapped = compile_loaded(loaded, plan.replace(checkpoint="none")).program
+        unwrapped = rewrite_loaded(loaded, plan.replace(checkpoint="none")).program
         assert [s.flops for s in unwrapped.stages] == [s.flops for s in program.stages], "the same split"
         bound = block_input_bytes(unwrapped)
         for st in program.stages:
@@ -154,9 +154,9 @@ def sequence_parallel_rows(loaded) -> None:
     tp divided by tp: the ideal) first."""
     print(f"{'plan':28} {'acts/mb (busiest stage, MiB)':>30} {'ratio sp/tp':>12} {'ratio sp/ideal':>15}")
     for plan in (Plan(tp=2), Plan(tp=2, pp=2)):
-        whole = max(stage_activations(compile_loaded(loaded, plan.replace(tp=1)).program))
-        plain = max(stage_activations(compile_loaded(loaded, plan).program))
-        sp = max(stage_activations(compile_loaded(loaded, plan.replace(sequence_parallel=True)).program))
+        whole = max(stage_activations(rewrite_loaded(loaded, plan.replace(tp=1)).program))
+        plain = max(stage_activations(rewrite_loaded(loaded, plan).program))
+        sp = max(stage_activations(rewrite_loaded(loaded, plan.replace(sequence_parallel=True)).program))
         print(f"{f'tp=1 pp={plan.pp} (ideal: / {plan.tp})':28} {mib(whole / plan.tp):>30}", flush=True)
         print(f"{f'tp={plan.tp} pp={plan.pp}':28} {mib(plain):>30}", flush=True)
         print(f"{f'tp={plan.tp} pp={plan.pp} sequence-parallel':28} {mib(sp):>30} {sp / plain:12.2f} "

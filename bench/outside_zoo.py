@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from zoo_table import cell, left_whole  # noqa: E402
 
-from graphsplit.compile import trace_loaded  # noqa: E402
 from graphsplit.errors import GraphsplitError  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
 from graphsplit.plan import Plan  # noqa: E402
+from graphsplit.rewrite import trace_loaded  # noqa: E402
 
 OUTSIDE = ROOT / "tests" / "models" / "outside"
 PLANS = {"pp 2": Plan(pp=2), "tp 2": Plan(tp=2), "dp 2 x pp 2": Plan(dp=2, pp=2)}

@@ -28,12 +28,12 @@ sys.path.insert(0, str(ROOT / "tests" / "models"))
 
 import zoo  # noqa: E402
 
-from graphsplit.compile import trace_loaded  # noqa: E402
 from graphsplit.errors import GraphsplitError  # noqa: E402
 from graphsplit.ir.program import Program  # noqa: E402
 from graphsplit.launch.parity import check_locally  # noqa: E402
 from graphsplit.loader import LoadedModel, load_model  # noqa: E402
 from graphsplit.plan import Plan  # noqa: E402
+from graphsplit.rewrite import trace_loaded  # noqa: E402
 
 PLANS = {"pp 2": Plan(pp=2), "tp 2": Plan(tp=2), "dp 2 x pp 2 x tp 2": Plan(dp=2, pp=2, tp=2)}
 # architectures with model files of their own (tests/test_hf_models.py, tests/test_hf_moe.py)

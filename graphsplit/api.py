@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from .compile import compile_program
 from .errors import GraphsplitError
 from .ir.program import Program
 from .loader import LoadedModel, load_model
 from .pipelined import PipelinedModule
 from .plan import Plan
 from .report.summary import summarize
+from .rewrite import rewrite_program
 
 if TYPE_CHECKING:
     from .planner.hardware import Hardware
@@ -50,7 +50,7 @@ def transform(
     loaded = load_model(model, plan.seed) if isinstance(model, str) else model
     module = loaded.build("meta")
     start = time.perf_counter()
-    result = compile_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target,
+    result = rewrite_program(module, loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target,
                              declared_batch=loaded.batch_dims, buffers=loaded.buffer_values)
     summary = summarize(result.program, timings=result.timings)
     if out_dir is not None:

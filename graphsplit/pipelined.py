@@ -74,7 +74,7 @@ class PipelinedModule(nn.Module):
     def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any) -> None:
         from .backends.rank import assemble_rank
         from .backends.torch_distributed import init_distributed
-        from .compile import compile_program
+        from .rewrite import rewrite_program
         from .runtime.dcp.record import model_names
         from .runtime.materialize import model_tensors
         from .runtime.replica import ReplicaBatch, agreed_weights
@@ -93,7 +93,7 @@ class PipelinedModule(nn.Module):
                 if differed and torch.distributed.get_rank() == 0:
                     print(f"graphsplit: {len(differed)} of the model's tensors differed between ranks (a seed per "
                           "rank?); every rank takes rank 0's, as DDP does", flush=True)
-            program = compile_program(model, args, kwargs, pending.plan, loss_fn=pending.loss_fn,
+            program = rewrite_program(model, args, kwargs, pending.plan, loss_fn=pending.loss_fn,
                                       target=target if target is not None else pending.example_target,
                                       global_batch=False, declared_batch=pending.batch_dims).program
             rank = assemble_rank(program, lambda stages: source, pending.loss_fn, model_names(model), pending.timeout_s)

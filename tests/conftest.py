@@ -27,8 +27,8 @@ def traced_once(path: Path | str) -> tuple[Any, Any]:
     """(LoadedModel, Traced): a model file loaded and traced once per test session (an HF model's
     export trace costs seconds); `check_locally(loaded, plan, traced=...)` compiles each plan from a
     copy. graphsplit is imported here, not when pytest collects."""
-    from graphsplit.compile import trace_loaded
     from graphsplit.loader import load_model
+    from graphsplit.rewrite import trace_loaded
 
     key = str(path)
     if key not in _TRACES:

@@ -6,10 +6,10 @@ import torch
 
 from graphsplit import Plan
 from graphsplit.backends.local import LocalPipeline
-from graphsplit.compile import compile_loaded
 from graphsplit.ir.meta import info
 from graphsplit.ir.optable import OpKind
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.materialize import materialize_stage, model_tensors
 from graphsplit.runtime.training import make_loss
 
@@ -21,7 +21,7 @@ from .conftest import EXAMPLES
                                            ("gpt.py", Plan(pp=2, tp=2, autocast="fp16"))])
 def test_node_dtypes(example, plan):
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}[plan.autocast]
-    program = compile_loaded(load_model(str(EXAMPLES / example)), plan).program
+    program = rewrite_loaded(load_model(str(EXAMPLES / example)), plan).program
     dtypes: dict[OpKind, set] = {}
     for st in program.stages:
         for n in st.gm.graph.nodes:
@@ -42,7 +42,7 @@ def test_bf16_loss_is_close_to_fp32():
     model = loaded.build("cpu", seed=0)
     losses = {}
     for name in (None, "bf16"):
-        program = compile_loaded(loaded, Plan(pp=2, autocast=name)).program
+        program = rewrite_loaded(loaded, Plan(pp=2, autocast=name)).program
         stages = [materialize_stage(s, "cpu", model_tensors(model)) for s in program.stages]
         pipe = LocalPipeline(program, stages, make_loss(program, loaded.loss_fn))
         losses[name], _ = pipe.step(program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)

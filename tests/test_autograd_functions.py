@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from graphsplit import Plan
-from graphsplit.compile import trace_loaded
 from graphsplit.errors import GraphsplitError
 from graphsplit.ir.autograd_functions import user_function
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
+from graphsplit.rewrite import trace_loaded
 
 from .conftest import MODELS, traced_once
 

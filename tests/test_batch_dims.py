@@ -8,16 +8,16 @@ import torch
 import torch.nn as nn
 
 from graphsplit import Plan
-from graphsplit.compile import compile_loaded, compile_program
 from graphsplit.errors import GraphsplitError
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded, rewrite_program
 
 from .conftest import MODELS
 
 
 def _found(model: nn.Module, *inputs: torch.Tensor) -> dict:
-    program = compile_program(model, inputs, {}, Plan()).program
+    program = rewrite_program(model, inputs, {}, Plan()).program
     return program.batch.inputs
 
 
@@ -34,17 +34,17 @@ def test_a_declared_batch_dim_the_model_mixes_is_refused_naming_the_op():
     loaded = load_model(str(MODELS / "seq_first.py"))
     loaded.batch_dims = {"src": 0}
     with pytest.raises(GraphsplitError) as exc:
-        compile_loaded(loaded, Plan(pp=2))
+        rewrite_loaded(loaded, Plan(pp=2))
     message = str(exc.value)
     assert message.startswith("batch_dims() cuts 'src' along dim 0, but the model does not keep the examples of "
                               "that dim apart:"), message
     assert "\n" not in message
     loaded.batch_dims = {"src": 1}
-    program = compile_loaded(loaded, Plan(pp=2)).program
+    program = rewrite_loaded(loaded, Plan(pp=2)).program
     assert program.batch.how == "batch_dims()" and program.batch.inputs == {"src": 1}
     loaded.batch_dims = {"source": 1}
     with pytest.raises(GraphsplitError, match="batch_dims\\(\\) names 'source', which the model takes no tensor as"):
-        compile_loaded(loaded, Plan(pp=2))
+        rewrite_loaded(loaded, Plan(pp=2))
 
 
 def test_position_ids_without_a_batch_go_whole_to_every_micro_batch_and_replica():
@@ -64,7 +64,7 @@ def test_a_graph_whose_nodes_attend_to_each_other_has_no_batch():
     assert not program.batch.batched and program.plan.num_microbatches == 1
     assert cmp.ok, cmp.failures
     with pytest.raises(GraphsplitError) as exc:
-        compile_loaded(loaded, Plan(dp=2))
+        rewrite_loaded(loaded, Plan(dp=2))
     message = str(exc.value)
     assert "cannot be cut into 2 replica(s) x 1 micro-batch(es): no batch: dim 0 of 'input_tensor': _softmax along " \
            "it at main.py:" in message and "\n" not in message
@@ -95,7 +95,7 @@ def test_what_couples_the_batch_is_named():
             h = self.lin(x)
             return h - h.mean(dim=0)  # every example minus the batch's mean
 
-    program = compile_program(Centred(), (torch.randn(4, 6),), {}, Plan()).program
+    program = rewrite_program(Centred(), (torch.randn(4, 6),), {}, Plan()).program
     assert not program.batch.batched
     assert any("mean over it at" in n for n in program.batch.notes), program.batch.notes
 
@@ -107,7 +107,7 @@ def test_what_couples_the_batch_is_named():
         def forward(self, x):
             return self.bn(x)
 
-    program = compile_program(Stats(), (torch.randn(4, 6),), {}, Plan()).program
+    program = rewrite_program(Stats(), (torch.randn(4, 6),), {}, Plan()).program
     assert program.batch.inputs == {"x": 0}  # its statistics are the user's semantics (the check names them)
 
 
@@ -123,7 +123,7 @@ def test_a_batch_sorted_against_itself_is_assumed_routing_and_the_check_says_it_
 
 def test_a_mixture_of_experts_batch_is_found_through_its_routing():
     loaded = load_model(str(MODELS / "hf_mixtral.py"))
-    program = compile_loaded(loaded, Plan(pp=2)).program
+    program = rewrite_loaded(loaded, Plan(pp=2)).program
     assert program.batch.inputs == {"input_ids": 0}
     assert any("taken to route each example" in n for n in program.batch.notes), program.batch.notes
 
@@ -134,7 +134,7 @@ def test_flux_position_ids_have_no_batch_dim():
     pytest.importorskip("diffusers")
     from .models import zoo
 
-    program = compile_loaded(zoo.loaded(zoo.BY_NAME["Flux"]), Plan(pp=2)).program
+    program = rewrite_loaded(zoo.loaded(zoo.BY_NAME["Flux"]), Plan(pp=2)).program
     assert program.batch.inputs == {"hidden_states": 0, "encoder_hidden_states": 0, "pooled_projections": 0,
                                     "timestep": 0, "img_ids": None, "txt_ids": None}
 

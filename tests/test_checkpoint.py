@@ -9,10 +9,10 @@ import torch
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.memory import saved_bytes
 from graphsplit.backends.local import LocalPipeline
-from graphsplit.compile import compile_loaded
 from graphsplit.ir.meta import info
 from graphsplit.loader import load_model
 from graphsplit.report.summary import summarize
+from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.materialize import materialize_stage, model_tensors
 from graphsplit.runtime.training import make_loss
 
@@ -21,7 +21,7 @@ from .test_cli import cli
 
 
 def step(loaded, plan):
-    program = compile_loaded(loaded, plan).program
+    program = rewrite_loaded(loaded, plan).program
     model = loaded.build("cpu", seed=0)
     stages = [materialize_stage(s, "cpu", model_tensors(model)) for s in program.stages]
     loss, _ = LocalPipeline(program, stages, make_loss(program, loaded.loss_fn)).step(
@@ -49,7 +49,7 @@ def test_checkpointing_is_bit_identical(example, policy):
 
 def test_blocks_keep_one_region_per_block_and_save_little():
     loaded = load_model(str(EXAMPLES / "gpt.py"))
-    program = compile_loaded(loaded, Plan(pp=2, checkpoint="blocks")).program
+    program = rewrite_loaded(loaded, Plan(pp=2, checkpoint="blocks")).program
     calls = [n for st in program.stages for n in st.gm.graph.nodes if n.op == "call_module" and str(n.target).startswith("ckpt_")]
     assert len(calls) == 4  # h.0 .. h.3
     for st in program.stages:
@@ -66,8 +66,8 @@ def test_first_n_recomputes_only_the_first_blocks_of_each_stage():
     """first:1 (Megatron's recompute-num-layers): one region per stage, its first block; the other
     blocks keep their activations, so a stage keeps more than under blocks and less than under none."""
     loaded = load_model(str(EXAMPLES / "gpt.py"))
-    program = compile_loaded(loaded, Plan(pp=2, checkpoint="first:1")).program
-    blocks = compile_loaded(loaded, Plan(pp=2, checkpoint="blocks")).program
+    program = rewrite_loaded(loaded, Plan(pp=2, checkpoint="first:1")).program
+    blocks = rewrite_loaded(loaded, Plan(pp=2, checkpoint="blocks")).program
     for st, st_blocks in zip(program.stages, blocks.stages):
         calls = [n for n in st.gm.graph.nodes if n.op == "call_module" and str(n.target).startswith("ckpt_")]
         assert len(calls) == 1
@@ -82,7 +82,7 @@ def test_first_n_recomputes_only_the_first_blocks_of_each_stage():
 @pytest.mark.parametrize("example", ["gpt.py", "llama.py"])
 def test_stage_policy_keeps_only_the_stage_inputs(example):
     loaded = load_model(str(EXAMPLES / example))
-    program = compile_loaded(loaded, Plan(pp=2, checkpoint="stage")).program
+    program = rewrite_loaded(loaded, Plan(pp=2, checkpoint="stage")).program
     for st in program.stages:
         inputs = st.input_examples()
         # the tensors the stage's one region reads, no more than the stage inputs (llama's second
@@ -101,7 +101,7 @@ def test_a_region_returns_no_value_computed_from_weights_alone():
     loaded = load_model(str(EXAMPLES / "llama.py"))
     plan = Plan(pp=2, tp=2, dp=2, fsdp=True, autocast="bf16", checkpoint="stage", schedule="zero-bubble",
                 stages_per_rank=2)
-    program = compile_loaded(loaded, plan).program
+    program = rewrite_loaded(loaded, plan).program
     recomputed = 0
     for _, _, region in ckpt_calls(program):
         graph = region.inner.graph
@@ -130,7 +130,7 @@ def ckpt_calls(program):
 
 def test_blocks_take_the_tail_and_keep_only_region_inputs():
     loaded = load_model(str(EXAMPLES / "gpt.py"))
-    program = compile_loaded(loaded, Plan(pp=2, split_at=("h.2",), checkpoint="blocks")).program
+    program = rewrite_loaded(loaded, Plan(pp=2, split_at=("h.2",), checkpoint="blocks")).program
     last = program.stages[-1]
     # ln_f and lm_head joined h.3's region: nothing runs outside a region in the last stage
     assert not [n for n in last.gm.graph.nodes if n.op == "call_module" and not str(n.target).startswith("ckpt_")]
@@ -149,7 +149,7 @@ def test_batchnorm_statistics_are_updated_once():
     loaded = load_model(str(EXAMPLES / "resnet.py"))
 
     def buffers(plan):
-        program = compile_loaded(loaded, plan).program
+        program = rewrite_loaded(loaded, plan).program
         model = loaded.build("cpu", seed=0)
         stages = [materialize_stage(s, "cpu", model_tensors(model)) for s in program.stages]
         LocalPipeline(program, stages, make_loss(program, loaded.loss_fn)).step(
@@ -184,31 +184,31 @@ def test_overrides_are_bit_identical(example, policy, overrides):
 def test_overrides_choose_the_regions():
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     plan = Plan(pp=2, checkpoint="blocks", checkpoint_overrides=(("h.0", "none"), ("h.1*", "selective")))
-    program = compile_loaded(loaded, plan).program
+    program = rewrite_loaded(loaded, plan).program
     found = {unit: region.selective for _, unit, region in ckpt_calls(program)}
     assert found == {"h.1": True, "h.2": False, "h.3": False}
     assert 'getattr(self.h, "0").ln_1(' in program.stages[0].gm.code  # h.0 runs plainly in stage code
 
     # the last matching override wins; a glob may name modules inside blocks
     plan = Plan(pp=2, checkpoint_overrides=(("h.*", "selective"), ("h.2", "full"), ("h.3.mlp", "full")))
-    found = [(unit, region.selective) for _, unit, region in ckpt_calls(compile_loaded(loaded, plan).program)]
+    found = [(unit, region.selective) for _, unit, region in ckpt_calls(rewrite_loaded(loaded, plan).program)]
     # (h.3's residual add after its mlp is left alone: a region without FLOPs is not worth wrapping)
     assert found == [("h.0", True), ("h.1", True), ("h.2", False), ("h.3", True), ("h.3.mlp", False)]
 
     plan = Plan(pp=2, checkpoint_overrides=(("h.*.mlp", "full"),))
-    assert [unit for _, unit, _ in ckpt_calls(compile_loaded(loaded, plan).program)] == [f"h.{i}.mlp" for i in range(4)]
+    assert [unit for _, unit, _ in ckpt_calls(rewrite_loaded(loaded, plan).program)] == [f"h.{i}.mlp" for i in range(4)]
 
 
 def test_override_glob_that_matches_nothing_is_an_error():
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     with pytest.raises(GraphsplitError, match=r"Plan\.checkpoint_overrides: 'h\.9' matches no module; modules are e\.g\. .*h\.0"):
-        compile_loaded(loaded, Plan(pp=2, checkpoint="blocks", checkpoint_overrides=(("h.9", "none"),)))
+        rewrite_loaded(loaded, Plan(pp=2, checkpoint="blocks", checkpoint_overrides=(("h.9", "none"),)))
 
 
 def test_summary_reports_saved_bytes_with_overrides():
     loaded = load_model(str(EXAMPLES / "gpt.py"))
     plan = Plan(pp=2, checkpoint_overrides=(("h.1", "selective"), ("h.3", "full")))
-    rows = summarize(compile_loaded(loaded, plan).program)["activation_bytes"]
+    rows = summarize(rewrite_loaded(loaded, plan).program)["activation_bytes"]
     assert [r["stage"] for r in rows] == [0, 1]
     assert all(0 < r["with"] < r["without"] for r in rows)
 
@@ -255,6 +255,6 @@ def test_fsdp_with_one_stage_runs_each_block_as_a_region_of_its_own():
     inputs = st.input_examples()
     assert saved_bytes(st.gm, inputs) == saved_bytes(st.gm, inputs, checkpointing=False)
     assert summarize(program)["fsdp_units"] == [{"stage": 0, "regions": sorted(regions), "reshard_after_forward": True}]
-    zero_bubble = compile_loaded(loaded, Plan(dp=2, pp=2, fsdp=True, schedule="zbv", stages_per_rank=2)).program
+    zero_bubble = rewrite_loaded(loaded, Plan(dp=2, pp=2, fsdp=True, schedule="zbv", stages_per_rank=2)).program
     assert not any(isinstance(m, CheckpointRegion) for st in zero_bubble.stages for m in st.gm.modules())
     assert all(u["regions"] == [] for u in summarize(zero_bubble)["fsdp_units"])  # transform says: one unit

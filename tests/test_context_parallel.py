@@ -90,16 +90,16 @@ def test_grouped_query_keys_are_gathered_before_their_repeat():
     """The rewrite hands attention the key/value heads (2 of 4 heads in the Llama example's
     repeat_interleave and HF Llama's repeat_kv; through autocast's cast under bf16), so the exchange
     moves them and not their copies; unbound, the call repeats them itself and equals the model's SDPA."""
-    from graphsplit.compile import compile_loaded
     from graphsplit.ir.meta import info
     from graphsplit.loader import load_model
+    from graphsplit.rewrite import rewrite_loaded
 
     from .conftest import EXAMPLES, MODELS
 
     for path, layers in ((EXAMPLES / "llama.py", 4), (MODELS / "hf_llama.py", 2)):  # repeat_interleave; HF's repeat_kv
         loaded = load_model(str(path))
         for plan in (Plan(dp=2, cp=2), Plan(dp=2, cp=2, tp=2, autocast="bf16")):
-            program = compile_loaded(loaded, plan).program
+            program = rewrite_loaded(loaded, plan).program
             calls = [n for s in program.stages for n in s.gm.graph.nodes if n.target is cp_attention]
             assert len(calls) == layers and all(n.kwargs["kv_repeat"] == 2 for n in calls)
             heads = [tuple(info(x).tensor.shape)[1] for n in calls for x in n.args[:3]]
@@ -116,9 +116,9 @@ def test_attention_in_sdpa_form_computes_what_the_model_computes():
     positions under torch.export becomes SDPA's is_causal; no softmax or mask build is left, and the
     GPT graph computes the untouched model's logits."""
     from graphsplit.analysis.shapes import annotate
-    from graphsplit.compile import trace_loaded
     from graphsplit.loader import load_model
     from graphsplit.passes.attention_form import attention_form
+    from graphsplit.rewrite import trace_loaded
     from graphsplit.runtime.materialize import model_tensors
 
     from .conftest import EXAMPLES, MODELS
@@ -145,12 +145,12 @@ def test_attention_in_sdpa_form_computes_what_the_model_computes():
 
 def test_batch_discovery_finds_the_sequence_attention_mixes():
     """Where every input, the target and the output hold the sequence: what --cp cuts and joins."""
-    from graphsplit.compile import compile_loaded
     from graphsplit.loader import load_model
+    from graphsplit.rewrite import rewrite_loaded
 
     from .conftest import EXAMPLES
 
-    program = compile_loaded(load_model(str(EXAMPLES / "llama.py")), Plan()).program
+    program = rewrite_loaded(load_model(str(EXAMPLES / "llama.py")), Plan()).program
     seq = program.batch.sequence
     assert seq is not None and (seq.inputs, seq.target, seq.outputs, seq.length, seq.merged) == \
         ({"idx": 1}, (1,), (1,), 32, ())
@@ -201,35 +201,35 @@ def test_refusals_are_one_line_each():
     the model: not cut with the tokens), a position
     table read in a spelling graphsplit does not rewrite (each rank would add positions 0..), a sequence cp does not cut into 2 x cp chunks, cp not dividing dp, cp with ep, the
     local backend: each one line."""
-    from graphsplit.compile import compile_loaded
     from graphsplit.errors import GraphsplitError
     from graphsplit.launch.parity import check_locally
     from graphsplit.loader import load_model
+    from graphsplit.rewrite import rewrite_loaded
 
     from .conftest import EXAMPLES, MODELS
 
     with pytest.raises(GraphsplitError, match=r"--cp: the attention mask at window_attention\.py:29 in forward is a "
                                               r"sliding window of 4 tokens; context parallelism masks by global "
                                               r"position, causally or not at all"):
-        compile_loaded(load_model(str(MODELS / "window_attention.py")), Plan(dp=2, cp=2))
+        rewrite_loaded(load_model(str(MODELS / "window_attention.py")), Plan(dp=2, cp=2))
     with pytest.raises(GraphsplitError, match=r"--cp: no F.scaled_dot_product_attention call mixes the inputs' dims \(the "
                                               r"one context parallelism would cut is mixed: a matmul contracts it in "
                                               r"module inp at mlp\.py:19"):
-        compile_loaded(load_model(str(EXAMPLES / "mlp.py")), Plan(dp=2, cp=2))
+        rewrite_loaded(load_model(str(EXAMPLES / "mlp.py")), Plan(dp=2, cp=2))
     with pytest.raises(GraphsplitError, match=r"--cp: the attention call at modeling_llama\.py:\d+ in forward takes a mask "
                                               r"computed from the inputs \(a padding mask such as attention_mask\)"):
-        compile_loaded(load_model(str(MODELS / "hf_llama_padded.py")), Plan(dp=2, cp=2))
+        rewrite_loaded(load_model(str(MODELS / "hf_llama_padded.py")), Plan(dp=2, cp=2))
     with pytest.raises(GraphsplitError, match=r"--cp 2: input 'labels' dim 1 holds 16 tokens but not as the sequence "
                                               r"attention mixes .*give shifted targets to loss_fn"):
-        compile_loaded(load_model(str(MODELS / "hf_gpt2_labels.py")), Plan(dp=2, cp=2))
+        rewrite_loaded(load_model(str(MODELS / "hf_gpt2_labels.py")), Plan(dp=2, cp=2))
     # the safety net: a position table read with `narrow` (not rewritten) would give each rank positions 0..
     with pytest.raises(GraphsplitError, match=r"--cp 2: a value with a dim of the sequence's 16 tokens is built from "
                                               r"sizes and buffers alone at narrow_positions\.py:31"):
-        compile_loaded(load_model(str(MODELS / "narrow_positions.py")), Plan(dp=2, cp=2))
+        rewrite_loaded(load_model(str(MODELS / "narrow_positions.py")), Plan(dp=2, cp=2))
     llama = load_model(str(EXAMPLES / "llama.py"))
     with pytest.raises(GraphsplitError, match=r"--cp 3: the sequence of 32 tokens \(input 'idx' dim 1\) cannot be cut "
                                               r"into 6 equal chunks.*--cp 2, 4, 8, 16"):
-        compile_loaded(llama, Plan(dp=3, cp=3))
+        rewrite_loaded(llama, Plan(dp=3, cp=3))
     with pytest.raises(GraphsplitError, match="cp must divide dp; got cp=2 with dp=3"):
         Plan(dp=3, cp=2)
     with pytest.raises(GraphsplitError, match="context and expert parallelism together are not supported yet"):
@@ -246,13 +246,13 @@ def test_summary_shows_each_ranks_chunks_and_the_exchange():
 
     from rich.console import Console
 
-    from graphsplit.compile import compile_loaded
     from graphsplit.loader import load_model
     from graphsplit.report.summary import render, summarize
+    from graphsplit.rewrite import rewrite_loaded
 
     from .conftest import EXAMPLES
 
-    program = compile_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, cp=2)).program
+    program = rewrite_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, cp=2)).program
     found = summarize(program)["context_parallel"]
     assert [r["positions"] for r in found["ranks"]] == [[[0, 7], [24, 31]], [[8, 15], [16, 23]]]
     assert [c["gathered_bytes"] for c in found["attention"]] == [2 * 8 * 4 * 16 * 16 * 4] * 4

@@ -26,7 +26,7 @@ def test_a_ctc_model_trains_as_the_untouched_one(plan):
 
 
 def test_the_batch_is_found_through_ctc():
-    from graphsplit.compile import find_batch
+    from graphsplit.rewrite import find_batch
 
     loaded, traced = traced_once(MODEL)
     found = find_batch(traced, traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.loss_fn, loaded.target)

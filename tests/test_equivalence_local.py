@@ -50,13 +50,13 @@ def test_a_program_planned_at_one_batch_size_runs_at_another():
     import torch
 
     from graphsplit.backends.local import LocalPipeline
-    from graphsplit.compile import compile_loaded
+    from graphsplit.rewrite import rewrite_loaded
     from graphsplit.runtime.materialize import materialize_stage, model_tensors
     from graphsplit.runtime.training import default_loss
 
     for name in ("gpt.py", "unet.py"):  # one export-traced, one fx-traced
         loaded = load_model(str(EXAMPLES / name))
-        program = compile_loaded(loaded, Plan(pp=2)).program
+        program = rewrite_loaded(loaded, Plan(pp=2)).program
         model = loaded.build("cpu", seed=0)
         stages = [materialize_stage(s, "cpu", model_tensors(model)) for s in program.stages]
         (x,) = loaded.args

@@ -101,10 +101,10 @@ def test_unbound_exchange_keeps_every_expert_local():
 
 
 def _compile(name, plan):
-    from graphsplit.compile import compile_loaded
+    from graphsplit.rewrite import rewrite_loaded
 
     loaded, traced = traced_once(MODELS / name)
-    return compile_loaded(loaded, plan, traced=traced).program
+    return rewrite_loaded(loaded, plan, traced=traced).program
 
 
 def test_pass_places_every_moe_layer_and_never_cuts_inside_one():
@@ -142,14 +142,14 @@ def test_ep_with_tp_shards_each_rank_s_experts_over_tp():
 
 
 def test_refusals_are_one_line_each(tmp_path):
-    from graphsplit.compile import compile_loaded
     from graphsplit.launch.parity import check_locally
     from graphsplit.loader import load_model
+    from graphsplit.rewrite import rewrite_loaded
 
     with pytest.raises(GraphsplitError, match="ep must divide dp"):
         Plan(dp=3, ep=2)
     with pytest.raises(GraphsplitError, match="no mixture-of-experts layer"):
-        compile_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, ep=2))
+        rewrite_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=2, ep=2))
     loaded, traced = traced_once(MODELS / "hf_qwen3_moe.py")
     with pytest.raises(GraphsplitError, match="run --check"):
         check_locally(loaded, Plan(dp=2, ep=2), traced=traced)
@@ -157,7 +157,7 @@ def test_refusals_are_one_line_each(tmp_path):
     six.write_text((MODELS / "hf_mixtral.py").read_text().replace("num_local_experts=4", "num_local_experts=6")
                    .replace("Path(__file__).resolve().parent", f"Path({str(MODELS)!r})"))
     with pytest.raises(GraphsplitError, match=r"has 6 experts, which 4 ranks cannot hold equally; use an --ep that divides 6"):
-        compile_loaded(load_model(str(six)), Plan(dp=4, ep=4))
+        rewrite_loaded(load_model(str(six)), Plan(dp=4, ep=4))
 
 
 REAL = [

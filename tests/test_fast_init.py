@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from graphsplit import GraphsplitError, Plan
-from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.fast_init import FastInit, fast_model, model_rules
 from graphsplit.runtime.init_mode import FAST_INIT_ABOVE, choose_init
 from graphsplit.runtime.materialize import materialize_stages
@@ -20,7 +20,7 @@ from .conftest import EXAMPLES, MODELS
 
 def _blocks(loaded, plan, seed=3):
     """Every (tp rank, stage) module fast init materializes at `plan`, and the elements drawn per tp rank."""
-    program = compile_loaded(loaded, plan).program
+    program = rewrite_loaded(loaded, plan).program
     out, drawn = {}, []
     for rank in range(plan.tp):
         source = FastInit.for_model(loaded, seed)

@@ -23,10 +23,10 @@ import torch
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.backends.local import LocalProgram
-from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
 from graphsplit.launch.reference import reference_step
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.materialize import model_tensors
 from graphsplit.runtime.training import default_loss
 
@@ -48,7 +48,7 @@ def _reference(spec: str, plan: Plan, noise: float = 0.0):
     replicas, and that model's own spread per gradient under `noise` relative noise on its weights)."""
     loaded = load_model(spec)
     model = loaded.build("cpu", seed=0)
-    program = compile_loaded(loaded, plan).program
+    program = rewrite_loaded(loaded, plan).program
     assert program.fp8_modules
     loss_fn = loaded.loss_fn or default_loss
     pieces = plan.num_microbatches * plan.dp  # activation scales are each micro-batch's, as torchao's under DDP
@@ -128,7 +128,7 @@ def test_fp8_is_float8():
     """The program is not the fp32 model: its gradients are torchao's float8 ones, far from fp32's."""
     loaded = load_model(GPT)
     model = loaded.build("cpu", seed=0)
-    program = compile_loaded(loaded, Plan(tp=2, fp8="tensorwise")).program
+    program = rewrite_loaded(loaded, Plan(tp=2, fp8="tensorwise")).program
     steps = LocalProgram(program, model_tensors(model), loaded.loss_fn).step(
         program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)
     fp32 = reference_step(model, loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn)

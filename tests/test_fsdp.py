@@ -76,14 +76,14 @@ def test_fsdp_under_bf16_keeps_the_programs_dtypes():
     """Under --fsdp --autocast bf16 every parameter read outside a matmul (an embedding's rows, a norm's
     weight) is read through an fp32 copy: what crosses a stage boundary does not depend on the
     dtype FSDP gathers in."""
-    from graphsplit.compile import compile_loaded
     from graphsplit.loader import load_model
+    from graphsplit.rewrite import rewrite_loaded
 
-    program = compile_loaded(load_model(str(EXAMPLES / "llama.py")), Plan(dp=2, pp=2, fsdp=True, autocast="bf16")).program
+    program = rewrite_loaded(load_model(str(EXAMPLES / "llama.py")), Plan(dp=2, pp=2, fsdp=True, autocast="bf16")).program
     code = program.stages[0].gm.code
     assert "tok_embeddings_weight.to(torch.float32)" in code
     assert "layers_0_attention_norm_weight.to(torch.float32)" in code
-    plain = compile_loaded(load_model(str(EXAMPLES / "llama.py")), Plan(dp=2, pp=2, autocast="bf16")).program
+    plain = rewrite_loaded(load_model(str(EXAMPLES / "llama.py")), Plan(dp=2, pp=2, autocast="bf16")).program
     assert "tok_embeddings_weight.to(torch.float32)" not in plain.stages[0].gm.code  # DDP: fp32 parameters
 
 
@@ -113,14 +113,14 @@ def test_zero2_keeps_each_units_parameters_gathered_from_its_forward_to_its_back
     from torch.distributed.tensor import DTensor
 
     from graphsplit.backends.parallelize import apply_fsdp, fsdp_regions
-    from graphsplit.compile import compile_loaded
     from graphsplit.loader import load_model
+    from graphsplit.rewrite import rewrite_loaded
     from graphsplit.runtime.materialize import materialize_stage, model_tensors
 
     loaded = load_model(str(EXAMPLES / "llama.py"))
     plan = Plan(dp=2, fsdp=True, zero=zero)
     assert plan.fsdp_reshards == (zero == 3)
-    program = compile_loaded(loaded, plan).program
+    program = rewrite_loaded(loaded, plan).program
     (stage,) = program.stages
     module = materialize_stage(stage, "cpu", model_tensors(loaded.build("cpu")))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,

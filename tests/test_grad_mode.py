@@ -12,11 +12,11 @@ import torch.nn.functional as F
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.backends.local import LocalPipeline
-from graphsplit.compile import compile_program
 from graphsplit.ir.meta import info
 from graphsplit.launch.parity import check_locally, compare, missing_grads
 from graphsplit.launch.reference import StepResult, precise_step, reference_step, reordered_step
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_program
 from graphsplit.runtime.materialize import materialize_stage, model_tensors
 from graphsplit.runtime.training import default_loss, make_loss
 
@@ -143,7 +143,7 @@ TRAINED = {
 
 def run_locally(model, x, plan, program=None):
     """Step 1 of the program (every stage in this process) and of the untouched model."""
-    program = program or compile_program(model, (x,), {}, plan).program
+    program = program or rewrite_program(model, (x,), {}, plan).program
     stages = [materialize_stage(s, "cpu", model_tensors(model)) for s in program.stages]
     loss, out = LocalPipeline(program, stages, make_loss(program, None)).step((x,), torch.zeros(x.shape[0]))
     grads = {}
@@ -257,7 +257,7 @@ def test_a_program_compiled_under_no_grad_still_trains_what_the_model_trains():
     # tracing starts in training's grad mode, whatever mode the caller of parallelize() is in
     x = torch.randn(4, W, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        program = compile_program(build(no_grad), (x,), {}, Plan(pp=2)).program
+        program = rewrite_program(build(no_grad), (x,), {}, Plan(pp=2)).program
     _, grads, ref, cmp = run_locally(build(no_grad), x, Plan(pp=2), program)
     assert set(grads) == set(ref.grads) == TRAINED[no_grad]
     assert cmp.ok, cmp.failures
@@ -276,7 +276,7 @@ class WholeContainer(nn.Module):
 
 def test_what_cannot_be_kept_is_refused_with_the_line():
     with pytest.raises(GraphsplitError, match=r"no_grad.*test_grad_mode.py:\d+"):
-        compile_program(WholeContainer(), (torch.randn(2, W),), {}, Plan(pp=1))
+        rewrite_program(WholeContainer(), (torch.randn(2, W),), {}, Plan(pp=1))
 
 
 def _ref(grads):

@@ -1,7 +1,7 @@
 """Every import runs down the package's floors (docs/architecture.md), none back up.
 
 The floors, from the top: the command line; the Python API; launching and reports; the planner; the
-transform (`compile.py`); the passes and the backends; the runtime and the analyses; the ops; the IR;
+transform (`rewrite.py`); the passes and the backends; the runtime and the analyses; the ops; the IR;
 the plan and the model loader; errors. A module may import its own floor and the floors below it: a
 lower floor that reached up (the IR cutting stages with a pass's helpers) would make it depend on what
 is built from it. Imports read only by type checkers (`if TYPE_CHECKING:`) are not run and not counted.
@@ -20,7 +20,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("graphsplit.api", "graphsplit.pipelined", "graphsplit.lightning", "graphsplit.cli_errors", "graphsplit.cli_options"),
     ("graphsplit.launch", "graphsplit.report"),
     ("graphsplit.planner",),
-    ("graphsplit.compile",),
+    ("graphsplit.rewrite",),
     ("graphsplit.passes", "graphsplit.backends"),
     ("graphsplit.runtime", "graphsplit.analysis"),
     ("graphsplit.ops",),

@@ -74,7 +74,7 @@ def test_the_reader_sees_every_kind_of_import():
     graph = import_graph()
     assert "graphsplit.passes.tensor_parallel.rules.matrix" in graph["graphsplit.passes.tensor_parallel.rules"]
     assert "graphsplit.ir.optable" in graph["graphsplit.ir.meta"]  # from .optable import OpKind
-    assert "graphsplit.passes.pipeline_split" in graph["graphsplit.compile"]
+    assert "graphsplit.passes.pipeline_split" in graph["graphsplit.rewrite"]
     assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 

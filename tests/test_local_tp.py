@@ -17,13 +17,13 @@ from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.collectives import collectives, count_table
 from graphsplit.backends import threads
 from graphsplit.backends.local import LocalProgram
-from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import Shard, shard_tensor, unpad
 from graphsplit.launch.parity import check_locally
 from graphsplit.launch.reference import reference_step
 from graphsplit.loader import load_model
 from graphsplit.ops import tp as tpops
 from graphsplit.ops.tp_comm import TPComm
+from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.materialize import model_tensors
 
 from .conftest import EXAMPLES, MODELS, traced_once
@@ -73,7 +73,7 @@ def test_a_vocabulary_tp_does_not_divide_equals_the_untouched_model(spec, plan):
 
 def test_padding_rows_stay_zero_and_out_of_the_output():
     loaded = load_model(str(MODELS / "odd_vocab.py:build_untied"))
-    program = compile_loaded(loaded, Plan(tp=4)).program
+    program = rewrite_loaded(loaded, Plan(tp=4)).program
     model = loaded.build("cpu", seed=0)
     local = LocalProgram(program, model_tensors(model), loaded.loss_fn)
     results = local.step(program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)
@@ -121,7 +121,7 @@ def _static_counts(program):
 @pytest.mark.parametrize("name", ["gpt", "llama", "bert", "mlp"])
 def test_each_rank_runs_exactly_the_statically_counted_collectives(name):
     loaded = load_model(str(EXAMPLES / f"{name}.py"))
-    program = compile_loaded(loaded, Plan(tp=2, pp=2)).program
+    program = rewrite_loaded(loaded, Plan(tp=2, pp=2)).program
     local = LocalProgram(program, model_tensors(loaded.build("cpu", seed=0)), loaded.loss_fn)
     local.step(program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)
     per_microbatch = _static_counts(program)
@@ -145,7 +145,7 @@ def test_each_rank_holds_its_slice_of_the_gradient():
     """What `check_ranks` compares, spelled out once: rank r's gradient of a column-parallel weight is
     rows r of the untouched model's gradient, and of a row-parallel weight its columns."""
     loaded = load_model(str(EXAMPLES / "llama.py"))
-    program = compile_loaded(loaded, Plan(tp=2)).program
+    program = rewrite_loaded(loaded, Plan(tp=2)).program
     model = loaded.build("cpu", seed=0)
     local = LocalProgram(program, model_tensors(model), loaded.loss_fn)
     results = local.step(program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)
@@ -206,7 +206,7 @@ def test_the_local_backend_gives_each_replica_its_share_and_the_mean_of_their_gr
     """What the replicas report, against the untouched model run on each share by hand: replica d's
     output is the model's on the d-th half of the batch, every replica's gradient the halves' mean."""
     loaded, traced = traced_once(EXAMPLES / "resnet.py")
-    program = compile_loaded(loaded, Plan(dp=2), traced=traced).program
+    program = rewrite_loaded(loaded, Plan(dp=2), traced=traced).program
     model = loaded.build("cpu", seed=0)
     local = LocalProgram(program, model_tensors(model), loaded.loss_fn)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
@@ -224,7 +224,7 @@ def test_the_local_backend_gives_each_replica_its_share_and_the_mean_of_their_gr
 
 def test_the_local_backend_refuses_sync_bn_over_dp_replicas():
     loaded, traced = traced_once(EXAMPLES / "resnet.py")
-    program = compile_loaded(loaded, Plan(dp=2, sync_bn=True), traced=traced).program
+    program = rewrite_loaded(loaded, Plan(dp=2, sync_bn=True), traced=traced).program
     with pytest.raises(GraphsplitError, match="synchronized BatchNorm needs them together; check --sync-bn with run --check"):
         LocalProgram(program, model_tensors(loaded.build("cpu", seed=0)), loaded.loss_fn)
 

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from graphsplit import Plan
 from graphsplit.analysis.loss_reduction import token_means
-from graphsplit.compile import compile_loaded
 from graphsplit.launch.loss_combination import combination_notes
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded
 
 from .conftest import MODELS
 
@@ -37,12 +37,12 @@ def test_token_means_are_found_in_every_spelling():
 
 def test_run_names_the_token_mean_it_normalizes():
     loaded = load_model(str(MODELS / "hf_gpt2_labels.py"))  # HF's own cross-entropy, inside the graph
-    notes = combination_notes(compile_loaded(loaded, Plan(pp=2)).program)
+    notes = combination_notes(rewrite_loaded(loaded, Plan(pp=2)).program)
     assert len(notes) == 1 and notes[0].startswith("the cross-entropy at modeling_gpt2.py:"), notes
     assert "normalized by the tokens it counts in the whole global batch: each of the 2 pieces" in notes[0]
-    assert combination_notes(compile_loaded(loaded, Plan(pp=1, microbatches=1)).program) == []
+    assert combination_notes(rewrite_loaded(loaded, Plan(pp=1, microbatches=1)).program) == []
     loaded = load_model(str(MODELS / "ignore_index.py"))  # loss_fn's own cross-entropy
-    notes = combination_notes(compile_loaded(loaded, Plan(dp=2)).program)
+    notes = combination_notes(rewrite_loaded(loaded, Plan(dp=2)).program)
     assert len(notes) == 1 and notes[0].startswith("the cross-entropy in loss_fn"), notes
 
 
@@ -51,6 +51,6 @@ def test_a_loss_fn_that_does_not_trace_is_said_to_be_averaged(tmp_path):
         "return (output - 0.5).abs().mean()", "return output.abs().mean() if float(output.sum()) > 0 else output.mean()")
     (tmp_path / "m.py").write_text(src)
     loaded = load_model(str(tmp_path / "m.py"))
-    notes = combination_notes(compile_loaded(loaded, Plan(pp=2)).program)
+    notes = combination_notes(rewrite_loaded(loaded, Plan(pp=2)).program)
     assert notes == ["loss_fn does not trace, so graphsplit cannot see how it reduces: the losses of the 2 pieces "
                      "of the batch (micro-batches x replicas) are averaged as equals"]

@@ -11,11 +11,11 @@ import re
 import pytest
 
 from graphsplit import Plan
-from graphsplit.compile import trace_loaded
 from graphsplit.errors import GraphsplitError
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
+from graphsplit.rewrite import trace_loaded
 
 from .conftest import MODELS, ROOT, traced_once
 

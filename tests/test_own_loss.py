@@ -7,10 +7,10 @@ import torch
 from transformers.modeling_outputs import CausalLMOutput
 
 from graphsplit import Plan
-from graphsplit.compile import compile_loaded, trace_loaded
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded, trace_loaded
 from graphsplit.runtime.training import default_loss, objective, own_loss
 
 from .conftest import MODELS
@@ -78,7 +78,7 @@ def test_loss_fn_of_the_output_alone_needs_no_target():
 
 def test_a_model_without_its_own_loss_says_what_it_trains_on():
     loaded = load_model(str(OUTSIDE / "mamba_tiny.py"))
-    program = compile_loaded(loaded, Plan(pp=2)).program
+    program = rewrite_loaded(loaded, Plan(pp=2)).program
     assert objective(program, loaded.loss_fn) == "loss_fn"
     assert objective(program, None).startswith("the mean of squares of the outputs")
 

@@ -135,16 +135,16 @@ def test_own_loop_on_parallelize_equals_untouched_model(tmp_path, dp, pp, tp, fs
     clipping, validation) on `parallelize()`: every rank's losses, gradient shards, norm and weights are the
     untouched model's, built by rank 0 and trained on the replicas' whole batches."""
     from graphsplit import Plan
-    from graphsplit.compile import compile_loaded
     from graphsplit.ir.sharding import shard_tensor
     from graphsplit.loader import load_model
+    from graphsplit.rewrite import rewrite_loaded
 
     world = dp * pp * tp
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
           str(Path(__file__).parent / "workers" / "own_loop.py"), f"--dp={dp}", f"--pp={pp}", f"--tp={tp}",
           f"--out={tmp_path}", *(["--fsdp"] if fsdp else [])], tmp_path)
     scalars, tensors = _untouched(100)
-    program = compile_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=dp, pp=pp, tp=tp, fsdp=fsdp)).program
+    program = rewrite_loaded(load_model(str(EXAMPLES / "gpt.py")), Plan(dp=dp, pp=pp, tp=tp, fsdp=fsdp)).program
     seen: set[str] = set()
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from graphsplit import Plan
-from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
 from graphsplit.launch.parity import compare, missing_grads
 from graphsplit.launch.reference import (
@@ -19,6 +18,7 @@ from graphsplit.launch.reference import (
     reordered_step,
 )
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.dcp.state import export_weights
 
 from .conftest import EXAMPLES
@@ -56,7 +56,7 @@ def _matches_untouched_model(folder, dp, pp, tp, fsdp):
     # depends on how the batch is cut), and its own spread (float64, another summation order)
     step = (loaded.args, loaded.kwargs, loaded.target, loaded.loss_fn)
     ref, precise, reordered = reference_step(model, *step), precise_step(model, *step), reordered_step(model, *step)
-    program = compile_loaded(loaded, plan).program
+    program = rewrite_loaded(loaded, plan).program
     dumps = [torch.load(folder / f"rank{r}.pt") for r in range(plan.world_size)]
     for d in dumps:  # FSDP: each rank stores about 1/dp of its shards (dim 0 split, so not exactly)
         assert d["held"] <= (0.6 * d["whole"] if fsdp else d["whole"]) and d["held"] > 0.4 * d["whole"]

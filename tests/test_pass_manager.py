@@ -11,8 +11,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 from graphsplit import GraphsplitError, Plan
-from graphsplit.compile import PASSES
 from graphsplit.passes.manager import PassInput, PassResults, run_passes
+from graphsplit.rewrite import PASSES
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,17 @@ import torch.nn as nn
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.balance import _Ends, balanced_cuts
 from graphsplit.analysis.shapes import annotate
-from graphsplit.compile import compile_loaded
 from graphsplit.ir.meta import info
 from graphsplit.ir.optable import OpKind
 from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
 from graphsplit.passes.pipeline_split import liveness
+from graphsplit.rewrite import rewrite_loaded
 
 
 def program_for(path, **plan):
     loaded = load_model(str(path))
-    return compile_loaded(loaded, Plan(**plan)).program
+    return rewrite_loaded(loaded, Plan(**plan)).program
 
 
 def test_every_boundary_carries_only_tensors_and_stages_cover_the_graph(examples_dir):
@@ -78,7 +78,7 @@ def test_a_stage_holds_no_weight_it_only_casts_for_a_later_stage(examples_dir):
     optimizer state). Every tensor a stage computes is read there or sent."""
     loaded = load_model(str(examples_dir / "gpt.py"))
     for plan in (Plan(pp=2, autocast="bf16"), Plan(pp=3, tp=2, autocast="bf16", sequence_parallel=True)):
-        program = compile_loaded(loaded, plan).program
+        program = rewrite_loaded(loaded, plan).program
         for st in program.stages:
             dead = [n.name for n in st.gm.graph.nodes if n.op in ("call_function", "call_method")
                     and not n.users and info(n).value == "tensor"]
@@ -182,6 +182,6 @@ def test_saved_split_reproduces_the_same_stages(examples_dir):
     first = program_for(examples_dir / "resnet.py", pp=4)
     loaded = load_model(str(examples_dir / "resnet.py"))
     starts = tuple(s.first_node for s in first.stages[1:])
-    again = compile_loaded(loaded, Plan(pp=4), starts).program
+    again = rewrite_loaded(loaded, Plan(pp=4), starts).program
     assert [s.inputs for s in again.stages] == [s.inputs for s in first.stages]
     assert [s.modules for s in again.stages] == [s.modules for s in first.stages]

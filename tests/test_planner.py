@@ -13,7 +13,6 @@ import torch
 
 from graphsplit import Plan
 from graphsplit.analysis.memory import gathered_dtype, saved_bytes
-from graphsplit.compile import compile_loaded
 from graphsplit.errors import GraphsplitError
 from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
@@ -35,6 +34,7 @@ from graphsplit.planner.schedules import (
 )
 from graphsplit.planner.search import search
 from graphsplit.planner.stages import plan_stages, region_spans
+from graphsplit.rewrite import rewrite_loaded
 
 from .conftest import EXAMPLES, MODELS, ROOT
 from .test_cli import cli
@@ -157,7 +157,7 @@ def test_activations_within_ten_percent_of_the_measurement(name, gpt, llama):
     worst = 0.0
     for plan in PLANS:
         predicted = plan_stages(profile, plan).saved_bytes
-        program = compile_loaded(loaded, plan).program
+        program = rewrite_loaded(loaded, plan).program
         for st, want in zip(program.stages, predicted):
             names = {id(st.gm.get_parameter(k)): c for k, c in st.param_sources.items()}
             got = saved_bytes(st.gm, st.input_examples(), plan.tp, True, program.param_shardings, names,
@@ -225,7 +225,7 @@ def test_a_tiled_profile_equals_measuring_every_copy(deep, monkeypatch):
 
 
 def test_blocks_alike_the_second_are_traced_as_one_call_and_give_the_same_tables(deep, monkeypatch):
-    """Blocks 3..10 of the deep Llama are alike block 2 in everything tracing sees (replicas.py): the
+    """Blocks 3..10 of the deep Llama are alike block 2 in everything tracing sees (alike_blocks.py): the
     planner traces them as one call each and stands block 2 in for them; every table equals the one
     from tracing every block."""
     loaded, alike_profile = deep

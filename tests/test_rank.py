@@ -14,10 +14,10 @@ from graphsplit import Plan
 from graphsplit.api import parallelize as parallelize_model
 from graphsplit.backends import parallelize
 from graphsplit.backends.rank import assemble_rank
-from graphsplit.compile import compile_loaded
 from graphsplit.launch.parity import RankStep, check_ranks
 from graphsplit.launch.reference import reference_step
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.dcp.record import model_names
 from graphsplit.runtime.dcp.safe_read import stored_keys
 from graphsplit.runtime.materialize import model_tensors
@@ -46,7 +46,7 @@ def test_an_assembled_rank_trains_like_the_untouched_model_and_round_trips_its_c
         real = getattr(parallelize, name)
         monkeypatch.setattr(parallelize, name, lambda *a, _real=real, _name=name, **k: steps.append(_name) or _real(*a, **k))
     loaded = load_model(str(EXAMPLES / "gpt.py"))
-    program = compile_loaded(loaded, Plan()).program
+    program = rewrite_loaded(loaded, Plan()).program
     model = loaded.build("cpu", seed=0)
     rank = assemble_rank(program, lambda stages: model_tensors(model), loaded.loss_fn, model_names(model))
     assert steps == ["apply_tp", "apply_sync_bn", "tied_groups", "build_schedule"]

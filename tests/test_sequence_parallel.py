@@ -19,13 +19,13 @@ from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.collectives import collectives, count_table
 from graphsplit.analysis.memory import saved_bytes
 from graphsplit.backends import threads
-from graphsplit.compile import compile_loaded
 from graphsplit.ir.meta import info
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
 from graphsplit.ops import tp as tpops
 from graphsplit.ops.tp_comm import TPComm
+from graphsplit.rewrite import rewrite_loaded
 
 from .conftest import EXAMPLES, MODELS
 from .test_cli import cli
@@ -90,7 +90,7 @@ def assert_the_saved_activations_drop(sp_program, loaded) -> None:
     output, each [b, s, h] kept as [b, s/tp, h] (the column-parallel linears keep the shard they
     gather, not the gathered tokens), with each norm's mean and rstd [b, s, 1]. The attention and
     MLP inside (already split by tp) keep what they kept."""
-    (tp_alone,) = stage_activations(compile_loaded(loaded, Plan(tp=2)).program)
+    (tp_alone,) = stage_activations(rewrite_loaded(loaded, Plan(tp=2)).program)
     (sp,) = stage_activations(sp_program)
     model = loaded.build("meta")
     (b, s), h, layers, tp = loaded.args[0].shape, model.cfg.n_embd, model.cfg.n_layer, 2
@@ -169,7 +169,7 @@ def test_a_sequence_tp_does_not_divide_is_refused():
     loaded.args = (torch.randint(0, 64, (2, 7)),)
     loaded.target = torch.randint(0, 64, (2, 7))
     with pytest.raises(GraphsplitError, match=r"sequence parallelism splits the sequence dim .*size 7.* multiple of 2"):
-        compile_loaded(loaded, SP)
+        rewrite_loaded(loaded, SP)
 
 
 @pytest.mark.parametrize("plan, forward, backward", [
@@ -222,10 +222,10 @@ def test_the_summary_shows_the_sequence_sharded_regions_and_the_collective_volum
     b, s = loaded.args[0].shape
     h, layers = loaded.build("meta").wte.embedding_dim, 4
     tokens, positions, ce = b * s * h * 4, s * h * 4, 3 * b * s * 4
-    tp = summarize(compile_loaded(loaded, Plan(tp=2)).program)
+    tp = summarize(rewrite_loaded(loaded, Plan(tp=2)).program)
     assert tp["collective_bytes"]["forward"] == {"all_reduce": (2 * layers + 1) * tokens + positions + ce}
     assert "sequence_sharded" not in tp
-    sp = summarize(compile_loaded(loaded, Plan(tp=2, sequence_parallel=True)).program)
+    sp = summarize(rewrite_loaded(loaded, Plan(tp=2, sequence_parallel=True)).program)
     forward = sp["collective_bytes"]["forward"]
     assert forward["reduce_scatter"] == (2 * layers + 1) * tokens + positions  # row outputs, embeddings
     assert forward["all_gather"] == (2 * layers + 1) * tokens  # into qkv, fc and the LM head

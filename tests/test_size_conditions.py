@@ -11,12 +11,12 @@ import torch.nn as nn
 from rich.console import Console
 
 from graphsplit import GraphsplitError, Plan
-from graphsplit.compile import compile_loaded, compile_program
 from graphsplit.ir.meta import module_path
 from graphsplit.ir.trace import trace_model
 from graphsplit.launch.parity import check_locally
 from graphsplit.report.artifacts import stage_source
 from graphsplit.report.summary import render, summarize
+from graphsplit.rewrite import rewrite_loaded, rewrite_program
 
 from .conftest import MODELS, traced_once
 
@@ -69,7 +69,7 @@ def test_a_micro_batch_that_decides_a_condition_otherwise_fails_in_one_line():
     """`if b >= 2:` held on the batch of 4; micro-batches of 1 would silently take the other branch."""
     loaded, traced = traced_once(MODELS / "size_branches.py")
     with pytest.raises(GraphsplitError) as exc:
-        compile_loaded(loaded, Plan(pp=2, microbatches=4), traced=traced.copy())
+        rewrite_loaded(loaded, Plan(pp=2, microbatches=4), traced=traced.copy())
     message = str(exc.value)
     assert message.startswith("size_branches.py:49 in forward `if b >= 2:` was True on the example inputs "
                               "and is False here: graphsplit traced only the branch the example inputs took")
@@ -146,8 +146,8 @@ def test_a_size_range_torch_export_narrowed_is_checked():
     torch.testing.assert_close(t.unflatten_output(t.gm(y)), m(y))
     with pytest.raises(GraphsplitError, match=r"^input 'inputs_0' had a size >= 3 in dim 0 when torch.export "
                                               r"traced the model \(a condition on that size\) and not here"):
-        compile_program(m, (x,), {}, Plan(pp=2))
-    assert compile_program(m, (x,), {}, Plan(pp=2, microbatches=1)).program.traced.tracer == "export"
+        rewrite_program(m, (x,), {}, Plan(pp=2))
+    assert rewrite_program(m, (x,), {}, Plan(pp=2, microbatches=1)).program.traced.tracer == "export"
 
 
 class _Caches(nn.Module):
@@ -180,7 +180,7 @@ def test_len_of_an_input_is_a_checked_constant_and_the_model_is_left_as_it_was()
 
 def test_the_summary_says_which_tracer_and_why():
     loaded, traced = traced_once(MODELS / "attn_assert.py")
-    program = compile_loaded(loaded, Plan(pp=2), traced=traced.copy()).program
+    program = rewrite_loaded(loaded, Plan(pp=2), traced=traced.copy()).program
     out = io.StringIO()
     render(summarize(program), Console(file=out, width=400))
     assert ('traced with torch.fx (sizes decided on the example inputs: attn_assert.py:33 in forward '
@@ -204,7 +204,7 @@ def test_an_inputs_shape_unpacked_into_a_call_traces_with_fx():
     model = Pairs()
     traced = trace_model(model, (x,), {})
     assert traced.tracer == "fx", traced.reason
-    program = compile_program(model, (x,), {}, Plan(dp=2)).program
+    program = rewrite_program(model, (x,), {}, Plan(dp=2)).program
     assert program.batch.inputs == {"x": 0}
     out = traced.gm(x)
     torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, model(x))

@@ -10,11 +10,11 @@ import torch.nn as nn
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.collectives import collectives, count_table
-from graphsplit.compile import compile_loaded, compile_program
 from graphsplit.ir.sharding import S, Shard, local_shape, shard_tensor
 from graphsplit.loader import load_model
 from graphsplit.ops import tp as tpops
 from graphsplit.ops.tp_comm import bind_tp_group, tp_comms
+from graphsplit.rewrite import rewrite_loaded, rewrite_program
 from graphsplit.runtime.materialize import materialize_stage, model_tensors
 
 from .conftest import EXAMPLES, MODELS
@@ -22,9 +22,9 @@ from .conftest import EXAMPLES, MODELS
 
 def compiled(model_or_path, plan, args=None, kwargs=None):
     if isinstance(model_or_path, nn.Module):
-        return compile_program(model_or_path, args, kwargs or {}, plan).program
+        return rewrite_program(model_or_path, args, kwargs or {}, plan).program
     loaded = load_model(str(model_or_path))
-    return compile_loaded(loaded, plan).program
+    return rewrite_loaded(loaded, plan).program
 
 
 def per_block(program):
@@ -214,7 +214,7 @@ def test_other_losses_get_whole_logits():
             return self.head(self.norm(x))
 
     x, y = torch.randn(4, 16), torch.randn(4, 8)
-    program = compile_program(Head(), (x,), {}, Plan(tp=2), loss_fn=nn.functional.mse_loss, target=y).program
+    program = rewrite_program(Head(), (x,), {}, Plan(tp=2), loss_fn=nn.functional.mse_loss, target=y).program
     assert program.param_shardings["head.weight"] == S(0)
     assert program.loss_gm is None and not program.sharded_outputs  # MSE needs the whole output
     assert any(n.target is gather_from_tp for n in program.stages[-1].gm.graph.nodes)

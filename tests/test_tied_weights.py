@@ -6,10 +6,10 @@ cross-entropy inside its graph. Every rank's gradient is its slice of the untouc
 import pytest
 
 from graphsplit import Plan
-from graphsplit.compile import trace_loaded
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
+from graphsplit.rewrite import trace_loaded
 
 from .conftest import MODELS
 

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 
 from graphsplit import Plan
 from graphsplit.analysis.loss_reduction import find_token_means
-from graphsplit.compile import compile_loaded
 from graphsplit.launch.loss_combination import combination_notes
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
 from graphsplit.ops import tp as tpops
 from graphsplit.ops.token_scale import token_scaled
+from graphsplit.rewrite import rewrite_loaded
 
 from .conftest import EXAMPLES, MODELS, traced_once
 
@@ -57,7 +57,7 @@ def test_uneven_padding_equals_the_whole_batch(plan):
 
 def test_without_the_global_count_the_pieces_are_not_the_whole_batch(monkeypatch):
     """The test above can fail: with the mean left per piece, pp 2 gives another loss and gradients."""
-    import graphsplit.compile as compile_module
+    import graphsplit.rewrite as compile_module
 
     monkeypatch.setattr(compile_module, "PASSES", tuple(p for p in compile_module.PASSES if p[0] != "token_mean"))
     loaded, traced = traced_once(MODELS / "ignore_index.py")
@@ -89,7 +89,7 @@ def test_a_masked_mean_equals_the_whole_batch(tmp_path):
 ])
 def test_a_mean_graphsplit_cannot_prove_is_said_and_left_as_it_is(tmp_path, loss, why):
     loaded = _masked(tmp_path, f"def loss_fn(output, target):\n    return {loss}\n")
-    program = compile_loaded(loaded, Plan(pp=2)).program
+    program = rewrite_loaded(loaded, Plan(pp=2)).program
     assert program.token_means.counts == () and program.loss_gm is None
     (note,) = combination_notes(program)
     assert note.startswith("the cross-entropy at ") and why in note, note

@@ -27,13 +27,13 @@ from torch.utils.data import DistributedSampler
 from graphsplit import Plan
 from graphsplit.backends.local import LocalProgram
 from graphsplit.cli import main
-from graphsplit.compile import compile_loaded
 from graphsplit.ir.sharding import shard_tensor
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.reference import reference_run, reference_step
 from graphsplit.launch.run_check import UPDATE_RTOL, check_weights_after, weight_tolerance
 from graphsplit.launch.tolerance import Precision
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.clip import global_norm_and_clip, owned_grads, squared_norm_share
 from graphsplit.runtime.data import DataSource
 from graphsplit.runtime.materialize import model_tensors
@@ -83,7 +83,7 @@ def test_the_global_norm_counts_each_parameter_once_across_tp_shards_and_tied_co
     shares sum to clip_grad_norm_'s norm on the untouched model, and clipping on every rank gives each
     rank the slice of the untouched model's clipped gradient."""
     loaded = load_model(str(EXAMPLES / "gpt.py"))
-    program = compile_loaded(loaded, Plan(tp=2, pp=2)).program
+    program = rewrite_loaded(loaded, Plan(tp=2, pp=2)).program
     assert program.shared_params and program.param_shardings
     model = loaded.build("cpu", seed=0)
     local = LocalProgram(program, model_tensors(model), loaded.loss_fn)
@@ -130,7 +130,7 @@ def test_the_weight_check_compares_every_rank_s_update_and_fails_on_a_missing_du
     updates from the weights before the run (relative error: a weight near 1 moved by 1e-3 is measured
     against the 1e-3, not the 1)."""
     loaded = load_model(WITH_DATA)
-    program = compile_loaded(loaded, Plan(pp=2)).program
+    program = rewrite_loaded(loaded, Plan(pp=2)).program
     model = loaded.build("cpu", seed=0)
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():  # the reference's training: some update of every weight

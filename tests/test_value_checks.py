@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from graphsplit import Plan
-from graphsplit.compile import trace_loaded
 from graphsplit.errors import GraphsplitError
 from graphsplit.ir.trace import trace_model
 from graphsplit.ir.value_checks import ValueCheck
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
+from graphsplit.rewrite import trace_loaded
 
 from .conftest import MODELS, traced_once
 

@@ -7,11 +7,11 @@ from safetensors.torch import save_file
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.backends.local import LocalProgram
-from graphsplit.compile import compile_loaded
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import RankStep, check_ranks
 from graphsplit.launch.reference import reference_step
 from graphsplit.loader import load_model
+from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.weights import open_weights
 
 from .conftest import EXAMPLES, MODELS
@@ -70,7 +70,7 @@ def test_a_weights_file_fills_a_padded_vocabulary(tmp_path, spec):
     model = loaded.build("cpu", seed=123)  # not the plan's seed: the file must be what is used
     path = tmp_path / "w.safetensors"
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(path))
-    program = compile_loaded(loaded, Plan(tp=4)).program
+    program = rewrite_loaded(loaded, Plan(tp=4)).program
     buffers = dict(loaded.build_buffers_only().named_buffers())  # as run does: the file holds no causal mask
     local = LocalProgram(program, {**buffers, **open_weights(path)}, loaded.loss_fn)
     inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)

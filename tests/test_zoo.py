@@ -21,10 +21,10 @@ from __future__ import annotations
 import pytest
 
 from graphsplit import GraphsplitError, Plan
-from graphsplit.compile import compile_loaded, trace_loaded
 from graphsplit.ir.sharding import Shard
 from graphsplit.ir.traced import Traced
 from graphsplit.launch.parity import check_locally
+from graphsplit.rewrite import rewrite_loaded, trace_loaded
 
 from .models import zoo
 
@@ -69,7 +69,7 @@ def test_zoo_architecture_matches_untouched_model(name, plan):
 ])
 def test_zoo_refusals_are_one_line_naming_the_module_and_what_to_do(name, plan, message):
     with pytest.raises(GraphsplitError) as err:
-        compile_loaded(zoo.loaded(zoo.BY_NAME[name]), plan, traced=traced(name))
+        rewrite_loaded(zoo.loaded(zoo.BY_NAME[name]), plan, traced=traced(name))
     text = str(err.value)
     assert message in text and "\n" not in text
 
@@ -82,7 +82,7 @@ def test_token_ids_outside_the_vocabulary_fail_under_vocab_parallel_tp_as_in_the
     ids = loaded.kwargs["input_ids"].clone()
     ids[0, 0] = zoo.VOCAB + 3
     loaded.kwargs = {"input_ids": ids}
-    program = compile_loaded(loaded, Plan(tp=2), traced=traced("GPT-NeoX")).program
+    program = rewrite_loaded(loaded, Plan(tp=2), traced=traced("GPT-NeoX")).program
     assert program.param_shardings["gpt_neox.embed_in.weight"] == Shard(0)  # vocab-parallel
     with pytest.raises(RuntimeError, match=r"token id outside the vocabulary of 64 rows .*resize the model's embedding"):
         check_locally(loaded, Plan(tp=2), traced=traced("GPT-NeoX"))

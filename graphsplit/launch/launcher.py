@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from ..compile import compile_loaded
 from ..errors import GraphsplitError
 from ..ir.program import Program
 from ..loader import LoadedModel, load_model
 from ..plan import Plan
 from ..planner.schedules import underfilled_note
+from ..rewrite import rewrite_loaded
 from ..runtime.dcp.record import read_info
 from ..runtime.dcp.series import require_save_folder, resolve_checkpoint
 from ..runtime.fast_init import fast_model
@@ -182,7 +182,7 @@ def run_training(
     check_schedule(config.lr_schedule, config.warmup_steps, done + opts.steps)
     data_start = _check_data(loaded, plan, opts, echo)
     # Compile here first: a bad plan or model fails in one process, before torchrun starts.
-    program = compile_loaded(loaded, plan, fixed_cuts).program
+    program = rewrite_loaded(loaded, plan, fixed_cuts).program
     plan = program.plan  # with the micro-batches decided for this batch
     require_parameters(program)
     randoms = find_random_ops(program.traced.gm)

@@ -233,11 +233,11 @@ def check_locally(loaded: LoadedModel, plan: Plan, fixed_cuts: tuple[str, ...] |
     `compile_backend`: torch.compile's backend when the plan compiles its stages. `traced`: its
     trace (`compile.trace_loaded`), reused instead of tracing again."""
     from ..backends.local import LocalProgram
-    from ..compile import compile_loaded
+    from ..rewrite import rewrite_loaded
     from ..runtime.materialize import model_tensors
 
     model = loaded.build("cpu", seed=plan.seed)
-    program = compile_loaded(loaded, plan, fixed_cuts, traced).program
+    program = rewrite_loaded(loaded, plan, fixed_cuts, traced).program
     randoms = find_random_ops(program.traced.gm)
     within = no_dropout if randoms.dropouts else contextlib.nullcontext
     local = LocalProgram(program, model_tensors(model), loaded.loss_fn, compile_backend)

@@ -120,9 +120,9 @@ def _tensor_source(spec: RunSpec, loaded: LoadedModel, program: Program) -> Tens
 
 def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     from ..backends.rank import assemble_rank
-    from ..compile import compile_loaded
     from ..loader import load_model
     from ..plan import Plan
+    from ..rewrite import rewrite_loaded
     from ..runtime.dcp.record import data_position, model_names, read_info
     from ..runtime.microbatch import gather_outputs
     from ..runtime.schedule import advance, make_scheduler
@@ -133,7 +133,7 @@ def run(spec: RunSpec, reporter: RankReporter | None = None) -> None:
     reporter = reporter or RankReporter(None)
     loaded = load_model(spec.model, plan.seed)
     fixed = tuple(spec.fixed_cuts) if spec.fixed_cuts is not None else None
-    program = compile_loaded(loaded, plan, fixed).program
+    program = rewrite_loaded(loaded, plan, fixed).program
     rank = assemble_rank(program, _tensor_source(spec, loaded, program), loaded.loss_fn, model_names(loaded.build("meta")),
                          spec.timeout_s, spec.collective_timeout_s, observer=reporter)
     pipe = rank.pipeline

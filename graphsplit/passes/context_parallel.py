@@ -13,7 +13,7 @@ tokens one by one: batch discovery names each graph node that mixes a dim (Decis
 sequence mixed by anything but the attention calls is refused naming the node's module.
 
 It runs after tensor parallelism (whose attention rule reads the SDPA calls) and autocast, before
-the pipeline split; compile.py checks the sequence's mixers first (`check_sequence_mixers`) and
+the pipeline split; rewrite.py checks the sequence's mixers first (`check_sequence_mixers`) and
 analyzes the graph at one rank's shard of the sequence.
 """
 
@@ -194,7 +194,7 @@ def _comm(gm: fx.GraphModule, cp: int) -> fx.Node:
 def cut_positions(gm: fx.GraphModule, cp: int, length: int) -> None:
     """The values built from a position, rewritten to this rank's global positions: a table sliced to
     the sequence's `length` (`cp_take`), an arange of it (`cp_positions`). Runs before the analysis
-    (compile.py), on a graph analyzed at the whole sequence: the graph then has the shard's shapes.
+    (rewrite.py), on a graph analyzed at the whole sequence: the graph then has the shard's shapes.
     An arange of another size read from the inputs is refused: its positions could not be placed."""
     comm = _comm(gm, cp)
     for node in list(gm.graph.nodes):
@@ -285,7 +285,7 @@ def context_parallel_rewrite(gm: fx.GraphModule, cp: int) -> fx.GraphModule:
 
 
 def context_parallel_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, None]:
-    """With --cp: `context_parallel_rewrite` (the checks on the sequence ran in compile.py)."""
+    """With --cp: `context_parallel_rewrite` (the checks on the sequence ran in rewrite.py)."""
     if inp.plan.cp == 1:
         return gm, None
     return context_parallel_rewrite(gm, inp.plan.cp), None

@@ -1,6 +1,6 @@
 """Runs passes in order: times each, lints its graph, names the pass that failed, and can
 switch a pass off by name. Which passes run, in which order, is the compiler's
-(compile.py); this module imports none of them.
+(rewrite.py); this module imports none of them.
 
 A pass is a function `(gm, inp, done) -> (gm, result)`: `inp` is the frozen
 `PassInput` every pass reads (the plan, one micro-batch of example inputs, a saved

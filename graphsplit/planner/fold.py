@@ -102,7 +102,7 @@ def _signature(ops: list[fx.Node], block: str, previous: set[fx.Node], shared: s
 
 def _stands_in(leaf: list[fx.Node], previous: Any, second: tuple[Any, Any, fx.Node], first_out: fx.Node,
                in_head: set[fx.Node]) -> bool:
-    """Whether `leaf` is one call of a block traced as a leaf (replicas.py: alike the second block)
+    """Whether `leaf` is one call of a block traced as a leaf (alike_blocks.py: alike the second block)
     called as the second block was: its stream argument the block before's output where the second
     block's was the first block's, every other argument the same head value or constant."""
     if len(leaf) != 1 or leaf[0].op != "call_module" or not isinstance(previous, fx.Node):
@@ -138,7 +138,7 @@ def find_fold(gm: fx.GraphModule, calls: dict[str, tuple[Any, Any, Any]] | None 
               ) -> tuple[Fold, list[fx.Node], list[fx.Node], list[list[fx.Node]], list[fx.Node]] | None:
     """The longest run of identical repeated blocks: (fold, head ops, tail ops, blocks' ops, all ops),
     or None when the model has no run of MIN_BLOCKS exact repeats. `alike`: blocks traced as one
-    call each (replicas.py), `calls`: how the first two blocks were called (Traced.calls)."""
+    call each (alike_blocks.py), `calls`: how the first two blocks were called (Traced.calls)."""
     ops = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
     runs = _segments(ops)
     best: tuple[int, int] | None = None  # (first run index, number of runs)

@@ -24,7 +24,6 @@ import torch
 import torch.fx as fx
 
 from ..analysis.shapes import annotate
-from ..compile import PASSES, check_call, export_batch_dims, find_batch
 from ..errors import GraphsplitError
 from ..ir.meta import fresh_copy
 from ..ir.trace import trace_model
@@ -33,10 +32,11 @@ from ..passes.autocast import autocast_pass
 from ..passes.manager import LossInput, PassInput, run_passes
 from ..passes.tensor_parallel import TensorParallelResult
 from ..plan import Plan
+from ..rewrite import PASSES, check_call, export_batch_dims, find_batch
 from ..runtime.microbatch import split_microbatches
+from .alike_blocks import alike_blocks
 from .fold import fold
 from .parallel import fork_map
-from .replicas import alike_blocks
 from .table import OpTable
 from .tabulate import Source, build_table
 

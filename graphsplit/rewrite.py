@@ -243,12 +243,12 @@ def require_supported(plan: Plan) -> None:
 
 
 @dataclass
-class CompileResult:
+class RewriteResult:
     program: Program
     timings: dict[str, float]
 
 
-def compile_program(
+def rewrite_program(
     model: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -261,7 +261,7 @@ def compile_program(
     traced: Traced | None = None,
     declared_batch: dict[str, int | None] | None = None,
     buffers: Callable[[], Mapping[str, torch.Tensor]] | None = None,
-) -> CompileResult:
+) -> RewriteResult:
     """Trace `model`, analyze it at the micro-batch shape, split it: the whole transform.
 
     `args` hold the global batch (each of the plan's dp replicas takes 1/dp of it), or with
@@ -334,14 +334,14 @@ def compile_program(
     fp8 = run.results.get(Float8Result)
     program.fp8_modules = fp8.modules if fp8 else ()
     timings["build"] = time.perf_counter() - start
-    return CompileResult(program, timings)
+    return RewriteResult(program, timings)
 
 
-def compile_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None = None,
-                   traced: Traced | None = None) -> CompileResult:
-    """`compile_program` for a loaded model file: built on meta, with its loss and target (`traced`:
+def rewrite_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None = None,
+                   traced: Traced | None = None) -> RewriteResult:
+    """`rewrite_program` for a loaded model file: built on meta, with its loss and target (`traced`:
     its trace, `trace_loaded`'s, to compile several plans from one trace)."""
-    return compile_program(
+    return rewrite_program(
         loaded.build("meta"), loaded.args, loaded.kwargs, plan, loaded.path, fixed_cuts, loaded.loss_fn, loaded.target,
         traced=traced, declared_batch=loaded.batch_dims,
         buffers=loaded.buffer_values,
@@ -349,7 +349,7 @@ def compile_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None =
 
 
 def trace_loaded(loaded: Any) -> Traced:
-    """A loaded model file's trace (built on meta), for `compile_loaded(..., traced=)`."""
+    """A loaded model file's trace (built on meta), for `rewrite_loaded(..., traced=)`."""
     model = loaded.build("meta")
     check_call(model, loaded.args, loaded.kwargs, loaded.path)
     return trace_model(model, loaded.args, loaded.kwargs, loaded.path, buffers=loaded.buffer_values)
