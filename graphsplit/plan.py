@@ -139,7 +139,7 @@ class Plan:
     ep: int = 1
     # context parallelism: one sample's sequence cut across cp ranks drawn from the dp ranks (cp
     # divides dp; each group of cp consecutive dp ranks holds the same samples, a load-balanced
-    # shard of each sequence, and gathers keys and values at every attention call: ops/cp.py)
+    # shard of each sequence, and gathers keys and values at every attention call: ops/context_parallel.py)
     cp: int = 1
     sync_bn: bool = False  # BatchNorm statistics over all dp replicas (one all-reduce per layer)
     # Megatron's sequence parallelism: between a row-parallel output and the next column-parallel

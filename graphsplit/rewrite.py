@@ -38,7 +38,7 @@ from .ir.batch import BatchDims, SequenceDims
 from .ir.program import Program
 from .ir.trace import trace_model
 from .ir.traced import Traced
-from .ops.cp import shard_tree, shard_values
+from .ops.context_parallel import shard_tree, shard_values
 from .passes.activation_checkpoint import checkpoint_pass
 from .passes.attention_form import attention_form
 from .passes.autocast import autocast_pass

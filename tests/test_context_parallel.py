@@ -1,4 +1,4 @@
-"""Context parallelism's attention exchange (ops/cp.py) on real processes: each rank's queries over the
+"""Context parallelism's attention exchange (ops/context_parallel.py) on real processes: each rank's queries over the
 whole sequence equal the untouched attention's rows for its positions, and every rank's gradients of
 its q, k and v shards equal the matching slices of the whole gradients (causal and not, grouped-query).
 """
@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from graphsplit import Plan
-from graphsplit.ops.cp import (
+from graphsplit.ops.context_parallel import (
     CPComm,
     cp_attention,
     shard_positions,

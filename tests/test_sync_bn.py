@@ -11,7 +11,7 @@ from graphsplit.cli import main
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.reference import reference_step, reference_train
 from graphsplit.loader import load_model
-from graphsplit.ops.sync_bn import DataParallelBatchNorm
+from graphsplit.ops.sync_batch_norm import DataParallelBatchNorm
 from graphsplit.runtime.dcp.state import export_weights
 
 from .conftest import EXAMPLES

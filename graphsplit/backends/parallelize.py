@@ -34,9 +34,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from ..errors import GraphsplitError
 from ..ir.program import Program
 from ..ops.activation_checkpoint import CheckpointRegion
-from ..ops.cp import CPComm
+from ..ops.context_parallel import CPComm
 from ..ops.ep import EPComm
-from ..ops.sync_bn import bind_dp_group
+from ..ops.sync_batch_norm import bind_dp_group
 from ..ops.tp_comm import TPComm, bind_tp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Plan
 from ..runtime.grad_average import DPGradAverager, ExpertGradAverager

@@ -1,7 +1,7 @@
 """Attention in SDPA's own form, where a model spells it otherwise: what context parallelism cuts.
 
 Context parallelism gathers keys and values at `F.scaled_dot_product_attention` calls and computes a
-causal mask by global position (ops/cp.py). Two spellings common in models copied between
+causal mask by global position (ops/context_parallel.py). Two spellings common in models copied between
 repositories hide that:
 
 - a mask built from the sequence's size alone and passed as `attn_mask` (HF's `create_causal_mask`

@@ -1,4 +1,4 @@
-"""context_parallel: one sample's sequence cut across the cp ranks (ops/cp.py), for models whose
+"""context_parallel: one sample's sequence cut across the cp ranks (ops/context_parallel.py), for models whose
 sequence only attention mixes.
 
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   ->  cp_attention(q, k, v, self.cp_comm, is_causal=True)
@@ -29,7 +29,7 @@ from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, module_path
 from ..ir.optable import calls
 from ..ir.walk import reachable, users
-from ..ops.cp import CP_COMM_ATTR, CPComm, cp_attention, cp_positions, cp_take
+from ..ops.context_parallel import CP_COMM_ATTR, CPComm, cp_attention, cp_positions, cp_take
 from .attention_form import SDPA, SDPA_ARGS
 from .manager import PassInput, PassResults
 

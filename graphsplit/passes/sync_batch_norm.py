@@ -1,7 +1,7 @@
 """sync_batch_norm: with `--sync-bn`, BatchNorm layers take their statistics over all dp replicas.
 
 Each BatchNorm module the graph calls is swapped for `DataParallelBatchNorm`
-(ops/sync_bn.py) holding the same parameter and buffer objects, so names,
+(ops/sync_batch_norm.py) holding the same parameter and buffer objects, so names,
 values and the call site in the stage code stay as they were. A model that
 calls batch_norm as a function (or an exported graph, where BatchNorm is an
 aten op on buffers) is refused with the module's name: there is no layer to swap.
@@ -15,7 +15,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ..errors import GraphsplitError
 from ..ir.meta import info
 from ..ir.optable import OpKind, classify
-from ..ops.sync_bn import DataParallelBatchNorm
+from ..ops.sync_batch_norm import DataParallelBatchNorm
 from .manager import PassInput, PassResults
 
 

@@ -205,7 +205,7 @@ def sequence_exchange(program: Program) -> dict[str, Any]:
     import torch.fx as fx
 
     from ..ir.meta import info, module_path
-    from ..ops.cp import cp_attention
+    from ..ops.context_parallel import cp_attention
 
     cp = program.plan.cp
     seq = program.batch.sequence

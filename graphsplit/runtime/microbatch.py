@@ -153,7 +153,7 @@ def sequence_share(program: Program, inputs: Sequence[Any], target: Any, cp_rank
     seq, cp = program.batch.sequence, program.plan.cp
     if cp == 1 or seq is None:
         return tuple(inputs), target
-    from ..ops.cp import shard_tree, shard_values
+    from ..ops.context_parallel import shard_tree, shard_values
 
     return (tuple(shard_values(inputs, seq.input_dims(program.traced.input_names), cp_rank, cp)),
             shard_tree(target, seq.target, cp_rank, cp))
@@ -166,7 +166,7 @@ def join_sequence(program: Program, shards: list[Any]) -> Any:
     seq = program.batch.sequence
     if len(shards) == 1 or seq is None:
         return shards[0]
-    from ..ops.cp import unshard_sequence
+    from ..ops.context_parallel import unshard_sequence
 
     dims = stage_output_dims(program, seq.outputs, default=None)
     flat = [pytree.tree_flatten(s) for s in shards]
