@@ -6,7 +6,7 @@
 For each size a GPT (examples/gpt.py, vocabulary 50304) is planned on meta at tp 1 and at tp 8
 (one pipeline stage), and rank 0's stage is materialized on CPU, one thread, both ways:
 
-- exact (runtime/lean_init.py): the constructor with the plan's seed, every random number of
+- exact (runtime/exact_init.py): the constructor with the plan's seed, every random number of
   the whole model drawn, rank 0's parameters kept, then its tp block sliced out;
 - fast (runtime/fast_init.py): only rank 0's blocks drawn, tile by tile.
 
@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 from graphsplit import Plan  # noqa: E402
 from graphsplit.loader import load_model  # noqa: E402
 from graphsplit.rewrite import rewrite_loaded  # noqa: E402
+from graphsplit.runtime.exact_init import exact_build  # noqa: E402
 from graphsplit.runtime.fast_init import FastInit  # noqa: E402
-from graphsplit.runtime.lean_init import lean_build  # noqa: E402
 from graphsplit.runtime.materialize import materialize_stages  # noqa: E402
 
 SIZES = {"small": (8, 512, 8), "medium": (16, 1024, 16), "large": (20, 2048, 16)}  # layers, dim, heads
@@ -77,7 +77,7 @@ def main() -> None:
                 keep = set(program.stages[0].param_sources.values())
 
                 def exact(program=program, keep=keep, loaded=loaded):  # noqa: ANN001, ANN202
-                    return materialize_stages(program, [0], "cpu", lean_build(loaded, 0, keep), 0)
+                    return materialize_stages(program, [0], "cpu", exact_build(loaded, 0, keep), 0)
 
                 def fast(program=program, loaded=loaded):  # noqa: ANN001, ANN202
                     source = FastInit.for_model(loaded, 0)  # rules, and buffers from the constructor on meta

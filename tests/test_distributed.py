@@ -57,5 +57,5 @@ def test_torchrun_training_matches_untouched_model(name, plan):
     batchnorm = name == "resnet.py"
     assert any(line.startswith("  note: BatchNorm stem.1") for line in lines) == batchnorm, lines
     assert any("untouched model in one process on the whole global batch" in line for line in lines) != batchnorm
-    # each rank ran the model's constructor keeping only its own parameters (runtime/lean_init.py)
+    # each rank ran the model's constructor keeping only its own parameters (runtime/exact_init.py)
     assert any("keeping only its own parameters" in line for line in lines)

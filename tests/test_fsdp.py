@@ -34,7 +34,7 @@ def test_fsdp_with_tensor_parallel_matches_the_untouched_model_and_its_checkpoin
     cmp = run_training(str(EXAMPLES / "llama.py"), plan, opts, echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("loss curve    3 steps" in line for line in lines)
-    # each rank ran the model's constructor keeping only its own parameters (runtime/lean_init.py)
+    # each rank ran the model's constructor keeping only its own parameters (runtime/exact_init.py)
     assert any("keeping only its own parameters" in line for line in lines)
 
     run_training(str(EXAMPLES / "llama.py"), Plan(tp=2), RunOptions(steps=0, optimizer="adamw", timeout_s=300,

@@ -144,7 +144,7 @@ def assemble_rank(
     source = tensors(stages)
     ep_rank = mesh.get_local_rank("dp") % program.plan.ep  # each ep consecutive dp ranks form a group
     modules = materialize_stages(program, stages, device, source, mesh.get_local_rank("tp"), ep_rank)
-    del source  # a mapped weights file or the lean build: only this rank's tensors stay
+    del source  # a mapped weights file or the exact build: only this rank's tensors stay
     if observer is not None:
         observer.setup_done(timeout_s)
     plan = program.plan

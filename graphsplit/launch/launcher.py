@@ -1,7 +1,7 @@
 """`graphsplit run`: launch torchrun on this machine, train, and (with --check) prove parity.
 
 Each rank runs the model's constructor with the plan's seed keeping only its
-own stages' parameters (runtime/lean_init.py: the values are those of the whole
+own stages' parameters (runtime/exact_init.py: the values are those of the whole
 model's init); when the init code reads tensors a rank drops, the parent
 builds the model once on CPU and saves it, and each rank memory-maps that file
 and copies only its own tensors. With `check`, the parent also trains the untouched model on
@@ -32,9 +32,9 @@ from ..planner.schedules import underfilled_note
 from ..rewrite import rewrite_loaded
 from ..runtime.dcp.record import read_info
 from ..runtime.dcp.series import require_save_folder, resolve_checkpoint
+from ..runtime.exact_init import exact_init_works
 from ..runtime.fast_init import fast_model
 from ..runtime.init_mode import choose_init
-from ..runtime.lean_init import lean_init_works
 from ..runtime.materialize import model_tensors
 from ..runtime.schedule import check_schedule
 from ..runtime.training import OptimConfig, objective
@@ -193,7 +193,7 @@ def run_training(
         tempfile.TemporaryDirectory(prefix="graphsplit-run-")
     with folder as tmp_str:
         tmp = Path(tmp_str)
-        lean = fast = False
+        per_rank = fast = False
         mode = "exact"
         if opts.weights is not None and opts.init == "fast":
             raise GraphsplitError("--init fast draws a new model and --weights gives one; drop one of them")
@@ -214,14 +214,14 @@ def run_training(
             model = fast_model(loaded, plan.seed) if opts.check else None
         elif opts.weights is None:
             # the model's own initialization: each rank runs the constructor keeping only its tensors
-            # (runtime/lean_init.py), or, when the init code reads other tensors, the model is built here once
+            # (runtime/exact_init.py), or, when the init code reads other tensors, the model is built here once
             # and saved for the ranks to slice
-            lean = lean_init_works(loaded)
-            weights = None if lean else str(tmp / "weights.pt")
-            model = loaded.build("cpu", seed=plan.seed) if opts.check or not lean else None
-            if not lean:
+            per_rank = exact_init_works(loaded)
+            weights = None if per_rank else str(tmp / "weights.pt")
+            model = loaded.build("cpu", seed=plan.seed) if opts.check or not per_rank else None
+            if not per_rank:
                 torch.save(model_tensors(model), weights)
-            echo("initialization: each rank runs the constructor keeping only its own parameters" if lean else
+            echo("initialization: each rank runs the constructor keeping only its own parameters" if per_rank else
                  "initialization: the init code reads tensors across the model, so it is built once here and the ranks slice it")
         else:
             weights = str(Path(opts.weights).resolve())
@@ -234,7 +234,7 @@ def run_training(
             fixed_cuts=list(fixed_cuts) if fixed_cuts is not None else None,
             weights=weights, user_weights=opts.weights is not None, dump_dir=str(tmp) if opts.check else None,
             save_dir=opts.save, save_every=opts.save_every, keep_last=opts.keep_last,
-            resume_dir=opts.resume, lean_init=lean, fast_init=fast, timeout_s=opts.timeout_s,
+            resume_dir=opts.resume, exact_init=per_rank, fast_init=fast, timeout_s=opts.timeout_s,
             collective_timeout_s=opts.collective_timeout_s, run_dir=str(tmp),
             train_data=loaded.train_data is not None, eval_every=opts.eval_every, metrics=opts.metrics,
             tensorboard=opts.tensorboard, dropout_off=opts.check and bool(randoms.dropouts),

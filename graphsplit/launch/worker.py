@@ -68,7 +68,7 @@ class RunSpec:
     save_every: int = 0  # and every this many steps (0: only after the last)
     keep_last: int = 3  # the newest checkpoints kept in save_dir (0: all)
     resume_dir: str | None = None  # a DCP checkpoint folder to start from (written at any plan)
-    lean_init: bool = False  # no weights file: run the constructor keeping only this rank's parameters
+    exact_init: bool = False  # no weights file: run the constructor keeping only this rank's parameters
     fast_init: bool = False  # no weights file: draw only this rank's blocks (runtime/fast_init.py)
     train_data: bool = False  # draw each step's batch from the model file's train_data()
     eval_every: int = 0  # evaluate on eval_data() every this many steps (0: never)
@@ -92,7 +92,7 @@ class RunSpec:
 
 def _tensor_source(spec: RunSpec, loaded: LoadedModel, program: Program) -> TensorSource:
     """Where this rank's tensors come from: the plan's seed through the model's own constructor,
-    keeping only this rank's parameters (lean init), fast init drawing only this rank's blocks,
+    keeping only this rank's parameters (exact init), fast init drawing only this rank's blocks,
     or a weights file mapped into memory."""
 
     def tensors(stages: Sequence[int]) -> Mapping[str, torch.Tensor] | FastInit | None:
@@ -100,11 +100,11 @@ def _tensor_source(spec: RunSpec, loaded: LoadedModel, program: Program) -> Tens
             from ..runtime.fast_init import FastInit
 
             return FastInit.for_model(loaded, program.plan.seed)
-        if spec.lean_init:
-            from ..runtime.lean_init import lean_build
+        if spec.exact_init:
+            from ..runtime.exact_init import exact_build
 
             keep = {c for s in stages for c in program.stages[s].param_sources.values()}
-            return lean_build(loaded, program.plan.seed, keep)
+            return exact_build(loaded, program.plan.seed, keep)
         if not spec.weights:
             return None
         from ..runtime.weights import open_weights

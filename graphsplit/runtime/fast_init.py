@@ -1,6 +1,6 @@
 """Fast initialization: each rank draws only the parameter elements it holds, on its own device.
 
-The exact mode (lean_init.py) runs the model's constructor and draws every random
+The exact mode (exact_init.py) runs the model's constructor and draws every random
 number of the whole model on every rank: about 7.5 s per billion parameters on one
 CPU thread. Here each parameter gets the distribution its module's own init gives
 it, drawn tile by tile:

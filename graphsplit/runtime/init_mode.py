@@ -1,6 +1,6 @@
 """Which initialization `run` uses without a weights file: exact or fast (`--init exact|fast|auto`).
 
-exact (lean_init.py): the model's own constructor with the plan's seed on every rank, each
+exact (exact_init.py): the model's own constructor with the plan's seed on every rank, each
 keeping only its parameters; the values are the untouched model's to the bit, and each rank
 draws every random number of the whole model (about 7.5 s per billion parameters on one CPU
 thread). fast (fast_init.py): each rank draws only its own blocks, on its device, with the

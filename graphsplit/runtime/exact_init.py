@@ -1,6 +1,6 @@
 """Initialize only the parameters this rank holds, with exactly the values the whole model would get.
 
-`lean_build(loaded, seed, keep)` runs the model's own constructor (its own init
+`exact_build(loaded, seed, keep)` runs the model's own constructor (its own init
 code, HF `post_init` included) with the plan's seed, but every parameter not in
 `keep` is a `_Sink`: a tensor with a shape and no storage. Writes into a sink
 are dropped; a random fill of a sink still draws its numbers (into a scratch
@@ -12,7 +12,7 @@ Parameters are swapped as they are registered (torch's parameter registration
 hook). Which parameter a registration creates is found by a first build on
 `meta`: the n-th registration there names the n-th one here (constructors are
 deterministic). If init code reads a sink (a value that would depend on a
-dropped tensor), `LeanInitUnsupported` is raised and the caller builds the
+dropped tensor), `ExactInitUnsupported` is raised and the caller builds the
 whole model instead.
 """
 
@@ -40,7 +40,7 @@ _RANDOM_FILLS = {
 }
 
 
-class LeanInitUnsupported(Exception):
+class ExactInitUnsupported(Exception):
     """The model's init code reads a parameter this rank does not keep."""
 
 
@@ -54,7 +54,7 @@ class _Sink(torch.Tensor):
 
     def __init__(self, like: torch.Tensor, draw: bool) -> None:
         self.meta = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device="meta")
-        self.draw = draw  # False: a dry run that only finds out whether lean init works, drawing nothing
+        self.draw = draw  # False: a dry run that only finds out whether exact init works, drawing nothing
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -77,7 +77,7 @@ class _Sink(torch.Tensor):
             out = func(*metas, **kwargs)
             source = next(a for a in tree_leaves(args) if isinstance(a, _Sink))
             return _Sink(out, source.draw) if isinstance(out, torch.Tensor) else out
-        raise LeanInitUnsupported(f"init code calls {func} on a parameter this rank does not hold")
+        raise ExactInitUnsupported(f"init code calls {func} on a parameter this rank does not hold")
 
 
 def _is_view(func: Any) -> bool:
@@ -122,17 +122,17 @@ def _names_by_call(loaded: LoadedModel, seed: int) -> tuple[dict[int, str], dict
     return {i: first[id(p)] for i, p in calls.items() if id(p) in first}, shapes
 
 
-def lean_init_works(loaded: LoadedModel) -> bool:
-    """Whether `lean_build` can run this model's constructor: a dry run with every parameter a sink
+def exact_init_works(loaded: LoadedModel) -> bool:
+    """Whether `exact_build` can run this model's constructor: a dry run with every parameter a sink
     (no parameter memory, no random draws)."""
     try:
-        lean_build(loaded, 0, set(), draw=False)
-    except LeanInitUnsupported:
+        exact_build(loaded, 0, set(), draw=False)
+    except ExactInitUnsupported:
         return False
     return True
 
 
-def lean_build(loaded: LoadedModel, seed: int, keep: set[str], draw: bool = True) -> dict[str, torch.Tensor]:
+def exact_build(loaded: LoadedModel, seed: int, keep: set[str], draw: bool = True) -> dict[str, torch.Tensor]:
     """The kept parameters and every buffer, valued as in `loaded.build("cpu", seed)`, under every name.
 
     `draw=False`: random fills of dropped parameters draw nothing (a dry run: the values are not used)."""
@@ -148,12 +148,12 @@ def lean_build(loaded: LoadedModel, seed: int, keep: set[str], draw: bool = True
         try:
             model = loaded._call_builder()
         except GraphsplitError as exc:  # the loader names the builder; keep our reason visible
-            if isinstance(exc.__cause__, LeanInitUnsupported):
+            if isinstance(exc.__cause__, ExactInitUnsupported):
                 raise exc.__cause__ from None
             raise
     got = {n: tuple(p.shape) for n, p in model.named_parameters()}
     if got != shapes:
-        raise LeanInitUnsupported("the constructor built different parameters on meta and on CPU")
+        raise ExactInitUnsupported("the constructor built different parameters on meta and on CPU")
     found: dict[str, torch.Tensor] = {n: p.detach() for n, p in model.named_parameters(remove_duplicate=False)
                                       if not isinstance(p, _Sink)}
     found.update({n: b for n, b in model.named_buffers(remove_duplicate=False)})
