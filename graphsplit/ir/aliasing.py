@@ -20,15 +20,14 @@ from typing import Any
 import torch.fx as fx
 import torch.nn as nn
 
-from .optable import OpKind, family, op_name
+from .optable import MATRIX_TRANSPOSES, RESHAPES, SPLITS, TRANSPOSES, OpKind, family, op_name
 
 # ops (by name, every spelling) whose output may share its first input's storage
 _VIEW_NAMES = frozenset({
-    "view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as",
-    "transpose", "t", "permute", "swapaxes", "swapdims", "movedim", "moveaxis", "split", "chunk", "split_with_sizes",
-    "unbind", "expand", "expand_as", "select", "slice", "narrow", "diagonal", "as_strided", "view_as_real",
-    "view_as_complex", "real", "imag", "unfold", "contiguous", "to", "type_as", "float", "half", "bfloat16",
-    "double", "detach", "alias", "T", "mT", "H", "mH", "getitem", "__getitem__",
+    *RESHAPES, *TRANSPOSES, *SPLITS, *MATRIX_TRANSPOSES, "movedim", "moveaxis", "expand", "expand_as", "select",
+    "slice", "narrow", "diagonal", "as_strided", "view_as_real", "view_as_complex", "real", "imag", "unfold",
+    "contiguous", "to", "type_as", "float", "half", "bfloat16", "double", "detach", "alias", "T", "H", "mH", "getitem",
+    "__getitem__",
 })
 # `x[i] = v`, `x += v` (on a tensor, `+=` writes into x)
 _IN_PLACE_OPERATORS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,

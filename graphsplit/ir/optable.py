@@ -223,14 +223,23 @@ _ACTIVATION_MODULES: tuple[type[nn.Module], ...] = (
     nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Dropout, nn.Identity, nn.LeakyReLU, nn.ELU,
     nn.Softplus, nn.Mish, nn.Hardswish, nn.ReLU6,
 )
+# The op names of the families several modules read (aliasing, the batch rules, tp's lookahead), written
+# once: every spelling of an op that reshapes without moving data (the aten forms export leaves too),
+# that swaps dims by their numbers, that cuts a dim into pieces.
+RESHAPES = ("view", "reshape", "_unsafe_view", "_reshape_alias", "_reshape_copy", "view_copy", "flatten", "unflatten",
+            "squeeze", "unsqueeze", "view_as", "reshape_as")
+TRANSPOSES = ("transpose", "t", "permute", "swapaxes", "swapdims")
+SPLITS = ("split", "chunk", "split_with_sizes", "unbind")
+# transposes of the last two dims spelled as attributes (no dim arguments to read)
+MATRIX_TRANSPOSES = ("mT", "numpy_T")
+
 _NAMED: dict[str, OpKind] = {}
 for _kind, _names in (
     (OpKind.IDENTITY, ("contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "double", "type_as",
                        "alias", "_to_copy", "dropout", "native_dropout", "feature_dropout", "requires_grad_", "type")),
-    (OpKind.VIEW, ("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as",
-                   "reshape_as")),
-    (OpKind.TRANSPOSE, ("transpose", "t", "permute", "swapaxes", "swapdims")),
-    (OpKind.SPLIT, ("split", "chunk", "split_with_sizes", "unbind")),
+    (OpKind.VIEW, RESHAPES),
+    (OpKind.TRANSPOSE, TRANSPOSES),
+    (OpKind.SPLIT, SPLITS),
     (OpKind.CAT, ("cat", "concat", "concatenate")),
     (OpKind.SOFTMAX, ("softmax", "log_softmax", "_softmax", "_log_softmax")),
     (OpKind.REDUCTION, ("sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "prod", "max", "min")),
@@ -243,7 +252,7 @@ for _kind, _names in (
     for _n in _names:
         _NAMED.setdefault(_n, _kind)
 # names whose leading underscore is part of the name, not an in-place suffix to strip
-_UNDERSCORED = ("_to_copy", "_unsafe_view", "_softmax", "_log_softmax")
+_UNDERSCORED = ("_to_copy", "_unsafe_view", "_reshape_alias", "_reshape_copy", "_softmax", "_log_softmax")
 
 
 def op_name(node: fx.Node) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ...ir.optable import MATRIX_TRANSPOSES, RESHAPES, SPLITS, TRANSPOSES
 from .compute import (
     attention,
     batch_norm,
@@ -59,16 +60,14 @@ for rule, names in (
                 "empty_strided", "new_zeros", "new_ones", "new_empty", "new_full", "scalar_tensor", "eye", "tril_indices",
                 "triu_indices", "new_empty_strided")),
     (constant, ("lift_fresh", "_tensor_constant")),
-    (view, ("view", "_unsafe_view", "reshape", "_reshape_alias", "unsqueeze", "squeeze", "flatten", "unflatten",
-             "view_as", "reshape_as", "_reshape_copy", "view_copy")),
+    (view, RESHAPES),
     (view_as_complex, ("view_as_complex",)),
     (view_as_real, ("view_as_real",)),
-    (permute, ("permute", "transpose", "t", "swapaxes", "swapdims", "numpy_T", "mT")),
+    (permute, (*TRANSPOSES, *MATRIX_TRANSPOSES)),
     (expand, ("expand", "expand_copy")),
     (slice_rule, ("slice", "narrow", "slice_copy")),
     (select, ("select",)),
-    (split_rule, ("split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split",
-              "unsafe_split_with_sizes")),
+    (split_rule, (*SPLITS, "tensor_split", "unsafe_split", "unsafe_split_with_sizes")),
     (cat, ("cat", "concat", "concatenate")),
     (stack, ("stack",)),
     (couple_dims("dim"), ("_softmax", "softmax", "_safe_softmax", "_log_softmax", "log_softmax", "cumsum", "cumprod", "logcumsumexp",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ...ir.meta import info
-from ...ir.optable import OpKind, family
+from ...ir.optable import RESHAPES, OpKind, family
 from ...ir.sharding import Shard
 from ...ir.walk import reachable
 from .layout import (
@@ -32,7 +32,7 @@ def chunk_layout(linear: fx.Node, out_features: int, tp: int) -> tuple[int, ...]
     users = list(linear.users)
     value = linear
     # look through views that keep the feature dim whole (HF Conv1D: addmm(...).view(B, T, 3C))
-    while len(users) == 1 and op_name_of(users[0]) in ("view", "reshape", "_unsafe_view") and shape_of(users[0]) \
+    while len(users) == 1 and op_name_of(users[0]) in RESHAPES and shape_of(users[0]) \
             and shape_of(users[0])[-1] == out_features:
         value = users[0]
         users = list(value.users)
@@ -80,7 +80,8 @@ def view_blocking_shard(linear: fx.Node, tp: int) -> tuple[int, str] | None:
     return None
 
 
-_HEAD_VIEWS = ("view", "reshape", "_unsafe_view", "unflatten")
+# the reshapes that can cut a dim into (chunks or heads, the rest)
+_HEAD_VIEWS = ("view", "reshape", "_unsafe_view", "_reshape_alias", "_reshape_copy", "view_copy", "unflatten")
 
 
 def _chunk_view(shape: tuple[int, ...], out: tuple[int, ...], tp: int) -> bool:
