@@ -5,7 +5,7 @@ import torch.nn as nn
 
 from graphsplit.analysis.shapes import annotate
 from graphsplit.ir.meta import info
-from graphsplit.ir.optable import OpKind
+from graphsplit.ir.op_kinds import OpKind
 from graphsplit.ir.trace import trace_model
 
 

@@ -7,7 +7,7 @@ import torch
 from graphsplit import Plan
 from graphsplit.backends.local import LocalPipeline
 from graphsplit.ir.meta import info
-from graphsplit.ir.optable import OpKind
+from graphsplit.ir.op_kinds import OpKind
 from graphsplit.loader import load_model
 from graphsplit.rewrite import rewrite_loaded
 from graphsplit.runtime.materialize import materialize_stage, model_tensors

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from graphsplit import Plan
-from graphsplit.ir.optable import Randomness, randomness
+from graphsplit.ir.op_kinds import Randomness, randomness
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 from graphsplit.launch.random_ops import find_random_ops, no_dropout

@@ -1,4 +1,4 @@
-"""Sizes that follow the data (analysis/shapes.py, ir/optable.py): a hand-written mixture of experts picks
+"""Sizes that follow the data (analysis/shapes.py, ir/op_kinds.py): a hand-written mixture of experts picks
 each expert's tokens with `torch.where(selected == i)` and writes them back with `results[idx] += ...`
 (mistral-inference's reference MoeLayer). On meta such an op has no size: the analysis gives it the
 largest it can be (every element counted), marks what follows from it, and no stage boundary is put

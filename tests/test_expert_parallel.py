@@ -215,7 +215,7 @@ def test_grouped_linears_count_their_flops():
     """torch's FLOP counter has no formula for HF's grouped matmul: each routed row's product with its
     expert's weight is counted (the cost the pipeline split balances and the planner prices)."""
     from graphsplit.ir.meta import info
-    from graphsplit.ir.optable import OpKind
+    from graphsplit.ir.op_kinds import OpKind
 
     gm = _compile("hf_mixtral.py", Plan()).stages[0].gm
     grouped = [info(n) for n in gm.graph.nodes if info(n).kind == OpKind.GROUPED_LINEAR]

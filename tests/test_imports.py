@@ -73,7 +73,7 @@ def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_reader_sees_every_kind_of_import():
     graph = import_graph()
     assert "graphsplit.passes.tensor_parallel.rules.matrix" in graph["graphsplit.passes.tensor_parallel.rules"]
-    assert "graphsplit.ir.optable" in graph["graphsplit.ir.meta"]  # from .optable import OpKind
+    assert "graphsplit.ir.op_kinds" in graph["graphsplit.ir.meta"]  # from .op_kinds import OpKind
     assert "graphsplit.passes.pipeline_split" in graph["graphsplit.rewrite"]
     assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 

@@ -11,7 +11,7 @@ from graphsplit import GraphsplitError, Plan
 from graphsplit.analysis.balance import _Ends, balanced_cuts
 from graphsplit.analysis.shapes import annotate
 from graphsplit.ir.meta import info
-from graphsplit.ir.optable import OpKind
+from graphsplit.ir.op_kinds import OpKind
 from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
 from graphsplit.passes.pipeline_split import liveness

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from graphsplit.ir.meta import TensorSpec, info
-from graphsplit.ir.optable import OpKind, family
+from graphsplit.ir.op_kinds import OpKind, family
 from graphsplit.ir.sharding import P, R, S, Shard, local_shape, real_rows, shard_tensor, unpad
 from graphsplit.ops import tp as tpops
 from graphsplit.passes.tensor_parallel.decision import (

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 
 from graphsplit import GraphsplitError, Plan
-from graphsplit.ir.optable import OpKind, classify
+from graphsplit.ir.op_kinds import OpKind, classify
 from graphsplit.ir.trace import trace_model
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model

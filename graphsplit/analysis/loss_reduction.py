@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ir.meta import info
-from ..ir.optable import OpKind, classify, op_name, randomness
+from ..ir.op_kinds import OpKind, classify, op_name, randomness
 from ..ir.walk import inputs, reachable
 
 aten = torch.ops.aten

@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import GraphsplitError
 from ..ir.devices import meta_sizes
 from ..ir.meta import TensorSpec, info, module_path
-from ..ir.optable import OpKind, classify, family, sizes_from_data, writes_into
+from ..ir.op_kinds import OpKind, classify, family, sizes_from_data, writes_into
 from ..ir.size_conditions import DECIDED
 from .fused_attention import FusedAttention
 

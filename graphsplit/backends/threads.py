@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
-from ..ir.optable import draws
+from ..ir.op_kinds import draws
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch.fx as fx
 import torch.nn as nn
 
-from .optable import MATRIX_TRANSPOSES, RESHAPES, SPLITS, TRANSPOSES, OpKind, family, op_name
+from .op_kinds import MATRIX_TRANSPOSES, RESHAPES, SPLITS, TRANSPOSES, OpKind, family, op_name
 
 # ops (by name, every spelling) whose output may share its first input's storage
 _VIEW_NAMES = frozenset({

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .optable import OpKind
+from .op_kinds import OpKind
 
 META_KEY = "graphsplit"
 # the node.meta keys that say which module a node belongs to (re-analysis reads the module

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..ir.meta import module_path
-from ..ir.optable import Randomness, op_name, randomness
+from ..ir.op_kinds import Randomness, op_name, randomness
 from ..plan import Plan
 
 aten = torch.ops.aten

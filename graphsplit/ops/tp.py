@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from ..ir.optable import OpKind, register_function_kind
+from ..ir.op_kinds import OpKind, register_function_kind
 from .eager import eager as _eager
 from .tp_comm import TPComm
 

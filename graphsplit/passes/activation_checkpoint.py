@@ -56,7 +56,7 @@ import torch.fx as fx
 from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, NodeInfo, block_of, info
-from ..ir.optable import OpKind
+from ..ir.op_kinds import OpKind
 from ..ir.param_grads import mutates
 from ..ir.walk import reachable
 from ..ops.activation_checkpoint import CheckpointRegion

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, info, module_path
-from ..ir.optable import calls, op_name
+from ..ir.op_kinds import calls, op_name
 
 SDPA_ARGS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 SDPA = "scaled_dot_product_attention"  # fx's F.scaled_dot_product_attention and torch.export's ATen op (`calls`)

@@ -23,7 +23,7 @@ import torch.nn as nn
 from ..analysis.shapes import annotate
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, insert_node
-from ..ir.optable import OpKind, Precision, family
+from ..ir.op_kinds import OpKind, Precision, family
 from .functionalize import functionalize_modules
 from .manager import PassInput, PassResults
 from .tensor_parallel import TensorParallelResult

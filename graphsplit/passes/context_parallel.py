@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, module_path
-from ..ir.optable import calls
+from ..ir.op_kinds import calls
 from ..ir.walk import reachable, users
 from ..ops.context_parallel import CP_COMM_ATTR, CPComm, cp_attention, cp_positions, cp_take
 from .attention_form import SDPA, SDPA_ARGS

@@ -1,7 +1,7 @@
 """expert_parallel: with `--ep N`, each mixture-of-experts layer's experts placed whole on N ranks.
 
 Found from the graph, not from module names: a layer is the grouped linears (`grouped_mm` over
-one `[E, ..]` parameter each, ir/optable.py's GROUPED_LINEAR) that share one `offsets` value
+one `[E, ..]` parameter each, ir/op_kinds.py's GROUPED_LINEAR) that share one `offsets` value
 (HF's grouped experts: gate+up, the activation, down, all on rows sorted by expert). Between the
 first one's input and the last one's output every op must work row by row (the activation, the
 gate's product, casts): then the rows can be moved to the ranks holding their experts before
@@ -32,7 +32,7 @@ import torch.fx as fx
 from ..analysis.shapes import annotate
 from ..errors import GraphsplitError
 from ..ir.meta import STAMP_KEYS, canonical_names, info, insert_node
-from ..ir.optable import OpKind, classify, family
+from ..ir.op_kinds import OpKind, classify, family
 from ..ops.ep import EP_COMM_ATTR, EPComm, ep_combine, ep_dispatch
 from .manager import PassInput, PassResults
 from .tensor_parallel.spellings import grouped_linear_form

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, info, insert_node
-from ..ir.optable import OpKind, register_function_kind
+from ..ir.op_kinds import OpKind, register_function_kind
 from ..ir.sharding import Shard
 from ..ops.float8 import float8_linear, import_torchao
 from ..ops.tp_comm import COMM_ATTR

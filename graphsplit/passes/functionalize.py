@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ir.meta import TensorSpec, info, replace_node
-from ..ir.optable import OpKind
+from ..ir.op_kinds import OpKind
 
 _CONV = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
 # norms over the last dims, which sequence parallelism runs on a shard of the tokens, their

@@ -21,7 +21,7 @@ What cannot be kept so is refused with the model's line: an op taking a whole
 container of values that need gradients.
 
 Runs first, on the graph as traced: later passes see the detaches as ordinary
-`detach` ops (optable's identity family) and keep them.
+`detach` ops (op_kinds' identity family) and keep them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch.fx as fx
 
 from ..errors import GraphsplitError
 from ..ir.meta import TensorSpec, info, insert_node
-from ..ir.optable import OpKind
+from ..ir.op_kinds import OpKind
 from ..ir.param_grads import CALLS, in_place
 from .manager import PassInput, PassResults
 

@@ -26,7 +26,7 @@ from ..analysis.recompute import from_weights_alone, recomputable
 from ..errors import GraphsplitError
 from ..ir.batch import BatchDims
 from ..ir.meta import META_KEY, canonical_names, info
-from ..ir.optable import OpKind
+from ..ir.op_kinds import OpKind
 from ..ir.param_grads import is_detach
 from ..ir.program import Boundary, Program, StageProgram
 from ..ir.sharding import Shard

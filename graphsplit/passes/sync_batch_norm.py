@@ -14,7 +14,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import GraphsplitError
 from ..ir.meta import info
-from ..ir.optable import OpKind, classify
+from ..ir.op_kinds import OpKind, classify
 from ..ops.sync_batch_norm import DataParallelBatchNorm
 from .manager import PassInput, PassResults
 

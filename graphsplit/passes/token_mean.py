@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 from ..analysis.loss_reduction import Count, TokenMean, TokenMeans, additive_in, find_token_means
 from ..analysis.shapes import annotate
 from ..ir.meta import info, insert_node
-from ..ir.optable import OpKind
+from ..ir.op_kinds import OpKind
 from ..ir.traced import split_leaves
 from ..ops.token_scale import SCALE_ATTR, TokenScale, token_scaled
 from .loss_graph import trace_loss

@@ -21,7 +21,7 @@ from ..analysis.recompute import recomputable
 from ..analysis.shapes import annotate
 from ..errors import GraphsplitError
 from ..ir.meta import block_of, canonical_names, fresh_copy, info
-from ..ir.optable import OpKind
+from ..ir.op_kinds import OpKind
 from ..ir.sharding import local_shape
 from ..passes.manager import LossInput
 from .fold import Fold

@@ -26,7 +26,7 @@ from importlib import resources
 from typing import Any
 
 from ..ir.meta import SourceLine, info
-from ..ir.optable import OpKind
+from ..ir.op_kinds import OpKind
 from ..ir.program import Program
 from ..ir.sharding import layout_str
 from .diagram import COLORS

@@ -1,5 +1,5 @@
 """Minimal repro: under torch.export, `x[..., :n]` is `aten.slice.Tensor`, which
-optable.tp_family calls "unknown", so HF Llama's attention (rotate_half in RoPE,
+op_kinds.tp_family calls "unknown", so HF Llama's attention (rotate_half in RoPE,
 repeat_kv) is left replicated: q/k/v/o_proj get 'its sharded output would be gathered
 before any row-parallel layer'. Under fx the same code is `operator.getitem` and shards.
 

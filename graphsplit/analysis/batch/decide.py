@@ -15,7 +15,7 @@ from ...errors import GraphsplitError
 from ...ir.batch import BatchDims, SequenceDims
 from ...ir.devices import meta_sizes, on_meta
 from ...ir.meta import SourceLine, info
-from ...ir.optable import OpKind, classify
+from ...ir.op_kinds import OpKind, classify
 from ..fused_attention import FusedAttention
 from .mode import Discovery
 from .rules import RULES, pointwise

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...ir.optable import MATRIX_TRANSPOSES, RESHAPES, SPLITS, TRANSPOSES
+from ...ir.op_kinds import MATRIX_TRANSPOSES, RESHAPES, SPLITS, TRANSPOSES
 from .compute import (
     attention,
     batch_norm,

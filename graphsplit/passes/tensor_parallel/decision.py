@@ -27,7 +27,7 @@ from typing import Any
 import torch.fx as fx
 
 from ...ir.meta import canonical_names, info
-from ...ir.optable import OpKind
+from ...ir.op_kinds import OpKind
 from ...ir.sharding import Layout, Replicate, Shard
 from .layout import container_len, layout_of, shape_of
 from .lookahead import heads_views

@@ -24,7 +24,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ...ir.meta import info, insert_node
-from ...ir.optable import OpKind
+from ...ir.op_kinds import OpKind
 from ...ops import tp as tpops
 
 _REDUCES = (tpops.reduce_from_tp, tpops.reduce_scatter_to_tp)

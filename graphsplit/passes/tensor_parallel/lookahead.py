@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ...ir.meta import info
-from ...ir.optable import RESHAPES, OpKind, family
+from ...ir.op_kinds import RESHAPES, OpKind, family
 from ...ir.sharding import Shard
 from ...ir.walk import reachable
 from .layout import (

@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from ...errors import GraphsplitError
 from ...ir.meta import TensorSpec, info, insert_node
-from ...ir.optable import OpKind
+from ...ir.op_kinds import OpKind
 from ...ir.sharding import Layout, Replicate, Shard, local_shape
 from ...ops import tp as tpops
 from ...ops.tp_comm import COMM_ATTR, TPComm

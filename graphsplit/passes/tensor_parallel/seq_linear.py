@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ...ir.meta import replace_node
-from ...ir.optable import OpKind, family
+from ...ir.op_kinds import OpKind, family
 from ...ops import tp as tpops
 from .spellings import linear_form
 

@@ -13,7 +13,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ...ir.optable import op_name
+from ...ir.op_kinds import op_name
 from ...ops import tp as tpops
 from ...ops.float8 import float8_linear
 

@@ -22,7 +22,7 @@ import torch.nn as nn
 from ...analysis.shapes import annotate
 from ...errors import GraphsplitError
 from ...ir.meta import info, insert_node, replace_node
-from ...ir.optable import OpKind, family
+from ...ir.op_kinds import OpKind, family
 from ...ir.sharding import Partial, Replicate, Shard
 from ...ops import tp as tpops
 from ..functionalize import NORM_MODULES, functionalize_modules

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Replicate, Shard
 from ..decision import BROADCAST, Decision, LayoutView, Need, register, replicated
 from ..spellings import arg_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Replicate, Shard
 from ....ops import tp as tpops
 from ..decision import COMM, Call, Decision, LayoutView, register

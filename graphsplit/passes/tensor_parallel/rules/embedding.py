@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Replicate, Shard
 from ....ops import tp as tpops
 from ..decision import COMM, Call, Decision, LayoutView, register

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Partial, Replicate, Shard
 from ..decision import BROADCAST, Decision, LayoutView, Need, register, replicated
 from ..lookahead import chunk_layout, column_pays_off

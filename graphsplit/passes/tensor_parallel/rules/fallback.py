@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Replicate
 from ..decision import Decision, LayoutView, register, replicated
 from ..spellings import describe

@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from ....errors import GraphsplitError
 from ....ir.meta import info
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Partial, Replicate, Shard
 from ..decision import BROADCAST, SELF, Call, Decision, LayoutView, Need, register, replicated
 from ..layout import nearest_divisor, paddable

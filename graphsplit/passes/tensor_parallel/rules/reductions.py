@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ....ir.meta import info
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Shard
 from ..decision import BROADCAST, Decision, LayoutView, register, replicated
 from ..layout import norm_dim

@@ -8,7 +8,7 @@ import operator
 
 import torch.fx as fx
 
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Shard, local_shape
 from ....ops import tp as tpops
 from ..decision import COMM, SELF, Call, Decision, LayoutView, register

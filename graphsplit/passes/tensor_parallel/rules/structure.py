@@ -7,7 +7,7 @@ import torch.fx as fx
 
 from ....errors import GraphsplitError
 from ....ir.meta import info
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Replicate, Shard
 from ..decision import Call, Decision, LayoutView, Local, register, replicated
 from ..layout import container_len, index_shard_dim, moved_dim, norm_dim

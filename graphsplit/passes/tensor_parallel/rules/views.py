@@ -12,7 +12,7 @@ from typing import Any
 import torch.fx as fx
 
 from ....errors import GraphsplitError
-from ....ir.optable import OpKind
+from ....ir.op_kinds import OpKind
 from ....ir.sharding import Replicate, Shard
 from ..decision import Call, Decision, LayoutView, Local, register, replicated
 from ..layout import norm_dim, view_keeps_dim, view_layout
