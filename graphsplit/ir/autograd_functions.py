@@ -12,7 +12,7 @@ meta or fake tensors alike. The place is found by the frame of `Function.apply` 
 the call's end by a profile hook on that one frame (set only while a Function runs, and
 restored at once). torch.export sees each call as one `graphsplit::function_call` op while it
 traces (`functions_as_ops`), made the same FunctionCall afterwards (`functions_as_calls`).
-torch's own Functions (checkpointing, its internal ops) are traced through as before: they are
+torch's own Functions (checkpointing, its internal ops) are traced through: they are
 the framework, not the model.
 
 A Function given a callable that it runs under `no_grad` in forward and runs again under

@@ -5,7 +5,7 @@ value. The values such code reads are often known before any op runs: the sizes 
 inputs and of the model's parameters and buffers. HF's HFTracer (transformers/utils/fx.py) answers
 the same question by running every op on meta tensors as it traces; reading only those sizes, and
 arithmetic on them, is enough here and never evaluates anything that depends on data or device
-(conditions on values still send the model to torch.export, as before).
+(conditions on values send the model to torch.export).
 
 A decided condition specializes the graph to the branch the example inputs took. So that a later
 call which decides it the other way (a micro-batch, a dp share, another sequence length) fails

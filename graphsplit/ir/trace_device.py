@@ -7,7 +7,7 @@ runs `histc` on an int tensor on the CPU and fails ("histogram_cpu" not implemen
 for 'Int'), although the untouched model runs. So a meta model is exported with fake
 tensors that claim the CPU (no memory is allocated): every branch is the one the
 model takes when built normally. CPU branches are the portable ones: they also run
-on CUDA, where the program's factory calls are retargeted as before.
+on CUDA, where the program's factory calls are retargeted to the rank's device.
 
 Afterwards the graph is made device-neutral again, exactly as a meta trace leaves it:
 `device=cpu` arguments read `meta` (materialize.py points them at the rank's device)

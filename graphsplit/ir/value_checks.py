@@ -15,7 +15,7 @@ one truth value for it not to raise: `assert E`, `assert not E`, `assert E1 and 
 `if E: raise`, `if E1 or E2: raise` (each must not), `if A and E: raise` at its last operand (read
 from the span of the instruction that asked, Python 3.11+), never `if E and A: raise` at E.
 Any other use of a tensor's value in Python (`if x.sum() > 0: y = a else: y = b`) still is a
-data-dependent branch, refused as before. Under micro-batches a check runs on each piece: a check
+data-dependent branch, refused in one line. Under micro-batches a check runs on each piece: a check
 that the whole batch passes, each piece of it passes, for the checks that bound values (`max`, `any`,
 `all`, `isfinite`); a check on an average may differ (said in the guide).
 """
@@ -211,7 +211,7 @@ _KEYS = itertools.count(1)
 class ExportChecks(TorchFunctionMode):
     """While torch.export traces: `bool()` of a tensor whose value export cannot know (a data-dependent
     guard) at a check of the model's (`check_at`) takes the way that does not raise, and records the
-    condition in the graph as an assert of what must hold; any other such `bool()` fails as before."""
+    condition in the graph as an assert of what must hold; any other such `bool()` fails as export fails it."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

@@ -74,7 +74,7 @@ class ModelProfile:
         repeated blocks. Raises when the model cannot be compiled at all."""
         reference = self.table(Plan())
         # the FLOPs of the whole example batch per sample: with one sample no dim scales with the batch, and
-        # every op's FLOPs are the constant part (a model's MFU was 0 there)
+        # every op's FLOPs are the constant part, which counts once per batch, not per sample
         self.model_flops_per_sample = float(reference.flops[0].sum() + reference.flops[1].sum() / max(self.batch, 1))
         self.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
         self.has_blocks = bool((reference.block >= 0).any())

@@ -81,12 +81,12 @@ def op_seconds(table: OpTable, b: int, hw: Hardware, fused: bool = False) -> np.
 def fused_groups(table: OpTable) -> np.ndarray:
     """Each op's fused group as torch.compile (inductor) runs a stage: every maximal run of ops
     between matmul-class ops (which stay library kernels) is one group; a matmul-class op is -1.
-    (Priced across the eager tp collectives between compiled pieces, as before they were measured.)"""
+    (The eager tp collectives between compiled pieces are priced on their own, outside the groups.)"""
     return table.pieces()
 
 
 def fused_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:
-    """`op_seconds` under torch.compile: matmul-class ops as before; each fused group one kernel that
+    """`op_seconds` under torch.compile: matmul-class ops priced as eager ones; each fused group one kernel that
     reads from memory what it takes from outside the group (once per value) and writes what leaves
     it (read by an op outside the group), at the memory's rate, plus one launch. The group's time is
     shared over its ops by their unfused bytes, so stage sums, cuts and recompute read it per op."""

@@ -328,7 +328,7 @@ def find_batch_dims(
     declared: dict[str, int | None] | None = None,
 ) -> BatchDims:
     """`discover`, as the program's BatchDims. Where the graph does not run on meta (the analysis
-    then names what fails) or an input is empty, dim 0 of each, as before discovery."""
+    then names what fails) or an input is empty, dim 0 of each (the convention when nothing can be found)."""
     if any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in flat):
         return BatchDims.leading(input_names, flat)
     try:

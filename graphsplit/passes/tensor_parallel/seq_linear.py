@@ -12,7 +12,7 @@ The gathered value stays shared: the linears reading one value (separate q, k, v
 parallel-residual block's attention and MLP) take it from one all-gather forward and send their
 input gradients, summed by autograd, into one reduce-scatter; each re-gathers the shard for its
 own weight's gradient in backward (as Megatron does per linear). They all save the same shard
-tensor, kept once. Other consumers of the gathered value read it as before.
+tensor, kept once. Other consumers of the gathered value read the gathered tensor.
 """
 
 from __future__ import annotations
