@@ -81,7 +81,7 @@ def op_seconds(table: OpTable, b: int, hw: Hardware, fused: bool = False) -> np.
 def fused_groups(table: OpTable) -> np.ndarray:
     """Each op's fused group as torch.compile (inductor) runs a stage: every maximal run of ops
     between matmul-class ops (which stay library kernels) is one group; a matmul-class op is -1.
-    (The eager tp collectives between compiled pieces are priced on their own, outside the groups.)"""
+    (A group is not cut where a tp collective runs eagerly between compiled pieces.)"""
     return table.pieces()
 
 
