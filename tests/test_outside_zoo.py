@@ -1,7 +1,7 @@
 """Models written by others, copied unchanged (tests/models/outside/SOURCES.md), against the untouched
 model on the whole batch: loss, output and every rank's gradient slice. Each model at tp 2 and
 dp 2 x pp 2 on the local backend (one trace per model) and at pp 2 on real processes
-(`graphsplit run --check`; dp 2 x pp 2 there for a loss that couples the samples). A first run ends in one of three ways: it trains as the untouched
+(`graphsplit run --check`, tests/test_outside_zoo_processes.py; dp 2 x pp 2 there for a loss that couples the samples). A first run ends in one of three ways: it trains as the untouched
 model, it is refused in one line naming the code, or it says why it differs; never a traceback.
 The table below is every `*_tiny.py` file (a new one must be put in it), and README.md's share of
 the zoo that trains at every plan is counted from it. `python bench/outside_zoo.py` prints it."""
@@ -12,7 +12,6 @@ import pytest
 
 from graphsplit import Plan
 from graphsplit.errors import GraphsplitError
-from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
 from graphsplit.rewrite import trace_loaded
@@ -112,21 +111,6 @@ def test_the_local_backend_sends_a_whole_batch_loss_under_dp_to_real_processes(n
     with pytest.raises(GraphsplitError, match="the local backend runs dp replicas one after the other, and the loss "
                                               "couples the samples"):
         check_locally(loaded, LOCAL_PLANS["dp2-pp2"], traced=traced.copy())
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", [*TRAINS, *PARTLY])
-def test_on_real_processes_at_pp2(name):
-    """Every model that traces, once on real gloo processes: `graphsplit run --check` at pp 2 (torch's
-    pipelining schedule, the stages' sends, each rank building its own stage); at dp 2 x pp 2 where the
-    loss couples the samples (each replica gathers the replicas' outputs)."""
-    lines: list[str] = []
-    plan = Plan(dp=2, pp=2) if name in WHOLE_BATCH_LOSS else Plan(pp=2)  # what the local backend cannot run
-    cmp = run_training(str(OUTSIDE / f"{name}_tiny.py"), plan, RunOptions(steps=2, check=True, timeout_s=200),
-                       echo=lines.append)
-    assert cmp is not None and cmp.ok, "\n".join(lines)
-    assert lines[-1].startswith("check passed"), lines[-1]
 
 
 def test_the_seq_first_transformer_is_cut_along_its_batch_dim():

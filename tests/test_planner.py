@@ -16,10 +16,10 @@ from graphsplit.analysis.memory import gathered_dtype, saved_bytes
 from graphsplit.errors import GraphsplitError
 from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
+from graphsplit.planner import alike_blocks as alike_module
 from graphsplit.planner import fold as fold_module
 from graphsplit.planner import load_hardware, plan_model
 from graphsplit.planner import profile as profile_module
-from graphsplit.planner import replicas as replicas_module
 from graphsplit.planner import stages as stages_module
 from graphsplit.planner import tile as tile_module
 from graphsplit.planner.estimate import estimate
@@ -229,9 +229,9 @@ def test_blocks_alike_the_second_are_traced_as_one_call_and_give_the_same_tables
     planner traces them as one call each and stands block 2 in for them; every table equals the one
     from tracing every block."""
     loaded, alike_profile = deep
-    blocks, alike = replicas_module.alike_blocks(loaded.build("meta"))
+    blocks, alike = alike_module.alike_blocks(loaded.build("meta"))
     assert blocks[0] == "layers.0" and len(blocks) == 10 and alike == frozenset(blocks[2:])
-    monkeypatch.setattr(profile_module, "alike_blocks", lambda model: (replicas_module.alike_blocks(model)[0], frozenset()))
+    monkeypatch.setattr(profile_module, "alike_blocks", lambda model: (alike_module.alike_blocks(model)[0], frozenset()))
     whole = profile_model(loaded, (2,))
     for key in ((1, False, False), (1, True, False), (2, False, False), (2, True, False)):
         _same_tables(alike_profile.variants[key], whole.variants[key])
@@ -260,11 +260,11 @@ class _Stack(torch.nn.Module):
 
 
 def test_blocks_that_differ_or_run_hooks_are_not_alike():
-    assert replicas_module.alike_blocks(_Stack())[1] == frozenset({"blocks.2", "blocks.3", "blocks.4", "blocks.5"})
-    assert replicas_module.alike_blocks(_Stack((1.0, 1.0, 1.0, 2.0, 1.0, 1.0)))[1] == frozenset()
+    assert alike_module.alike_blocks(_Stack())[1] == frozenset({"blocks.2", "blocks.3", "blocks.4", "blocks.5"})
+    assert alike_module.alike_blocks(_Stack((1.0, 1.0, 1.0, 2.0, 1.0, 1.0)))[1] == frozenset()
     hooked = _Stack()
     hooked.blocks[4].register_forward_hook(lambda *a: None)
-    assert replicas_module.alike_blocks(hooked)[1] == frozenset()
+    assert alike_module.alike_blocks(hooked)[1] == frozenset()
 
 
 def test_alike_blocks_called_differently_are_traced_through(tmp_path):
@@ -272,7 +272,7 @@ def test_alike_blocks_called_differently_are_traced_through(tmp_path):
     mask) are not the same ops: the trace with them as single calls does not fold, so the model is
     traced through, as a whole trace would see it."""
     model = _Stack()
-    blocks, alike = replicas_module.alike_blocks(model)
+    blocks, alike = alike_module.alike_blocks(model)
     args = (torch.randn(2, 8),)
     traced = trace_model(model, args, {}, leaves=alike, watch=frozenset(blocks[:2]))
     assert any(n.op == "call_module" and n.target == "blocks.5" for n in traced.gm.graph.nodes)
