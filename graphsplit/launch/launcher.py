@@ -193,7 +193,7 @@ def run_training(
         tempfile.TemporaryDirectory(prefix="graphsplit-run-")
     with folder as tmp_str:
         tmp = Path(tmp_str)
-        per_rank = fast = False
+        tensors = "exact"
         mode = "exact"
         if opts.weights is not None and opts.init == "fast":
             raise GraphsplitError("--init fast draws a new model and --weights gives one; drop one of them")
@@ -209,7 +209,7 @@ def run_training(
         if mode == "fast":
             # each rank draws its own blocks (runtime/fast_init.py); the whole model at tp 1 holds the
             # same values, so it is the reference
-            fast = True
+            tensors = "fast"
             weights = None
             model = fast_model(loaded, plan.seed) if opts.check else None
         elif opts.weights is None:
@@ -217,6 +217,7 @@ def run_training(
             # (runtime/exact_init.py), or, when the init code reads other tensors, the model is built here once
             # and saved for the ranks to slice
             per_rank = exact_init_works(loaded)
+            tensors = "exact" if per_rank else "file"
             weights = None if per_rank else str(tmp / "weights.pt")
             model = loaded.build("cpu", seed=plan.seed) if opts.check or not per_rank else None
             if not per_rank:
@@ -224,6 +225,7 @@ def run_training(
             echo("initialization: each rank runs the constructor keeping only its own parameters" if per_rank else
                  "initialization: the init code reads tensors across the model, so it is built once here and the ranks slice it")
         else:
+            tensors = "user_file"
             weights = str(Path(opts.weights).resolve())
             model = reference_with_weights(loaded, weights, plan) if opts.check else None
         if not opts.check:
@@ -232,9 +234,9 @@ def run_training(
             model=str(Path(loaded.path).resolve()) + (f":{loaded.factory}" if ":" in model_spec else ""),
             plan=plan.to_dict(), steps=opts.steps, optimizer=opts.optimizer, lr=opts.lr, optim=dict(opts.optim),
             fixed_cuts=list(fixed_cuts) if fixed_cuts is not None else None,
-            weights=weights, user_weights=opts.weights is not None, dump_dir=str(tmp) if opts.check else None,
+            tensors=tensors, weights=weights, dump_dir=str(tmp) if opts.check else None,
             save_dir=opts.save, save_every=opts.save_every, keep_last=opts.keep_last,
-            resume_dir=opts.resume, exact_init=per_rank, fast_init=fast, timeout_s=opts.timeout_s,
+            resume_dir=opts.resume, timeout_s=opts.timeout_s,
             collective_timeout_s=opts.collective_timeout_s, run_dir=str(tmp),
             train_data=loaded.train_data is not None, eval_every=opts.eval_every, metrics=opts.metrics,
             tensorboard=opts.tensorboard, dropout_off=opts.check and bool(randoms.dropouts),

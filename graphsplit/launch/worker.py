@@ -55,10 +55,12 @@ class RunSpec:
     # the rest of the optimizer's settings (runtime/training.py OptimConfig, less optimizer and lr)
     optim: dict[str, Any] = field(default_factory=dict)
     fixed_cuts: list[str] | None = None
+    # where each rank's tensors come from (one choice, `_tensor_source`): "exact", the model's constructor
+    # keeping only this rank's parameters; "fast", only this rank's blocks drawn (runtime/fast_init.py);
+    # "file", `weights`, the whole model saved by the launcher; "user_file", `weights`, the user's file
+    # (parameters, persistent buffers: the other buffers from the constructor with parameters on meta)
+    tensors: str = "exact"
     weights: str | None = None
-    # True: `weights` is the user's file (parameters, persistent buffers); the other
-    # buffers come from running the constructor with parameters on meta
-    user_weights: bool = False
     dump_dir: str | None = None
     timeout_s: float = 600.0  # collectives during set-up (imports, materializing a large stage)
     # collectives once set-up is over: a rank that stops answering is noticed within this
@@ -68,8 +70,6 @@ class RunSpec:
     save_every: int = 0  # and every this many steps (0: only after the last)
     keep_last: int = 3  # the newest checkpoints kept in save_dir (0: all)
     resume_dir: str | None = None  # a DCP checkpoint folder to start from (written at any plan)
-    exact_init: bool = False  # no weights file: run the constructor keeping only this rank's parameters
-    fast_init: bool = False  # no weights file: draw only this rank's blocks (runtime/fast_init.py)
     train_data: bool = False  # draw each step's batch from the model file's train_data()
     eval_every: int = 0  # evaluate on eval_data() every this many steps (0: never)
     metrics: str | None = None  # a JSON-lines file, one line per step (the rank holding the loss writes it)
@@ -96,21 +96,20 @@ def _tensor_source(spec: RunSpec, loaded: LoadedModel, program: Program) -> Tens
     or a weights file mapped into memory."""
 
     def tensors(stages: Sequence[int]) -> Mapping[str, torch.Tensor] | FastInit | None:
-        if spec.fast_init:
+        if spec.tensors == "fast":
             from ..runtime.fast_init import FastInit
 
             return FastInit.for_model(loaded, program.plan.seed)
-        if spec.exact_init:
+        if spec.tensors == "exact":
             from ..runtime.exact_init import exact_build
 
             keep = {c for s in stages for c in program.stages[s].param_sources.values()}
             return exact_build(loaded, program.plan.seed, keep)
-        if not spec.weights:
-            return None
+        assert spec.weights is not None, spec.tensors
         from ..runtime.weights import open_weights
 
         source = open_weights(spec.weights)
-        if spec.user_weights:  # the user's file holds no non-persistent buffer: the constructor makes them
+        if spec.tensors == "user_file":  # the user's file holds no non-persistent buffer: the constructor makes them
             buffers = dict(loaded.build_buffers_only().named_buffers(remove_duplicate=False))
             return ChainMap(source, buffers)  # type: ignore[arg-type]
         return source
