@@ -37,7 +37,7 @@ from .errors import GraphsplitError
 from .ir.batch import BatchDims, SequenceDims
 from .ir.program import Program
 from .ir.trace import trace_model
-from .ir.traced import Traced
+from .ir.traced_model import Traced
 from .ops.context_parallel import shard_tree, shard_values
 from .passes.activation_checkpoint import checkpoint_pass
 from .passes.attention_form import attention_form

@@ -22,7 +22,7 @@ import pytest
 
 from graphsplit import GraphsplitError, Plan
 from graphsplit.ir.sharding import Shard
-from graphsplit.ir.traced import Traced
+from graphsplit.ir.traced_model import Traced
 from graphsplit.launch.parity import check_locally
 from graphsplit.rewrite import rewrite_loaded, trace_loaded
 

@@ -20,7 +20,7 @@ from .batch import BatchDims
 from .meta import TensorSpec, info
 from .param_grads import params_without_grad
 from .sharding import Layout, Replicate, Shard, expert_block, local_shape
-from .traced import Traced, fill_leaves
+from .traced_model import Traced, fill_leaves
 
 if TYPE_CHECKING:
     from ..analysis.loss_reduction import TokenMeans

@@ -3,7 +3,7 @@
 `torch.fx.symbolic_trace` first: it keeps the user's modules as `call_module`
 nodes and is fast. When it fails (data-dependent control flow, HF-style code)
 we fall back to `torch.export.export(..., strict=False)` (trace_export.py), whose
-module is also a GraphModule, with ATen ops. Either way the result (traced.py) has:
+module is also a GraphModule, with ATen ops. Either way the result (traced_model.py) has:
 
 - one placeholder per tensor input (non-tensor inputs are baked in as constants),
 - an output node returning a flat tuple: the leaves of the model's output.
@@ -56,7 +56,7 @@ from .size_conditions import (
     where,
 )
 from .trace_export import quiet_torch_logs, trace_export
-from .traced import Traced, bake, flat_output, mark_constants
+from .traced_model import Traced, bake, flat_output, mark_constants
 from .user_source import (
     READS_VALUES,
     first_line,

@@ -24,7 +24,7 @@ from .meta import info
 from .meta_kernels import missing_kernels
 from .size_conditions import check_export_ranges
 from .trace_device import as_if_on_cpu, back_to_meta, fake_inputs, on_meta
-from .traced import Traced, bake, flat_output, mark_constants
+from .traced_model import Traced, bake, flat_output, mark_constants
 from .user_source import source_from_stack_trace
 from .value_checks import ExportChecks, checks_as_calls, kept_checks
 

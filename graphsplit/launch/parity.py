@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 
 from ..ir.program import Program
 from ..ir.sharding import shard_tensor, unpad
-from ..ir.traced import Traced
+from ..ir.traced_model import Traced
 from ..loader import LoadedModel
 from ..plan import Plan
 from ..runtime.microbatch import (

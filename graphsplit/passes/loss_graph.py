@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from ..ir.devices import explicit_devices
-from ..ir.traced import fill_leaves
+from ..ir.traced_model import fill_leaves
 
 
 class _Loss(nn.Module):

@@ -30,7 +30,7 @@ from ..ir.op_kinds import OpKind
 from ..ir.param_grads import is_detach
 from ..ir.program import Boundary, Program, StageProgram
 from ..ir.sharding import Shard
-from ..ir.traced import CONSTANT, Traced, split_leaves
+from ..ir.traced_model import CONSTANT, Traced, split_leaves
 from ..ops.pipeline import dense_grad
 from ..ops.pipeline import sent as sent_alias
 from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan

@@ -29,7 +29,7 @@ from ..analysis.loss_reduction import Count, TokenMean, TokenMeans, additive_in,
 from ..analysis.shapes import annotate
 from ..ir.meta import info, insert_node
 from ..ir.op_kinds import OpKind
-from ..ir.traced import split_leaves
+from ..ir.traced_model import split_leaves
 from ..ops.token_scale import SCALE_ATTR, TokenScale, token_scaled
 from .loss_graph import trace_loss
 from .manager import PassInput, PassResults

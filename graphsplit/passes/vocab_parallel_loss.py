@@ -21,7 +21,7 @@ from ..analysis.loss_reduction import TokenMeans
 from ..analysis.shapes import annotate
 from ..ir.meta import fresh_copy, info
 from ..ir.sharding import S, Shard
-from ..ir.traced import split_leaves
+from ..ir.traced_model import split_leaves
 from ..ops import tp as tpops
 from .loss_graph import trace_loss
 from .manager import PassInput, PassResults
