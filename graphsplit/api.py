@@ -63,19 +63,25 @@ def transform(
 
 
 def price(
-    model: str | LoadedModel,
+    model: str | LoadedModel | nn.Module,
     plan: Plan,
     hardware: str | Hardware = "h100",
     gpu_memory: int | str | None = None,
     gpus_per_node: int | None = None,
     optimizer: str = "adamw",
     compare: bool = True,
+    example_inputs: tuple[Any, ...] | dict[str, Any] | None = None,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    example_target: Any = None,
 ) -> Priced:
     """What `plan` costs a model file on `hardware` (a profile name or JSON file, or a `Hardware`), as
     `graphsplit plan` prices every candidate: its busiest rank's memory in its parts and its step time
     in its parts, whether it fits `gpu_memory` (bytes or "80GiB"; default the hardware's), and, with
     `compare`, the fastest plan the search finds on the same devices and what makes the difference
-    (`Priced.versus_best()`). Nothing runs: the model is traced and measured on meta tensors."""
+    (`Priced.versus_best()`). Nothing runs: the model is traced and measured on meta tensors.
+
+    `model` may be a module already built (with its weights; no weight is copied): give its
+    `example_inputs` (the global batch), and `loss_fn` and `example_target` as a model file would."""
     from .planner import load_hardware
     from .planner.price import price_plan
     from .planner.profile import profile_model
@@ -83,7 +89,15 @@ def price(
 
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     memory = parse_bytes(gpu_memory) if isinstance(gpu_memory, str) else gpu_memory or hw.memory_bytes
-    loaded = load_model(model) if isinstance(model, str) else model
+    if isinstance(model, nn.Module):
+        from .loader import model_in_memory
+
+        if example_inputs is None:
+            raise GraphsplitError("price(module, ...) needs example_inputs=: the global batch it trains on")
+        args, kwargs = (example_inputs, {}) if isinstance(example_inputs, tuple) else ((), dict(example_inputs))
+        loaded = model_in_memory(model, args, kwargs, loss_fn, example_target)
+    else:
+        loaded = load_model(model) if isinstance(model, str) else model
     profile = profile_model(loaded, (plan.tp,), hw.fused_attention)
     return price_plan(profile, plan, hw, memory, None, gpus_per_node or hw.gpus_per_node, optimizer, compare)
 

@@ -4,6 +4,7 @@ prices that candidate, fits or not, beside the search's best and what makes the 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -68,6 +69,24 @@ def test_price_from_python_needs_no_planner_internals():
     assert priced.fits and priced.gpus == 8
     record = priced.to_dict()
     assert record["priced"]["plan"]["tp"] == 2 and record["best"] is not None and record["versus_best"]
+
+
+def test_a_module_in_memory_is_priced_as_its_model_file():
+    """`price(module, plan, example_inputs=...)`: a model already built, read on meta without copying a
+    weight, priced exactly as the same model's file."""
+    sys.path.insert(0, str(EXAMPLES))
+    import gpt  # noqa: PLC0415
+
+    plan = Plan(tp=2, pp=2, dp=2)
+    module = gpt.build_model()
+    from_file = graphsplit.price(str(EXAMPLES / "gpt.py"), plan, "h100", "80GiB", compare=False)
+    in_memory = graphsplit.price(module, plan, "h100", "80GiB", compare=False, example_inputs=gpt.example_inputs(),
+                                 loss_fn=gpt.loss_fn, example_target=gpt.example_target())
+    assert in_memory.estimate.step_seconds == pytest.approx(from_file.estimate.step_seconds, rel=1e-9)
+    assert in_memory.estimate.memory == from_file.estimate.memory
+    assert all(p.device.type == "cpu" for p in module.parameters())  # the module itself untouched
+    with pytest.raises(graphsplit.GraphsplitError, match="needs example_inputs="):
+        graphsplit.price(module, plan, "h100")
 
 
 def test_plan_command_prices_the_flags_given():
