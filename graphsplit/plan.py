@@ -299,7 +299,13 @@ class Plan:
         """FSDP frees each region's gathered parameters after its forward and gathers them again for its
         backward: ZeRO-3 with one stage (under a pipeline the units stay gathered between micro-batches,
         and ZeRO-2 keeps them gathered through the step)."""
-        return self.fsdp_per_region and self.num_stages == 1 and self.zero != 2
+        return self.block_regions and self.zero != 2
+
+    @property
+    def block_regions(self) -> bool:
+        """Each block a region of its own even where nothing is checkpointed (run plainly as `block_N`):
+        with one stage under per-region FSDP, so FSDP shards and gathers each block as a unit."""
+        return self.fsdp_per_region and self.num_stages == 1
 
     @property
     def checkpoint_policy(self) -> CheckpointPolicy:

@@ -112,7 +112,7 @@ def test_zero2_keeps_each_units_parameters_gathered_from_its_forward_to_its_back
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from graphsplit.backends.parallelize import apply_fsdp, fsdp_regions
+    from graphsplit.backends.parallelize import apply_fsdp
     from graphsplit.loader import load_model
     from graphsplit.rewrite import rewrite_loaded
     from graphsplit.runtime.materialize import materialize_stage, model_tensors
@@ -127,8 +127,8 @@ def test_zero2_keeps_each_units_parameters_gathered_from_its_forward_to_its_back
                             timeout=__import__("datetime").timedelta(seconds=60))
     try:
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
-        apply_fsdp([module], mesh, per_region=plan.fsdp_per_region, reshard_after_forward=plan.fsdp_reshards)
-        regions = fsdp_regions(module)
+        apply_fsdp([module], mesh, units=[program.fsdp_units(0)], reshard_after_forward=plan.fsdp_reshards)
+        regions = [module.get_submodule(name) for name in program.fsdp_units(0)]
         assert len(regions) == 4  # a unit per block
         inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
         out = module(*inputs)

@@ -131,7 +131,7 @@ def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, t
     # stage gathered, where one unit per stage holds all of it
     for plan in (Plan(dp=4, fsdp=True), Plan(dp=4, fsdp=True, checkpoint="blocks")):
         index, table = WORLD_4.index(plan), profile.table(plan)
-        units = int(np.count_nonzero(unit_bytes(table, region_spans(table, "blocks", 0, table.n))))
+        units = int(np.count_nonzero(unit_bytes(table, plan, region_spans(table, "blocks", 0, table.n))))
         stage = int(plan_stages(profile, plan).param_bytes[0])
         buffers = predict(profile, plan).per_rank["communication_buffers"][0]
         assert units >= 3 and all(r[index]["fsdp_units"] == units + 1 for r in ranks), (plan, units)

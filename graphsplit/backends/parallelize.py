@@ -33,7 +33,6 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ..errors import GraphsplitError
 from ..ir.program import Program
-from ..ops.activation_checkpoint import CheckpointRegion
 from ..ops.context_parallel import CPComm
 from ..ops.ep import EPComm
 from ..ops.sync_batch_norm import bind_dp_group
@@ -122,11 +121,11 @@ def apply_sync_bn(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) ->
 
 
 def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | None = None,
-               ignored: frozenset[int] = frozenset(), per_region: bool = False,
+               ignored: frozenset[int] = frozenset(), units: Sequence[Sequence[str]] = (),
                reshard_after_forward: bool = False) -> None:
-    """ZeRO-3: FSDP2 `fully_shard` over the mesh's dp axis, each region of a stage a unit of its own
-    (`per_region`: a block's, checkpointed or, with one stage and no checkpointing, run plainly as
-    `block_N`; as torchtitan wraps each transformer block), then each stage module (the rest).
+    """ZeRO-3: FSDP2 `fully_shard` over the mesh's dp axis, the regions each module's `units` name units
+    of their own (`Program.fsdp_units`: its blocks, checkpointed or, with one stage and no checkpointing,
+    run plainly as `block_N`; as torchtitan wraps each transformer block), then each stage module (the rest).
 
     Parameters (already this tp rank's shards) become DTensors sharded on dim 0 over
     the dp replicas; FSDP gathers them around each forward and backward and
@@ -147,31 +146,13 @@ def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | N
     # inputs are left as they come: the program's own casts decide each op's dtype (passes/autocast.py)
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False) \
         if low is not None else MixedPrecisionPolicy()  # the default: no casts
-    for module in modules:
-        for region in fsdp_regions(module) if per_region else ():
+    for i, module in enumerate(modules):
+        for region in (module.get_submodule(name) for name in (units[i] if units else ())):
             skip = {p for p in region.parameters() if id(p) in ignored}
             fully_shard(region, mesh=mesh["dp"], mp_policy=policy, ignored_params=skip or None,
                         reshard_after_forward=reshard_after_forward)
         skip = {p for p in module.parameters() if id(p) in ignored}
         fully_shard(module, mesh=mesh["dp"], mp_policy=policy, ignored_params=skip or None)
-
-
-def fsdp_regions(module: nn.Module) -> list[nn.Module]:
-    """A stage's checkpointed regions that can be FSDP units of their own: those holding parameters that
-    nothing else in the stage reads (FSDP shards a parameter in one unit: a region holding a weight tied
-    to one outside it, a tied LM head, stays in the stage's unit)."""
-    names = {name for name, m in module.named_children() if isinstance(m, CheckpointRegion)}
-    owners: dict[int, set[str]] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        top = name.split(".")[0]
-        owners.setdefault(id(p), set()).add(top if top in names else "")
-    found = []
-    for name in sorted(names, key=lambda n: int(n.rsplit("_", 1)[-1])):
-        region = module.get_submodule(name)
-        mine = [owners[id(p)] for p in region.parameters()]
-        if mine and all(o == {name} for o in mine):
-            found.append(region)
-    return found
 
 
 def tied_groups(program: Program, mesh: DeviceMesh) -> dict[str, dist.ProcessGroup]:
@@ -327,7 +308,7 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     experts = apply_ep(program, modules, mesh)
     skip = frozenset(id(p) for p in experts.params) if experts is not None else frozenset()
     if plan.fsdp:  # a unit per block region (not under a split backward: one unit per stage there)
-        apply_fsdp(modules.values(), mesh, plan.autocast, skip, per_region=plan.fsdp_per_region,
+        apply_fsdp(modules.values(), mesh, plan.autocast, skip, [program.fsdp_units(i) for i in modules],
                    reshard_after_forward=plan.fsdp_reshards)
     tied = tied_groups(program, mesh)
     runners, averager = dict(modules), None

@@ -19,6 +19,7 @@ from ..plan import Plan
 from .batch import BatchDims
 from .meta import TensorSpec, info
 from .param_grads import params_without_grad
+from .regions import StageRegion, fsdp_units
 from .sharding import Layout, Replicate, Shard, expert_block, local_shape
 from .traced_model import Traced, fill_leaves
 
@@ -57,6 +58,10 @@ class StageProgram:
     # stage-local name -> value of a tensor the trace made itself, no part of the model (export's
     # lifted constants: a `torch.tensor(...)` in forward); the stage module holds it as a buffer
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    # its regions (CheckpointRegion children: blocks checkpointed or run plainly), the parameters each reads
+    # and those its other ops read, by canonical name: what FSDP's units are chosen from (ir/regions.py)
+    regions: tuple[StageRegion, ...] = ()
+    read_outside_regions: frozenset[str] = frozenset()
 
     def input_examples(self) -> tuple[torch.Tensor, ...]:
         """Meta tensors shaped like this stage's inputs for one micro-batch (for measurements)."""
@@ -117,6 +122,12 @@ class Program:
         of the expert dim; anything else whole)."""
         dim = self.expert_params.get(canonical)
         return value if dim is None else expert_block(value, dim, ep_rank, self.plan.ep)
+
+    def fsdp_units(self, index: int) -> list[str]:
+        """The regions of stage `index` FSDP shards as units of their own under this plan, by name (the
+        rest of the stage is one more unit): the backend wraps them, the report lists them."""
+        st = self.stages[index]
+        return [r.name for r in fsdp_units(self.plan, st.regions, st.read_outside_regions)]
 
     def stage_param_bytes(self, index: int) -> int:
         """Bytes of parameters one rank of this stage holds (tied copies counted once)."""

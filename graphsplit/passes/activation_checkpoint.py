@@ -317,10 +317,10 @@ class CheckpointRegions:
 def checkpoint_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, CheckpointRegions | None]:
     plan = inp.plan
     plain = plan.checkpoint == "none" and not plan.checkpoint_overrides
-    if plain and not (plan.fsdp_per_region and plan.num_stages == 1):
+    if plain and not plan.block_regions:
         return gm, None
     # FSDP with one stage and no checkpointing: each block still a region of its own, run plainly (`block_N`),
-    # so FSDP shards and gathers it as a unit (backends/parallelize.py: apply_fsdp)
+    # so FSDP shards and gathers it as a unit (ir/regions.py: fsdp_units)
     found = regions(gm, "blocks" if plain else plan)
     for i, region in enumerate(found):
         _wrap(gm, region, i, recomputable(gm.graph), plan.schedule in SPLIT_BACKWARD_SCHEDULES, recompute=not plain)

@@ -29,8 +29,10 @@ from ..ir.meta import META_KEY, canonical_names, info
 from ..ir.op_kinds import OpKind
 from ..ir.param_grads import is_detach
 from ..ir.program import Boundary, Program, StageProgram
+from ..ir.regions import StageRegion
 from ..ir.sharding import Shard
 from ..ir.traced_model import CONSTANT, Traced, split_leaves
+from ..ops.activation_checkpoint import CheckpointRegion
 from ..ops.pipeline import dense_grad
 from ..ops.pipeline import sent as sent_alias
 from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
@@ -202,6 +204,7 @@ def build_program(
                 buffer_sources={k: canon_b[id(b)] for k, b in stage_gm.named_buffers(remove_duplicate=False)
                                 if id(b) in canon_b},
                 constants=_constants(stage_gm, canon_b),
+                **_regions(stage_gm, canon_p),
             )
         )
     param_stages: dict[str, list[int]] = {}
@@ -211,6 +214,20 @@ def build_program(
     return Program(plan, traced, stages, boundaries, output_leaves, param_stages,
                    dict(param_shardings or {}), list(replicated or []), loss_gm, dict(sharded_outputs or {}),
                    token_means, batch_dims, dict(expert_params or {}), tuple(expert_layers))
+
+
+def _regions(stage_gm: fx.GraphModule, canonical: dict[int, str]) -> dict[str, Any]:
+    """A stage's regions (its CheckpointRegion children, in order) with the parameters each reads, and
+    the parameters read outside them, by canonical name (a tied weight is one name wherever it is read)."""
+    names = [name for name, m in stage_gm.named_children() if isinstance(m, CheckpointRegion)]
+    names.sort(key=lambda n: int(n.rsplit("_", 1)[-1]))
+    reads: dict[str, set[str]] = {name: set() for name in names}
+    outside: set[str] = set()
+    for local, p in stage_gm.named_parameters(remove_duplicate=False):
+        top = local.split(".")[0]
+        (reads[top] if top in reads else outside).add(canonical[id(p)])
+    return {"regions": tuple(StageRegion(name, frozenset(reads[name])) for name in names),
+            "read_outside_regions": frozenset(outside)}
 
 
 def _send_cost(boundary: Boundary) -> float:

@@ -85,7 +85,7 @@ class Stages:
     recomputed_bytes: np.ndarray | None = None
     # FSDP with one stage and a unit per block region (Plan.fsdp_per_region): per stage, the largest
     # region's parameter bytes, all regions' together, and how many regions are units
-    fsdp_regions: np.ndarray | None = None
+    fsdp_units: np.ndarray | None = None
 
 
 @dataclass
@@ -190,11 +190,11 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         # low dtype: with more than one micro-batch, fp32 gradients plus one stage's low-dtype ones
         accumulating = low and m > 1
         grads_held = sharded + by_rank(st.param_bytes, "max") // 2 if accumulating else gathered
-        if st.fsdp_regions is not None:
+        if st.fsdp_units is not None:
             # a unit per region, resharded after its forward and gathered again for its backward, the next
             # one's gathered ahead; its gradients reduce-scattered after its backward: the stage's other
             # parameters and two regions' at once (apply_fsdp)
-            largest, regions, _ = st.fsdp_regions[0]
+            largest, regions, _ = st.fsdp_units[0]
             held = np.maximum(sharded - regions, 0) + min(2 * int(largest), int(regions))
             grads_held = held // 2 if low else held
             buffers = buffers + 2 * grads_held
@@ -227,9 +227,9 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     if dp > 1 and plan.fsdp:  # gather once (in the gathered dtype), reduce-scatter once in fp32
         # a unit per region: its parameters gathered again for its backward, and each unit's two gathers
         # and reduce-scatter a ring collective of their own (dp - 1 latencies each)
-        again = float(st.fsdp_regions[0][1]) * float(gathered.max()) / max(float(sharded.max()), 1.0) \
-            if st.fsdp_regions is not None else 0.0
-        unit_latency = 3 * float(st.fsdp_regions[0][2]) * (dp - 1) * dp_lat if st.fsdp_regions is not None else 0.0
+        again = float(st.fsdp_units[0][1]) * float(gathered.max()) / max(float(sharded.max()), 1.0) \
+            if st.fsdp_units is not None else 0.0
+        unit_latency = 3 * float(st.fsdp_units[0][2]) * (dp - 1) * dp_lat if st.fsdp_units is not None else 0.0
         dp_comm = ring_seconds(float(gathered.max()) + again, dp, dp_bw, dp_lat, 1) + \
             ring_seconds(grads - experts, dp, dp_bw, dp_lat, 1) + expert_comm + unit_latency
     elif dp > 1:
@@ -239,7 +239,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     # overlapped with the last micro-batch's backward; under the zero-bubble schedules the gradients are
     # averaged after the step (runtime/grad_average.py) or reduce-scattered after the last weight backward
     # (a unit per region: each gathered ahead of its forward and its backward, the whole pass overlaps)
-    overlap = 0.0 if plan.schedule in ORDERED_SCHEDULES else bottleneck if st.fsdp_regions is not None \
+    overlap = 0.0 if plan.schedule in ORDERED_SCHEDULES else bottleneck if st.fsdp_units is not None \
         else 2 * bottleneck / 3
     exposed_dp = max(0.0, dp_comm - overlap)
     if plan.zero == 1:  # each replica broadcasts the share it stepped: an all-gather after the step, not hidden

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.regions import StageRegion, fsdp_units
+from ..plan import Plan
 from .table import OpTable
 
 
@@ -51,15 +53,15 @@ def stage_of(bounds: list[int], positions: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.asarray(bounds[1:-1]), positions, side="right")
 
 
-def unit_bytes(table: OpTable, spans: list[tuple[int, int]]) -> np.ndarray:
-    """Bytes of the parameters the ops of each span [lo, hi) read, for the spans whose parameters no op
-    outside the span reads (0 for the others): the FSDP units a stage's checkpointed regions become
-    (backends/parallelize.py: `fsdp_regions`; a region with a tied weight stays in the stage's unit)."""
+def unit_bytes(table: OpTable, plan: Plan, spans: list[tuple[int, int]]) -> np.ndarray:
+    """Bytes of the parameters the ops of each span [lo, hi) of a stage read, for the spans FSDP shards as
+    units of their own under `plan` (0 for the others): the program's choice over its regions
+    (ir/regions.py: `fsdp_units`), here over spans of ops and parameters by index."""
     pos, which, sizes = uses(table)
-    found = np.zeros(len(spans), dtype=np.int64)
+    regions, inside_any = [], np.zeros(len(pos), dtype=bool)
     for i, (lo, hi) in enumerate(spans):
         inside = (pos >= lo) & (pos < hi)
-        mine = np.unique(which[inside])
-        if not np.isin(mine, which[~inside]).any():
-            found[i] = int(sizes[mine].sum())
-    return found
+        inside_any |= inside
+        regions.append(StageRegion(str(i), frozenset(np.unique(which[inside]).tolist())))
+    units = {r.name for r in fsdp_units(plan, regions, np.unique(which[~inside_any]).tolist())}
+    return np.array([int(sizes[sorted(r.reads)].sum()) if r.name in units else 0 for r in regions], dtype=np.int64)

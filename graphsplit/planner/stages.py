@@ -399,7 +399,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     units = None
     if plan.fsdp_reshards:  # FSDP units of their own, gathered one or two at a time (ZeRO-3, one stage)
         # (no checkpointing: each block a region run plainly, an FSDP unit all the same)
-        sizes = unit_bytes(table, region_spans(table, "blocks" if plan.checkpoint == "none" else plan.checkpoint,
+        sizes = unit_bytes(table, plan, region_spans(table, "blocks" if plan.checkpoint == "none" else plan.checkpoint,
                                                0, table.n))
         units = np.array([[sizes.max(initial=0), sizes.sum(), np.count_nonzero(sizes)]], dtype=np.int64)
     found = Stages(
@@ -417,7 +417,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         expert_param_bytes=split["expert_bytes"],
         a2a_seconds=split["a2a"],
         cp_seconds=split["cp"] if plan.cp > 1 else None,
-        fsdp_regions=units,
+        fsdp_units=units,
     )
     table.cache[key] = found
     return found

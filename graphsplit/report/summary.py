@@ -62,17 +62,9 @@ def _merge_runs(names: list[str]) -> list[str]:
 
 
 def _fsdp_units(program: Program) -> list[dict[str, Any]]:
-    """Per stage, the regions FSDP shards as units of their own (backends/parallelize.py: apply_fsdp)."""
-    from ..backends.parallelize import fsdp_regions
-
-    plan = program.plan
-    found = []
-    for st in program.stages:
-        units = fsdp_regions(st.gm) if plan.fsdp_per_region else []
-        names = {id(m): n for n, m in st.gm.named_children()}
-        found.append({"stage": st.index, "regions": [names[id(m)] for m in units],
-                      "reshard_after_forward": plan.fsdp_reshards})
-    return found
+    """Per stage, the regions FSDP shards as units of their own (`Program.fsdp_units`, as the backend wraps them)."""
+    return [{"stage": st.index, "regions": program.fsdp_units(st.index),
+             "reshard_after_forward": program.plan.fsdp_reshards} for st in program.stages]
 
 
 def summarize(program: Program, transform_seconds: float | None = None, timings: dict[str, float] | None = None) -> dict[str, Any]:
