@@ -88,3 +88,26 @@ def test_strategy_refusals():
     with pytest.raises(GraphsplitError, match="GraphsplitFabricStrategy\\(plan='auto'\\) is not built"):
         GraphsplitFabricStrategy(plan="auto")
     GraphsplitStrategy(plan="auto", pp=2, hardware="h100", gpu_memory="80GiB")  # taken
+
+
+def test_a_planner_failure_that_is_no_graphsplit_error_reaches_every_rank_as_one_line(monkeypatch, module_and_batch):
+    """A bug in the planner under plan='auto': rank 0 raises the line it broadcast to the others (a
+    GraphsplitError naming the exception), not the planner's traceback."""
+    from graphsplit.lightning import GraphsplitStrategy
+    from graphsplit.lightning import auto_plan as auto_module
+
+    module, batch = module_and_batch
+    strategy = GraphsplitStrategy(plan="auto", hardware="cpu", gpu_memory="1GiB")
+    strategy.parallel_devices = [torch.device("cpu")]
+    strategy._lightning_module = module
+    sent = []
+    monkeypatch.setattr(strategy, "broadcast", lambda obj, src=0: sent.append(obj) or obj)
+    monkeypatch.setattr(auto_module, "first_batch", lambda trainer: batch)
+
+    def broken(*args, **kwargs):
+        raise KeyError("aten.some_op")
+
+    monkeypatch.setattr(auto_module, "auto_plan", broken)
+    with pytest.raises(GraphsplitError, match=r"^plan='auto' failed on rank 0: KeyError: 'aten.some_op'$") as caught:
+        strategy._choose_plan(trainer=None)
+    assert sent == [str(caught.value)] and isinstance(caught.value.__cause__, KeyError)

@@ -143,10 +143,13 @@ class GraphsplitStrategy(PlannedProcesses, ParallelStrategy):
                 found = auto_plan(self.lightning_module, first_batch(trainer), self.world_size, self.num_processes,
                                   hw, memory, self._fields)
             except Exception as exc:
-                # every rank fails with rank 0's line, none waits for a plan
-                self.broadcast(str(exc) if isinstance(exc, GraphsplitError) else f"plan='auto' failed on rank 0: "
-                               f"{type(exc).__name__}: {exc}")
-                raise
+                # every rank fails with rank 0's line (rank 0 too), none waits for a plan
+                line = str(exc) if isinstance(exc, GraphsplitError) else \
+                    f"plan='auto' failed on rank 0: {type(exc).__name__}: {exc}"
+                self.broadcast(line)
+                if isinstance(exc, GraphsplitError):
+                    raise
+                raise GraphsplitError(line) from exc
         found = self.broadcast(found)
         if isinstance(found, str):
             raise GraphsplitError(found)
