@@ -83,7 +83,9 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
                  for t in inputs)
     outputs = KeptOutputs(note)
     outputs.enter()
-    attention = FusedAttention() if fused_attention else contextlib.nullcontext()
+    # on_meta: the ATen op an exported graph calls is attention as a GPU runs it too, not only the
+    # functional call a torch.fx graph makes (the math path keeps the sequence x sequence probabilities)
+    attention = FusedAttention(on_meta=True) if fused_attention else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), outputs, attention:
         with meta_sizes():  # sizes that follow the data at their largest
             Run(module).run(*args)
