@@ -1,0 +1,366 @@
+"""The planner on published training runs it was not tuned on: each run's published layout priced on its
+hardware, its throughput beside the published one (docs/figures.md, "The planner on published runs").
+
+    python bench/published_runs.py                    # every run: a table, the ratios and their geometric mean
+    python bench/published_runs.py --system torchtitan --markdown
+
+Each run names its source (file and table), its model's shape (built on meta from the GPT or Llama example
+at that configuration: no weights exist), its hardware, the layout it published and its throughput. What a
+publication leaves open (micro-batch size, schedule, checkpointing) is taken as the fastest choice that fits
+in memory; what it states is fixed. A ratio above 1 is the planner predicting faster than the run was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "bench" / "models"))
+
+from llama import build_model as build_llama  # noqa: E402
+from megatron_gpt import build_model as build_gpt  # noqa: E402
+
+from graphsplit import Plan  # noqa: E402
+from graphsplit.loader import LoadedModel  # noqa: E402
+from graphsplit.plan import MULTI_STAGE_SCHEDULES, rounds_fit  # noqa: E402
+from graphsplit.planner import load_hardware  # noqa: E402
+from graphsplit.planner.estimate import Estimate  # noqa: E402
+from graphsplit.planner.price import price_plan  # noqa: E402
+from graphsplit.planner.profile import ModelProfile, build_all_tables, profile_model  # noqa: E402
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's shape: Megatron's GPT (bench/models/megatron_gpt.py: LayerNorm, GeLU MLP of 4 x the width,
+    flash attention, tied head) or the Llama example (RMSNorm, SwiGLU, RoPE, grouped-query attention, flash
+    attention) at a configuration."""
+
+    family: str  # "gpt" | "llama"
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq: int
+    kv_heads: int | None = None  # llama
+    ffn: int | None = None  # llama's SwiGLU width
+
+    def config(self) -> dict[str, Any]:
+        if self.family == "gpt":
+            return dict(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab, seq=self.seq)
+        return dict(n_layers=self.layers, dim=self.hidden, n_heads=self.heads, n_kv_heads=self.kv_heads,
+                    hidden=self.ffn, vocab_size=self.vocab, max_seq_len=self.seq)
+
+    def loaded(self, batch: int) -> LoadedModel:
+        build, source = (build_gpt, "bench/models/megatron_gpt.py") if self.family == "gpt" else \
+            (build_llama, "examples/llama.py")
+        tokens = torch.zeros(batch, self.seq, dtype=torch.long)
+        config = self.config()
+        return LoadedModel(ROOT / source, "build_model", lambda: build(**config), (tokens,), {},
+                           _cross_entropy, tokens)
+
+    def megatron_flops_per_token(self) -> float:
+        """Megatron-LM's model FLOPs of one token's training step (megatron/training/training.py,
+        `num_floating_point_operations`, MLP 4 x the width, no GQA): 72 l h^2 (1 + s / 6h + V / 12lh)."""
+        h, s, v, lay = self.hidden, self.seq, self.vocab, self.layers
+        return 72 * lay * h * h * (1 + s / (6 * h) + v / (12 * lay * h))
+
+
+LLAMA31_8B = Shape("llama", 32, 4096, 32, 128256, 8192, kv_heads=8, ffn=14336)
+LLAMA31_70B = Shape("llama", 80, 8192, 64, 128256, 8192, kv_heads=8, ffn=28672)
+LLAMA3_405B = Shape("llama", 126, 16384, 128, 128256, 8192, kv_heads=8, ffn=53248)
+
+
+def _megatron(heads: int, hidden: int, layers: int) -> Shape:
+    return Shape("gpt", layers, hidden, heads, 131072, 4096)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published training run and the unit its throughput was published in."""
+
+    system: str
+    name: str
+    source: str
+    shape: Shape
+    hardware: str
+    batch: int  # global batch, sequences
+    layout: Plan  # the published layout; micro-batches set from `micro_batch` when published
+    published: float
+    unit: str  # "tokens/s/GPU" | "TFLOP/s/GPU (Megatron)" | "TFLOP/s/GPU (model)" | "s/step"
+    micro_batch: int | None = None  # sequences a micro-batch, when published
+    open: tuple[str, ...] = ("micro_batch", "schedule", "checkpoint")  # what the publication leaves open
+    note: str = ""
+    checkpoints: tuple[str, ...] = ("none", "selective", "blocks")
+    gpu_memory: int | None = None  # the run's GPUs' memory where it is not the profile's
+    memory_gib: float | None = None  # the peak memory per GPU it published
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.world_size
+
+
+MEGATRON_SRC = "NVIDIA/Megatron-LM README.md, Performance Benchmarking (images/model_table.png, 2024-07-15)"
+MEGATRON_NOTE = "bf16; vocab 131,072, 4,096 tokens; --overlap-grad-reduce/-param-gather, --tp-comm-overlap"
+
+
+def _megatron_runs() -> Iterator[Run]:
+    rows = [("1.7B", 16, 2048, 24, 1, 1, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 1, 192, 465.9),
+            ("16B", 48, 6144, 32, 4, 1, 192, 489.1), ("32B", 56, 7168, 48, 8, 1, 192, 459.6),
+            ("70B", 64, 8192, 84, 8, 2, 384, 419.7), ("119B", 80, 10240, 92, 8, 4, 768, 420.5),
+            ("177B", 96, 12288, 96, 8, 6, 1152, 432.8), ("314B", 128, 16384, 96, 8, 8, 1536, 474.4),
+            ("462B", 144, 18432, 112, 8, 16, 3072, 459.9)]
+    for name, heads, hidden, layers, tp, pp, batch, tflops in rows:
+        # Megatron's distributed optimizer (ZeRO-1) over the 48 replicas, sequence parallelism with tp
+        # Megatron's fused kernels (Transformer Engine's LayerNorm and GeLU, fused bias and softmax) priced as
+        # torch.compile's fusion of the same elementwise ops
+        layout = Plan(tp=tp, pp=pp, dp=48, zero=1, sequence_parallel=tp > 1, autocast="bf16", compile=True)
+        yield Run("Megatron-LM", f"GPT {name}", MEGATRON_SRC, _megatron(heads, hidden, layers), "h100", batch,
+                  layout, tflops, "TFLOP/s/GPU (Megatron)", note=MEGATRON_NOTE)
+
+
+TITAN_SRC = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
+TITAN_TP_SRC = "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
+TITAN_NOTE = "H100 96GB HBM2e at 500 W (Grand Teton), priced as an SXM5 H100 at 700 W with 96 GB"
+TITAN_MEMORY = 96 * 10**9
+
+
+def _torchtitan_runs() -> Iterator[Run]:
+    for table, gpus, eager, compiled in (("Table 1", 8, (5762, 82.4), (6667, 77.0)),
+                                         ("Table 3", 128, (5605, 67.0), (6514, 62.0))):
+        for compile_, (tps, gib) in ((False, eager), (True, compiled)):
+            yield Run("torchtitan", f"Llama 3.1 8B FSDP{' compiled' if compile_ else ''}", f"{TITAN_SRC}, {table}",
+                      LLAMA31_8B, "h100", 2 * gpus,
+                      Plan(dp=gpus, fsdp=True, autocast="bf16", compile=compile_, checkpoint="selective"),
+                      tps, "tokens/s/GPU", micro_batch=2, open=(), note=TITAN_NOTE + "; selective op AC",
+                      gpu_memory=TITAN_MEMORY, memory_gib=gib)
+    yield Run("torchtitan", "Llama 3.1 70B FSDP32 x TP8", f"{TITAN_TP_SRC}, 70B on 256 H100s, bf16 vanilla TP",
+              LLAMA31_70B, "h100", 16 * 32,
+              Plan(dp=32, tp=8, fsdp=True, sequence_parallel=True, autocast="bf16", compile=True, checkpoint="blocks"),
+              597.3, "tokens/s/GPU", micro_batch=16, open=(), note=TITAN_NOTE + "; full AC", gpu_memory=TITAN_MEMORY)
+    yield Run("torchtitan", "Llama 3.1 8B FSDP8 x TP8", f"{TITAN_TP_SRC}, 8B on 64 H100s, bf16 vanilla TP",
+              LLAMA31_8B, "h100", 12 * 8,
+              Plan(dp=8, tp=8, fsdp=True, sequence_parallel=True, autocast="bf16", compile=True, checkpoint="selective"),
+              4378, "tokens/s/GPU", micro_batch=12, open=(), note=TITAN_NOTE + "; per-op SAC", gpu_memory=TITAN_MEMORY)
+
+
+LLAMA3_SRC = "The Llama 3 Herd of Models (arXiv 2407.21783), Table 4"
+
+
+def _llama3_runs() -> Iterator[Run]:
+    for gpus, dp, mb, tflops in ((8192, 64, 32, 430), (16384, 128, 16, 400)):
+        yield Run("Llama 3 (Meta)", f"Llama 3 405B, {gpus:,} GPUs", LLAMA3_SRC, LLAMA3_405B, "h100", 2048,
+                  Plan(tp=8, pp=16, dp=dp, microbatches=mb, autocast="bf16", sequence_parallel=True),
+                  tflops, "TFLOP/s/GPU (model)", open=("schedule", "checkpoint", "fsdp", "compile"),
+                  checkpoints=("none", "selective", "first:1", "first:2", "blocks"),
+                  note="BF16 MFU 38-43%; the schedule's knobs, FSDP and fused kernels not published")
+
+
+BRIDGE_SRC = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md"
+
+
+def _bridge_runs() -> Iterator[Run]:
+    yield Run("Megatron-Bridge (NeMo)", "Llama 3 70B FP8", f"{BRIDGE_SRC}, LLAMA3_70B, DGX-H100, 26.04.01",
+              LLAMA31_70B, "h100", 256,
+              Plan(tp=4, pp=8, dp=2, sequence_parallel=True, schedule="interleaved-1f1b", stages_per_rank=5,
+                   autocast="bf16", fp8="tensorwise", compile=True),
+              1664, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), note="FP8 (current scaling), VP 5")
+    yield Run("Megatron-Bridge (NeMo)", "Llama 3.1 405B FP8", f"{BRIDGE_SRC}, LLAMA3.1_405B, DGX-H100, 26.04.01",
+              LLAMA3_405B, "h100", 1536,
+              Plan(tp=8, pp=8, cp=2, dp=16, sequence_parallel=True, schedule="interleaved-1f1b", stages_per_rank=8,
+                   autocast="bf16", fp8="tensorwise", compile=True),
+              328, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), note="FP8 (current scaling), CP 2, VP 8")
+
+
+BLOOM_SRC = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md (iteration 85376 log line)"
+
+
+def _bloom_runs() -> Iterator[Run]:
+    yield Run("Megatron-DeepSpeed (BLOOM)", "BLOOM 176B", BLOOM_SRC, Shape("gpt", 70, 14336, 112, 250880, 2048),
+              "a100", 2048, Plan(tp=4, pp=12, dp=8, zero=1, autocast="bf16", checkpoint="blocks", compile=True),
+              104.70, "s/step", micro_batch=2, open=(), note="A100 80GB, ZeRO-1, full recompute, fused kernels; ALiBi "
+              "priced as learned positions")
+
+
+RUNS: list[Run] = [*_megatron_runs(), *_torchtitan_runs(), *_llama3_runs(), *_bridge_runs(), *_bloom_runs()]
+
+
+@dataclass
+class Result:
+    run: Run
+    estimate: Estimate | None
+    fits: bool
+    predicted: float = math.nan
+    seconds: float = 0.0
+    chosen: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.predicted / self.run.published if self.run.unit != "s/step" else self.run.published / self.predicted
+
+
+def _candidates(run: Run) -> Iterator[Plan]:
+    base = run.layout
+    replicas = base.dp // base.cp
+    sizes = (run.micro_batch,) if run.micro_batch else (1, 2, 4)
+    schedules = ((base.schedule, base.stages_per_rank),) if "schedule" not in run.open or base.pp == 1 else \
+        (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8))
+    checkpoints = run.checkpoints if "checkpoint" in run.open else (base.checkpoint,)
+    fsdps = (False, True) if "fsdp" in run.open else (base.fsdp,)
+    compiles = (False, True) if "compile" in run.open else (base.compile,)
+    for size, (schedule, v), checkpoint, fsdp, compiled in itertools.product(sizes, schedules, checkpoints, fsdps,
+                                                                             compiles):
+        per_replica = run.batch // replicas
+        count = base.microbatches if base.microbatches and "micro_batch" not in run.open and not run.micro_batch \
+            else per_replica // size
+        if count < 1 or per_replica % size:
+            continue
+        if schedule in MULTI_STAGE_SCHEDULES and not rounds_fit(schedule, base.pp, count):
+            continue
+        yield base.replace(microbatches=count, schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
+                           compile=compiled)
+
+
+def _throughput(run: Run, est: Estimate, peak: float) -> float:
+    """The estimate in the run's published unit."""
+    per_gpu = (est.tokens_per_second or 0.0) / run.gpus
+    if run.unit == "tokens/s/GPU":
+        return per_gpu
+    if run.unit == "TFLOP/s/GPU (Megatron)":
+        return per_gpu * run.shape.megatron_flops_per_token() / 1e12
+    if run.unit == "TFLOP/s/GPU (model)":
+        return est.mfu * peak / 1e12
+    return est.step_seconds  # s/step
+
+
+def _profile(run: Run, hw: Any, cache: dict[Any, ModelProfile]) -> ModelProfile:
+    key = (run.shape, run.batch, run.hardware)
+    if key not in cache:
+        profile = profile_model(run.shape.loaded(run.batch), (run.layout.tp,), hw.fused_attention)
+        profile.hardware = hw
+        if run.layout.sequence_parallel:
+            profile.add(build_all_tables(profile.source, [(run.layout.tp, True)]))
+        cache[key] = profile
+    return cache[key]
+
+
+def price_run(run: Run, cache: dict[Any, ModelProfile] | None = None) -> Result:
+    """The run's layout priced with the fastest choice that fits of what the publication leaves open (the
+    least memory among them when none fits: the published run did fit, so that is the planner's error)."""
+    start = time.perf_counter()
+    hw = load_hardware(run.hardware)
+    profile = _profile(run, hw, {} if cache is None else cache)
+    best: tuple[bool, float, Estimate] | None = None
+    for plan in _candidates(run):
+        priced = price_plan(profile, plan, hw, run.gpu_memory or hw.memory_bytes, compare=False)
+        est = priced.estimate
+        key = (priced.fits, -est.step_seconds if priced.fits else -est.memory["total"])
+        if best is None or key > best[:2]:
+            best = (*key, est)
+    if best is None:
+        return Result(run, None, False, seconds=time.perf_counter() - start)
+    est = best[2]
+    peak = hw.peak_flops["bfloat16"]
+    chosen = {k: getattr(est.plan, k) for k in ("microbatches", "schedule", "stages_per_rank", "checkpoint", "fsdp",
+                                                "compile")}
+    return Result(run, est, best[0], _throughput(run, est, peak), time.perf_counter() - start, chosen)
+
+
+def layout_text(plan: Plan) -> str:
+    parts = [f"TP{plan.tp}", f"PP{plan.pp}", f"DP{plan.dp // plan.cp}"] + ([f"CP{plan.cp}"] if plan.cp > 1 else [])
+    extra = [x for x, on in (("SP", plan.sequence_parallel), ("FSDP", plan.fsdp), (f"ZeRO-{plan.zero}", plan.zero == 1),
+                             ("compile", plan.compile), (f"fp8 {plan.fp8}", plan.fp8)) if on]
+    return " x ".join(parts) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def chosen_text(result: Result) -> str:
+    c = result.chosen
+    if not c:
+        return ""
+    sched = c["schedule"] + (f" x{c['stages_per_rank']}" if c["stages_per_rank"] > 1 else "")
+    return (f"{c['microbatches']} micro-batches, {sched}, {c['checkpoint']}{', fsdp' if c['fsdp'] else ''}"
+            f"{', compile' if c['compile'] else ''}")
+
+
+def _memory(r: Result) -> str:
+    if r.estimate is None:
+        return "-"
+    text = f"{r.estimate.memory['total'] / 2**30:.1f}"
+    return text + (f" ({r.run.memory_gib})" if r.run.memory_gib else "")
+
+
+def geometric_mean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def table(results: list[Result], markdown: bool = False) -> str:
+    head = ["system", "run", "hardware", "GPUs", "layout", "batch", "published", "predicted", "ratio",
+            "GiB predicted (published)", "open knobs chosen"]
+    rows = []
+    for r in results:
+        run = r.run
+        fmt = (lambda x: f"{x:,.1f}") if run.unit != "tokens/s/GPU" else (lambda x: f"{x:,.0f}")
+        predicted = "-" if r.estimate is None else fmt(r.predicted) + ("" if r.fits else " (does not fit)")
+        rows.append([run.system, run.name, run.hardware, f"{run.gpus:,}", layout_text(run.layout), str(run.batch),
+                     f"{fmt(run.published)} {run.unit}", predicted,
+                     "-" if r.estimate is None else f"{r.ratio:.2f}", _memory(r), chosen_text(r)])
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    return "\n".join("  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in [head, *rows])
+
+
+def summary(results: list[Result]) -> str:
+    ratios = [r.ratio for r in results if r.estimate is not None and r.fits]
+    within = sum(1 for x in ratios if abs(x - 1) <= 0.15)
+    systems = len({r.run.system for r in results})
+    return (f"{len(results)} runs from {systems} systems; {len(ratios)} priced as fitting; "
+            f"within +-15%: {within}; geometric mean of predicted / published {geometric_mean(ratios):.3f}; "
+            f"range {min(ratios, default=math.nan):.2f}-{max(ratios, default=math.nan):.2f}")
+
+
+def select(system: str | None, pick: Callable[[Run], bool] = lambda r: True) -> list[Run]:
+    return [r for r in RUNS if (system is None or system.lower() in r.system.lower()) and pick(r)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--system", help="only the runs of this system (a part of its name)")
+    parser.add_argument("--markdown", action="store_true", help="a Markdown table (docs/figures.md)")
+    parser.add_argument("--parts", action="store_true", help="each run's step in its parts, and its memory")
+    args = parser.parse_args()
+    cache: dict[Any, ModelProfile] = {}
+    results = []
+    for run in select(args.system):
+        result = price_run(run, cache)
+        print(f"  priced {run.system}: {run.name} in {result.seconds:.1f} s", file=sys.stderr, flush=True)
+        if args.parts and result.estimate is not None:
+            est = result.estimate
+            parts = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in sorted(est.time.items(), key=lambda kv: -kv[1])
+                              if v >= 5e-4)
+            print(f"    step {est.step_seconds * 1e3:.0f} ms: {parts}; {est.memory['total'] / 2**30:.1f} GiB",
+                  file=sys.stderr)
+        results.append(result)
+    print(table(results, args.markdown))
+    print()
+    print(summary(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""bench/published_runs.py: the published runs the planner is checked against are well formed (each layout
+a plan on the published number of GPUs, its batch cut in whole micro-batches), and one is priced with the
+fields it published kept and only what it left open chosen."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import published_runs as published  # noqa: E402
+
+MEGATRON_GPUS = {"1.7B": 48, "7.1B": 96, "16B": 192, "32B": 384, "70B": 768, "119B": 1536, "177B": 2304,
+                 "314B": 3072, "462B": 6144}  # the README's table
+
+
+def test_at_least_fifteen_runs_from_four_systems_each_with_its_source():
+    runs = published.RUNS
+    assert len(runs) >= 15 and len({r.system for r in runs}) >= 4
+    for run in runs:
+        assert run.source and run.published > 0 and run.unit in (
+            "tokens/s/GPU", "TFLOP/s/GPU (Megatron)", "TFLOP/s/GPU (model)", "s/step"), run
+        replicas = run.layout.dp // run.layout.cp
+        assert run.batch % replicas == 0, run
+        if run.micro_batch:
+            assert (run.batch // replicas) % run.micro_batch == 0, run
+        if run.system == "Megatron-LM":
+            assert run.gpus == MEGATRON_GPUS[run.name.split()[-1]], run
+
+
+def test_megatrons_flops_per_token_is_its_formula():
+    """Megatron's count (3 passes, 24h^2 + 4sh per layer forward, the logits 2hV) for GPT 1.7B at 4,096
+    tokens and a 131,072 vocabulary, written out term by term."""
+    shape = next(r.shape for r in published.RUNS if r.name == "GPT 1.7B")
+    h, s, v, layers = 2048, 4096, 131072, 24
+    assert (shape.hidden, shape.seq, shape.vocab, shape.layers) == (h, s, v, layers)
+    per_token = 3 * (layers * (24 * h * h + 4 * s * h) + 2 * h * v)
+    assert math.isclose(shape.megatron_flops_per_token(), per_token, rel_tol=1e-12)
+
+
+@pytest.mark.timeout(300)
+def test_a_run_is_priced_with_its_published_fields_kept():
+    run = next(r for r in published.RUNS if r.name == "GPT 1.7B")
+    result = published.price_run(run)
+    assert result.estimate is not None and result.fits
+    plan = result.estimate.plan
+    for field in ("tp", "pp", "dp", "zero", "sequence_parallel", "autocast", "compile"):
+        assert getattr(plan, field) == getattr(run.layout, field), field
+    # the predicted throughput is the estimate's tokens per second per GPU in Megatron's FLOPs
+    tokens = result.estimate.tokens_per_second / run.gpus
+    assert math.isclose(result.predicted, tokens * run.shape.megatron_flops_per_token() / 1e12, rel_tol=1e-9)
+    assert 0.2 < result.ratio < 5
