@@ -146,7 +146,7 @@ def _torchtitan_runs() -> Iterator[Run]:
         for compile_, (tps, gib) in ((False, eager), (True, compiled)):
             yield Run("torchtitan", f"Llama 3.1 8B FSDP{' compiled' if compile_ else ''}", f"{TITAN_SRC}, {table}",
                       LLAMA31_8B, "h100", 2 * gpus,
-                      Plan(dp=gpus, fsdp=True, autocast="bf16", compile=compile_, checkpoint="selective"),
+                      Plan(dp=gpus, fsdp=True, autocast="bf16", compile=compile_, checkpoint="selective:2"),
                       tps, "tokens/s/GPU", micro_batch=2, open=(), note=TITAN_NOTE + "; selective op AC",
                       gpu_memory=TITAN_MEMORY, memory_gib=gib)
     yield Run("torchtitan", "Llama 3.1 70B FSDP32 x TP8", f"{TITAN_TP_SRC}, 70B on 256 H100s, bf16 vanilla TP",
@@ -155,7 +155,7 @@ def _torchtitan_runs() -> Iterator[Run]:
               597.3, "tokens/s/GPU", micro_batch=16, open=(), note=TITAN_NOTE + "; full AC", gpu_memory=TITAN_MEMORY)
     yield Run("torchtitan", "Llama 3.1 8B FSDP8 x TP8", f"{TITAN_TP_SRC}, 8B on 64 H100s, bf16 vanilla TP",
               LLAMA31_8B, "h100", 12 * 8,
-              Plan(dp=8, tp=8, fsdp=True, sequence_parallel=True, autocast="bf16", compile=True, checkpoint="selective"),
+              Plan(dp=8, tp=8, fsdp=True, sequence_parallel=True, autocast="bf16", compile=True, checkpoint="selective:2"),
               4378, "tokens/s/GPU", micro_batch=12, open=(), note=TITAN_NOTE + "; per-op SAC", gpu_memory=TITAN_MEMORY)
 
 

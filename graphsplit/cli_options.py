@@ -47,7 +47,8 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "(h.3, layers.7) and the ops after it in its stage (final norm, LM head); "
                           "every:K, K blocks per region; first:N, only the first N blocks of each stage; "
                           "stage, each whole stage; selective, each block "
-                          "keeps its matmul/attention outputs and recomputes the cheap ops."),
+                          "keeps its matmul/attention outputs and recomputes the cheap ops; selective:K keeps "
+                          "one matmul output in K (selective:2: torchtitan's op-level policy)."),
         click.option("--checkpoint-module", "checkpoint_overrides", multiple=True, metavar="GLOB=POLICY",
                      help="Per-module override, repeatable: modules whose name matches GLOB (h.0, h.1*, "
                           "h.*.mlp) are none (not checkpointed), full (one recomputed region) or "

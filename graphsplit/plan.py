@@ -61,7 +61,8 @@ CHECKPOINT_POLICIES = ("none", "blocks", "stage", "selective")
 @dataclass(frozen=True)
 class CheckpointPolicy:
     """A checkpoint policy, parsed once: `kind` none, blocks, every (K blocks per region), first (the
-    first N blocks of each stage), stage or selective; `count` the K or N (1 otherwise)."""
+    first N blocks of each stage), stage or selective (`selective:K`: one matmul output kept in K);
+    `count` the K or N (1 otherwise)."""
 
     kind: str
     count: int = 1
@@ -76,17 +77,18 @@ class CheckpointPolicy:
 def checkpoint_policy(text: str) -> CheckpointPolicy:
     """`text` ("every:2", "blocks", ...) as a policy; otherwise a GraphsplitError saying what is wrong
     (Plan names the field before it)."""
-    kind, _, count = str(text).partition(":")
-    if kind in ("every", "first"):
+    kind, colon, count = str(text).partition(":")
+    if kind in ("every", "first") or (kind == "selective" and colon):
         if not re.fullmatch(r"[1-9]\d*", count):
-            what = ("every:K takes K, the number of blocks per recomputed region" if kind == "every" else
-                    "first:N takes N, how many blocks of each stage are recomputed")
+            what = {"every": "every:K takes K, the number of blocks per recomputed region",
+                    "first": "first:N takes N, how many blocks of each stage are recomputed",
+                    "selective": "selective:K takes K: each block keeps one matmul output in K (2: every other)"}[kind]
             raise GraphsplitError(f"{text!r}: {what}, a whole number of at least 1 (e.g. {kind}:"
-                                  f"{2 if kind == 'every' else 1})")
+                                  f"{1 if kind == 'first' else 2})")
         return CheckpointPolicy(kind, int(count))
     if text not in CHECKPOINT_POLICIES:
         raise GraphsplitError(f"unknown policy {text!r}; choose one of {', '.join(CHECKPOINT_POLICIES)}, "
-                              "every:K or first:N")
+                              "every:K, first:N or selective:K")
     return CheckpointPolicy(str(text))
 # What a per-module override (Plan.checkpoint_overrides) does to the modules its glob matches:
 # none: never checkpointed; full: one region, recomputed whole; selective: one region that

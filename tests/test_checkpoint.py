@@ -34,7 +34,7 @@ def step(loaded, plan):
     return program, loss, grads
 
 
-@pytest.mark.parametrize("policy", ["blocks", "every:2", "first:1", "stage", "selective"])
+@pytest.mark.parametrize("policy", ["blocks", "every:2", "first:1", "stage", "selective", "selective:2"])
 @pytest.mark.parametrize("example", ["gpt.py", "llama.py"])
 def test_checkpointing_is_bit_identical(example, policy):
     loaded = load_model(str(EXAMPLES / example))
@@ -77,6 +77,29 @@ def test_first_n_recomputes_only_the_first_blocks_of_each_stage():
     assert ckpt_calls(program)[0][1] == "h.0" and ckpt_calls(program)[1][1] == "h.2"
     with pytest.raises(GraphsplitError, match="first:N takes N"):
         Plan(checkpoint="first:0")
+
+
+def test_selective_2_keeps_every_other_matmul_output_between_selective_and_blocks():
+    """torchtitan's op-level policy: each block keeps its attention outputs and the 1st, 3rd, ... of its
+    matmul outputs (counted apart in the forward and the recompute), so a stage keeps less than under
+    `selective` and more than under `blocks`."""
+    from graphsplit.ops.activation_checkpoint import SelectiveKeeps
+
+    aten = torch.ops.aten
+    keeps = SelectiveKeeps(2)
+    order = [aten.mm.default, aten.add.Tensor, aten.mm.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+             aten.addmm.default, aten.mm.default]
+    assert [keeps.keeps(op) for op in order] == [True, False, False, True, True, False]
+    assert [keeps.keeps(op, recompute=True) for op in order] == [True, False, False, True, True, False]
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    kept = {}
+    for policy in ("selective", "selective:2", "blocks"):
+        program = rewrite_loaded(loaded, Plan(pp=2, checkpoint=policy)).program
+        kept[policy] = [saved_bytes(st.gm, st.input_examples()) for st in program.stages]
+    for s in range(2):
+        assert kept["blocks"][s] < kept["selective:2"][s] < kept["selective"][s], kept
+    with pytest.raises(GraphsplitError, match="selective:K takes K"):
+        Plan(checkpoint="selective:0")
 
 
 @pytest.mark.parametrize("example", ["gpt.py", "llama.py"])

@@ -146,6 +146,7 @@ PLANS = [Plan(pp=2), Plan(pp=4), Plan(tp=2, pp=2), Plan(pp=2, autocast="bf16"), 
          Plan(pp=4, microbatches=8), Plan(tp=2, pp=2, checkpoint="blocks"), Plan(pp=2, checkpoint="every:2"),
          Plan(tp=2), Plan(pp=2, checkpoint="stage"), Plan(pp=2, tp=2, autocast="bf16"), Plan(pp=2, checkpoint="selective"),
          Plan(tp=2, pp=2, checkpoint="selective"), Plan(pp=2, checkpoint="first:1"),
+         Plan(pp=2, checkpoint="selective:2"), Plan(tp=2, pp=2, checkpoint="selective:2"),
          Plan(tp=2, pp=2, sequence_parallel=True),
          Plan(dp=2, tp=2, pp=2, fsdp=True, autocast="bf16", sequence_parallel=True)]
 
@@ -193,9 +194,9 @@ def deep():
 
 def _same_tables(a, b) -> None:
     """Every field of two tables equal; storage and value ids compared by what they stand for."""
-    for name in ("flops", "bytes", "out", "live", "selective"):
+    for name in ("flops", "bytes", "out", "live", "selective", "selective_attention"):
         assert all(np.array_equal(x, y) for x, y in zip(getattr(a, name), getattr(b, name))), name
-    for name in ("blocked", "low_rate", "compute", "block"):
+    for name in ("blocked", "low_rate", "compute", "block", "matmul_calls"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     for name in ("blocks", "block_inputs", "params", "param_bytes", "param_shapes", "collectives", "output", "period"):
         assert getattr(a, name) == getattr(b, name), name
@@ -302,7 +303,7 @@ def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier(deep):
         if not shift:
             continue
         moved += 1
-        for policy in ("none", "selective", "blocks", "every:2", "every:3", "stage"):
+        for policy in ("none", "selective", "selective:2", "blocks", "every:2", "every:3", "stage"):
             for b in (1, 3):
                 secs = stages_module._recompute_seconds(table, b, hw, False)
                 comm = stages_module.tp_op_seconds(table, b, hw, "forward")

@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from ..ops.activation_checkpoint import SELECTIVE_KEEPS, CheckpointRegion
+from ..ops.activation_checkpoint import SELECTIVE_KEEPS, CheckpointRegion, SelectiveKeeps
 from ..plan import Plan
 from .shapes import meta_copy
 
@@ -70,7 +70,7 @@ def saved_bytes(
         hooks.append(m.register_forward_pre_hook(
             lambda _m, args: [note(a) for a in args if isinstance(a, torch.Tensor)] and None))
         if m.selective:
-            hooks.append(m.register_forward_pre_hook(lambda _m, _a: kept_outputs.enter()))  # type: ignore[union-attr]
+            hooks.append(m.register_forward_pre_hook(lambda _m, _a: kept_outputs.enter(_m.selective)))  # type: ignore[union-attr]
             hooks.append(m.register_forward_hook(lambda _m, _a, _o: kept_outputs.leave()))  # type: ignore[union-attr]
     args = tuple(
         torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=t.is_floating_point()) for t in inputs
@@ -93,21 +93,31 @@ def gathered_dtype(plan: Plan) -> torch.dtype | None:
 
 
 class KeptOutputs(TorchDispatchMode):
-    """Inside a selective region, notes the outputs of the ops whose outputs it keeps."""
+    """Inside a selective region, notes the outputs of the ops whose outputs it keeps (`SelectiveKeeps`:
+    every attention's, one matmul's in the region's K, counted from each region call's start).
+    `on_keep(op, output)`, where given, is told instead of `note`."""
 
-    def __init__(self, note: Any) -> None:
+    def __init__(self, note: Any, on_keep: Any = None) -> None:
         super().__init__()
         self.note = note
-        self.depth = 0
+        self.on_keep = on_keep
+        self.stack: list[SelectiveKeeps] = []
 
-    def enter(self) -> None:
-        self.depth += 1
+    @property
+    def depth(self) -> int:
+        return len(self.stack)
+
+    def enter(self, every: int = 1) -> None:
+        self.stack.append(SelectiveKeeps(every))
 
     def leave(self) -> None:
-        self.depth -= 1
+        self.stack.pop()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if self.depth and func in SELECTIVE_KEEPS:
-            tree_map_only(torch.Tensor, self.note, out)
+        if self.stack and func in SELECTIVE_KEEPS and self.stack[-1].keeps(func):
+            if self.on_keep is not None:
+                self.on_keep(func, out)
+            else:
+                tree_map_only(torch.Tensor, self.note, out)
         return out

@@ -2,9 +2,10 @@
 
 Forward runs the region under non-reentrant `torch.utils.checkpoint`, which keeps
 only the region's inputs and recomputes the rest during backward (RNG state is
-restored, so dropout draws the same masks). `selective=True` keeps the outputs
-of matmul-class ops instead of recomputing them and recomputes only the cheap
-ops around them (`create_selective_checkpoint_contexts`). Buffers a region
+restored, so dropout draws the same masks). `selective=K` keeps the outputs
+of its attention calls and of one matmul in K (1: all of them; 2: torchtitan's
+op-level policy) instead of recomputing them, and recomputes the rest
+(`create_selective_checkpoint_contexts`). Buffers a region
 updates in place (BatchNorm's running mean, variance and count) are put back
 after the recompute, so they are updated once per forward, as without
 checkpointing.
@@ -23,6 +24,7 @@ it runs once.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,20 +39,45 @@ from torch.utils.checkpoint import (
 )
 
 aten = torch.ops.aten
-# The ops whose outputs a selective region keeps (analysis/memory.py counts them too).
-SELECTIVE_KEEPS = {
-    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default, aten.matmul.default,
+# The ops whose outputs a selective region may keep (analysis/memory.py and the planner count them too):
+# attention's, always; the matmuls', one in `every` (SelectiveKeeps)
+ATTENTION_KEEPS = {
     aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention.default,
-    aten._scaled_dot_product_flash_attention_for_cpu.default, aten.convolution.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
 }
+MATMUL_KEEPS = {
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default, aten.matmul.default,
+    aten.convolution.default,
+}
+SELECTIVE_KEEPS = ATTENTION_KEEPS | MATMUL_KEEPS
 
 
-def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in SELECTIVE_KEEPS else CheckpointPolicy.PREFER_RECOMPUTE
+class SelectiveKeeps:
+    """Which op outputs one call of a selective region keeps: every attention's, and one matmul's in
+    `every`, the first, then every `every`-th after it (torchtitan's op-level policy at 2: "save every
+    other mm"), counted apart in the forward and in the recompute, which run the same ops in order."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.seen = {False: 0, True: 0}
+
+    def keeps(self, op: Any, recompute: bool = False) -> bool:
+        if op in ATTENTION_KEEPS:
+            return True
+        if op not in MATMUL_KEEPS:
+            return False
+        index = self.seen[recompute]
+        self.seen[recompute] = index + 1
+        return index % self.every == 0
 
 
-def _selective_contexts() -> tuple[Any, Any]:
-    return create_selective_checkpoint_contexts(_keep_matmuls)
+def _selective_contexts(every: int) -> tuple[Any, Any]:
+    keeps = SelectiveKeeps(every)  # one per call of the region: its forward and its recompute
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if keeps.keeps(op, ctx.is_recompute) else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 class _Handle:
@@ -124,14 +151,15 @@ class _RecomputeOnce:
 
 
 class CheckpointRegion(nn.Module):
-    """`recompute=False`: a block run plainly, wrapped only to be an FSDP unit of its own (`block_N`:
-    FSDP with no checkpointing, passes/activation_checkpoint.py)."""
+    """`selective`: 0 recomputes the region whole; K keeps its attention outputs and one matmul output in
+    K (`SelectiveKeeps`). `recompute=False`: a block run plainly, wrapped only to be an FSDP unit of its
+    own (`block_N`: FSDP with no checkpointing, passes/activation_checkpoint.py)."""
 
-    def __init__(self, inner: nn.Module, selective: bool = False, backward_twice: bool = False,
+    def __init__(self, inner: nn.Module, selective: int = 0, backward_twice: bool = False,
                  recompute: bool = True) -> None:
         super().__init__()
         self.inner = inner
-        self.selective = selective
+        self.selective = int(selective)
         self.backward_twice = backward_twice
         self.recompute = recompute
         self.enabled = True
@@ -139,7 +167,7 @@ class CheckpointRegion(nn.Module):
     def forward(self, *args: Any) -> Any:
         if not torch.is_grad_enabled() or not self.enabled or not self.recompute:
             return self.inner(*args)
-        context = _selective_contexts if self.selective else None
+        context = functools.partial(_selective_contexts, self.selective) if self.selective else None
         if self.backward_twice:
             return _RecomputeOnce(self._run_once(), args, context).forward()
         kwargs = {"context_fn": context} if context is not None else {}

@@ -16,7 +16,9 @@ Policies (Plan.checkpoint, `--checkpoint`):
   recompute as memory needs, not a whole forward.
 - `stage`: a whole stage is one region: it keeps only the stage's inputs.
 - `selective`: each block is a region that keeps the outputs of its
-  matmul/attention ops and recomputes only the cheap ops around them.
+  matmul/attention ops and recomputes only the cheap ops around them; `selective:K` keeps
+  its attention outputs and one matmul output in K (torchtitan's op-level policy at 2: half
+  the matmuls recomputed).
 
 Per-module overrides (Plan.checkpoint_overrides, `--checkpoint-module GLOB=POLICY`):
 GLOB is an fnmatch pattern over module paths (`h.0`, `layers.1*`, `h.*.mlp`);
@@ -72,7 +74,7 @@ class Region:
 
     nodes: list[fx.Node]
     unit: str
-    selective: bool = False
+    selective: int = 0  # 0: recomputed whole; K: keeps attention and one matmul output in K
     # made by Plan.checkpoint (not an override): may take the non-block ops that follow it
     from_policy: bool = True
 
@@ -111,7 +113,8 @@ def _override_rules(gm: fx.GraphModule, overrides: tuple[tuple[str, str], ...]) 
 def regions(gm: fx.GraphModule, plan: Plan | str) -> list[Region]:
     """Contiguous runs of nodes to checkpoint, each inside one stage."""
     plan = plan if isinstance(plan, Plan) else Plan(checkpoint=plan)
-    policy = plan.checkpoint
+    policy = plan.checkpoint_policy.kind
+    every = plan.checkpoint_policy.count if policy == "selective" else 0
     rules = _override_rules(gm, plan.checkpoint_overrides)
     seq = [n for n in gm.graph.nodes if n.op not in _UNPLACED]
     pos = {n: i for i, n in enumerate(seq)}
@@ -121,13 +124,13 @@ def regions(gm: fx.GraphModule, plan: Plan | str) -> list[Region]:
         stage, module = info(node).stage, info(node).module
         if module in rules:
             unit, rule = rules[module]
-            return None if rule == "none" else (stage, unit, rule == "selective", False)
+            return None if rule == "none" else (stage, unit, int(rule == "selective"), False)
         if policy == "none":
             return None
         if policy == "stage":
             return (stage, f"stage {stage}", False, True)
         block = block_of(module)
-        return None if block is None else (stage, block, policy == "selective", True)
+        return None if block is None else (stage, block, every, True)
 
     runs: list[Region] = []
     prev = None
@@ -264,7 +267,8 @@ def _wrap(gm: fx.GraphModule, found: Region, index: int, recomp: set[fx.Node], b
                                        stage=stage, flops=sum(info(n).flops for n in region))
     call.meta[META_KEY].extra.update(
         region=[n.name for n in region], unit=found.unit,
-        policy="none" if not recompute else "selective" if found.selective else "full",
+        policy="none" if not recompute else ("selective" + (f":{found.selective}" if found.selective > 1 else ""))
+        if found.selective else "full",
         modules=list(dict.fromkeys(info(n).module for n in region)))
     top = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for a in {a for n in needed for a in n.all_input_nodes if a.op == "get_attr"} - {top}:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.fx as fx
+from torch.utils._pytree import tree_map_only
 
 from ..analysis.fused_attention import FusedAttention
 from ..analysis.memory import KeptOutputs
@@ -23,12 +24,24 @@ from ..analysis.recompute import recomputable
 from ..analysis.shapes import meta_copy
 from ..ir.devices import meta_sizes
 from ..ir.meta import info
+from ..ops.activation_checkpoint import ATTENTION_KEEPS
 from .fold import Fold, Unfolding
 
 
+@dataclass
+class KeptByNode:
+    """What each node keeps for backward; what selective checkpointing keeps of its outputs, of those its
+    attention's, and how many matmul calls it makes; the node whose output each kept storage is."""
+
+    kept: dict[str, list[tuple[str, int, int]]]
+    selective: dict[str, int]
+    makers: dict[tuple[str, int], str]
+    attention: dict[str, int]
+    matmuls: dict[str, int]
+
+
 def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], shardings: dict[str, Any], tp: int,
-                  fused_attention: bool = False
-                  ) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, int], dict[tuple[str, int], str]]:
+                  fused_attention: bool = False) -> KeptByNode:
     """What each node keeps for backward, as (the node that first kept the storage, its index among the
     storages that node first kept, bytes): one entry per distinct storage, parameters excluded; the
     bytes of the outputs selective checkpointing would keep of each node (its matmul-class aten ops);
@@ -40,6 +53,8 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
     counts: dict[str, int] = {}
     kept: dict[str, list[tuple[str, int, int]]] = {}
     selective: dict[str, int] = {}
+    attention_bytes: dict[str, int] = {}  # of those, attention's outputs
+    matmuls: dict[str, int] = {}  # the matmul calls each node makes (selective:K keeps one in K)
     noted: set[int] = set()
     current = [""]
     made: dict[int, str] = {}  # storage -> the node whose output it is
@@ -63,12 +78,20 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
 
     alive: list[Any] = []  # a storage freed mid-run would hand its address to the next one
 
-    def note(t: torch.Tensor) -> None:
+    def note(t: torch.Tensor, into: tuple[dict[str, int], ...] = (selective,)) -> None:
         storage = t.untyped_storage()
         if storage._cdata not in noted:
             noted.add(storage._cdata)
             alive.append(storage)
-            selective[current[0]] = selective.get(current[0], 0) + storage.nbytes()
+            for found in into:
+                found[current[0]] = found.get(current[0], 0) + storage.nbytes()
+
+    def on_keep(op: Any, out: Any) -> None:
+        if op in ATTENTION_KEEPS:
+            tree_map_only(torch.Tensor, lambda t: note(t, (selective, attention_bytes)), out)
+        else:
+            matmuls[current[0]] = matmuls.get(current[0], 0) + 1
+            tree_map_only(torch.Tensor, note, out)
 
     class Run(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
@@ -81,7 +104,7 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
 
     args = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=t.is_floating_point())
                  for t in inputs)
-    outputs = KeptOutputs(note)
+    outputs = KeptOutputs(note, on_keep)
     outputs.enter()
     # on_meta: the ATen op an exported graph calls is attention as a GPU runs it too, not only the
     # functional call a torch.fx graph makes (the math path keeps the sequence x sequence probabilities)
@@ -89,7 +112,7 @@ def saved_by_node(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], sharding
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), outputs, attention:
         with meta_sizes():  # sizes that follow the data at their largest
             Run(module).run(*args)
-    return kept, selective, makers
+    return KeptByNode(kept, selective, makers, attention_bytes, matmuls)
 
 
 def node_params(gm: fx.GraphModule, node: fx.Node, names: dict[int, str], recomp: set[fx.Node],
@@ -128,6 +151,8 @@ class Measured:
     kept: list[list[tuple[tuple[str, int, int], int]]]  # per op: (storage key, bytes) of what it keeps
     makers: dict[tuple[str, int, int], str]  # storage key -> the node (of the compiled graph) that made it
     selective: np.ndarray  # per op: what selective checkpointing keeps of its outputs
+    selective_attention: np.ndarray  # per op: of those, its attention's outputs
+    matmul_calls: np.ndarray  # per op: the matmul calls it makes (selective:K keeps one in K)
     # storage key -> where in the sequence the op that made it is (its output), where that is known
     maker_pos: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
@@ -135,7 +160,8 @@ class Measured:
 def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, tp: int,
              inputs: tuple[torch.Tensor, ...], fused_attention: bool) -> Measured:
     """`gm` (compiled and annotated at `inputs`) seen as the whole op sequence."""
-    saved, selective, made_by = saved_by_node(gm, inputs, shardings, tp, fused_attention)
+    found = saved_by_node(gm, inputs, shardings, tp, fused_attention)
+    saved, selective, made_by = found.kept, found.selective, found.makers
     unf = Unfolding(gm, fold_)
     by_name = {n.name: n for n in gm.graph.nodes}
     n = len(unf)
@@ -174,6 +200,8 @@ def measure(gm: fx.GraphModule, shardings: dict[str, Any], fold_: Fold | None, t
         live=np.cumsum(live)[: n + 1], blocked=np.cumsum(blocked)[: n + 1] > 0, kept=kept, makers=makers,
         maker_pos=maker_pos,
         selective=np.array([selective.get(x.name, 0) for x in ops], dtype=np.int64),
+        selective_attention=np.array([found.attention.get(x.name, 0) for x in ops], dtype=np.int64),
+        matmul_calls=np.array([found.matmuls.get(x.name, 0) for x in ops], dtype=np.int64),
     )
 
 

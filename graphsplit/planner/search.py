@@ -38,7 +38,7 @@ SCHEDULE_CHOICES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("gpipe", 1), ("in
 # the zero-bubble schedules are priced from torch's own action order (planner/schedules.py), which
 # torch builds in Python: tried up to pp 16, where building it stays well under a second
 ZERO_BUBBLE_MAX_PP = 16
-CHECKPOINT_CHOICES = ("none", "selective", "first:1", "first:2", "blocks", "every:2", "every:4", "stage")
+CHECKPOINT_CHOICES = ("none", "selective", "selective:2", "first:1", "first:2", "blocks", "every:2", "every:4", "stage")
 AUTOCAST_CHOICES: tuple[str | None, ...] = (None, "bf16", "fp16")
 # torch.compile of each stage (Plan.compile): elementwise ops fused between the matmuls (stages.fused_seconds)
 COMPILE_CHOICES = (False, True)

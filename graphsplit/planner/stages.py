@@ -268,7 +268,8 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray,
         whole = table.saved(range(a, e), b)
         stop = table.recompute_stop(a, e) if early_stop else e
         return int(table.at(table.live, b)[a]), whole, float(secs[a:stop].sum()), whole, float(comm[a:stop].sum())
-    selective = policy == "selective"
+    parsed = checkpoint_policy(policy)
+    selective = parsed.count if parsed.kind == "selective" else 0  # keeps one matmul output in K
     regions, outside = _policy_regions(table, policy, a, e)
     kept, peak, recompute, shared, recomputed, again = table.saved(outside, b), 0, 0.0, 0, 0, 0.0
     for lo, hi in regions:
@@ -292,10 +293,11 @@ def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray,
     return kept + shared, peak, recompute, recomputed, again
 
 
-def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: bool,
+def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: int,
             early_stop: bool = True) -> tuple[int, int, float]:
     """One checkpoint region [lo, hi): (what it keeps beyond its inputs, its activations while it is
-    recomputed, its recompute seconds); priced once per shape, as stages are (`_shifts`)."""
+    recomputed, its recompute seconds); priced once per shape, as stages are (`_shifts`). `selective`:
+    0, recomputed whole; K, its blocks' ops keep their attention outputs and one matmul output in K."""
     shift = 0
     if table.period is not None:  # `_shifts` of one region, in plain Python (called thousands of times)
         first, length, end = table.period
@@ -310,16 +312,35 @@ def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np
     in_blocks = table.block[lo:hi] >= 0
     ran = np.arange(lo, hi) < stop  # the ops the recompute runs
     if selective:
-        keeps = table.compute[lo:hi] & in_blocks
-        chosen = table.at(table.selective, b)
-        found = (int(chosen[lo:hi][in_blocks].sum()) + table.saved(lo + np.flatnonzero(~in_blocks), b),
+        share = _kept_share(table, lo, hi, selective) * in_blocks  # of each op's outputs, what it keeps
+        keeps = share > 0
+        chosen = table.at(table.selective, b)[lo:hi]
+        if selective > 1:  # attention's outputs whole, each op's matmul outputs by the share it keeps
+            attention = table.at(table.selective_attention, b)[lo:hi]
+            matmul = table.matmul_calls[lo:hi] > 0
+            chosen = np.where(matmul, attention + (chosen - attention) * share, chosen)
+        found = (int(chosen[in_blocks].sum()) + table.saved(lo + np.flatnonzero(~in_blocks), b),
                  table.saved(lo + np.flatnonzero(in_blocks), b),
-                 # the ops it did not keep, and the collectives of those it did (a kept matmul's gather)
-                 float(secs[lo:hi][~keeps & in_blocks & ran].sum() + comm[lo:hi][keeps & ran].sum()))
+                 # what it did not keep, and the collectives of those it kept (a kept matmul's gather)
+                 float((secs[lo:hi] * (1 - share))[in_blocks & ran].sum() + comm[lo:hi][keeps & ran].sum()))
     else:
         found = (0, table.saved(range(lo, hi), b), float(secs[lo:stop].sum()))
     table.cache[key] = found
     return found
+
+
+def _kept_share(table: OpTable, lo: int, hi: int, every: int) -> np.ndarray:
+    """Per op of a selective region [lo, hi), the share of its matmul-class outputs the region keeps: 1 for
+    every matmul-class op (attention too) at `every` 1; at K, one matmul call in K, counted in order from
+    the region's first (ops/activation_checkpoint.py: SelectiveKeeps), attention's always."""
+    compute = table.compute[lo:hi].astype(float)
+    if every == 1 or table.matmul_calls is None:
+        return compute
+    calls = table.matmul_calls[lo:hi]
+    before = np.concatenate([[0], np.cumsum(calls)[:-1]])
+    # the calls an op makes are indices before .. before + calls - 1; those at multiples of K are kept
+    kept = (before + calls + every - 1) // every - (before + every - 1) // every
+    return np.where(calls > 0, kept / np.maximum(calls, 1), compute)
 
 
 def _shifts(table: OpTable, bounds: np.ndarray) -> np.ndarray:
@@ -391,7 +412,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     gathered = split["gathered"]
     if gathered.any():  # the gathered keys and values: kept for backward, or live while a region recomputes
         per_stage = np.array([gathered[a:e].sum() for a, e in zip(bounds[:-1], bounds[1:])])
-        if plan.checkpoint in ("none", "selective"):
+        if plan.checkpoint_policy.kind in ("none", "selective"):
             saved = saved + per_stage.astype(np.int64)
         else:
             peak = peak + np.array([gathered[a:e].max() for a, e in zip(bounds[:-1], bounds[1:])]).astype(np.int64)

@@ -57,6 +57,10 @@ class OpTable:
     # keeps its own output (a softmax, an attention) where a storage it keeps is made there; a matmul
     # keeps only its inputs
     storage_maker: np.ndarray | None = None
+    # per op: of `selective`, its attention's outputs (always kept); the matmul calls it makes
+    # (`selective:K` keeps one in K of a region's, counted in order: ops/activation_checkpoint.py)
+    selective_attention: tuple[np.ndarray, np.ndarray] | None = None
+    matmul_calls: np.ndarray | None = None
     # --fp8: the `fp8` linears run at the float8 rate, their operands cast first (`for_fp8`)
     float8: bool = False
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)

@@ -218,6 +218,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         flops=_linear(a.flops, b.flops), bytes=_linear(a.bytes, b.bytes), kept=kept_ids,
         storage=(storage[:, 0], storage[:, 1]), storage_keys=list(ids),
         out=_linear(a.out, b.out), selective=_linear(a.selective, b.selective), live=_linear(a.live, b.live), blocked=a.blocked | b.blocked,
+        selective_attention=_linear(a.selective_attention, b.selective_attention), matmul_calls=a.matmul_calls,
         low_rate=lows, fp8=fp8, fp8_cast=(cast[:, 0], cast[:, 1]), compute=compute, block=blocks, blocks=block_names, block_inputs=block_inputs, reads=reads,
         params=params, param_bytes=param_bytes, param_shapes=param_shapes, collectives=collectives, output=output,
         period=period, grouped=grouped, expert_bytes=expert_bytes,

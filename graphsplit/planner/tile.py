@@ -129,6 +129,8 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         tp=table.tp, low=table.low, flops=pair(table.flops), bytes=pair(table.bytes), kept=kept,
         storage=(storage_array[:, 0], storage_array[:, 1]), storage_keys=list(keys),
         out=pair(table.out), selective=pair(table.selective), live=pair(table.live), blocked=per_op(table.blocked),
+        selective_attention=pair(table.selective_attention) if table.selective_attention is not None else None,
+        matmul_calls=per_op(table.matmul_calls) if table.matmul_calls is not None else None,
         low_rate=per_op(table.low_rate), fp8=per_op(table.fp8), fp8_cast=pair(table.fp8_cast), compute=per_op(table.compute), block=new_block, blocks=names,
         block_inputs=block_inputs, reads=reads, params=params, param_bytes=param_bytes, param_shapes=param_shapes,
         collectives=collectives, output=table.output, period=(first, length, first + (whole.count - 1) * length),
