@@ -1,8 +1,8 @@
 """Shape, dtype, FLOPs and bytes for every node, computed on the `meta` device.
 
 `annotate(gm, inputs)` runs the graph once on meta tensors (no weight memory:
-an 80-layer 65B model takes seconds) under `torch.utils.flop_counter`'s
-`FlopCounterMode`, and writes each node's findings into its `NodeInfo`.
+an 80-layer 65B model takes seconds) counting FLOPs by `torch.utils.flop_counter`'s formulas
+(flop_count.py), and writes each node's findings into its `NodeInfo`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import GraphsplitError
 from ..ir.devices import meta_sizes
+from ..ir.fast_meta import FastMetaPointwise
 from ..ir.meta import TensorSpec, info, module_path
 from ..ir.op_kinds import OpKind, classify, family, sizes_from_data, writes_into
 from ..ir.size_conditions import DECIDED
+from .flop_count import FlopCount
 from .fused_attention import FusedAttention
 
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
@@ -53,7 +54,7 @@ def _returns_its_input(n: fx.Node, gm: fx.GraphModule, value: Any, inputs: list[
 
 
 class _MetaAnnotator(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode) -> None:
+    def __init__(self, gm: fx.GraphModule, counter: FlopCount) -> None:
         super().__init__(gm, garbage_collect_values=True)
         # our error names the node and the shapes; fx's "While executing ..." lines would only repeat it
         self.extra_traceback = False
@@ -62,7 +63,7 @@ class _MetaAnnotator(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         kind = classify(n, self.module)
-        # FlopCounterMode intercepts every op it sees; only ops that can do matmul-class
+        # the counter intercepts every op it sees; only ops that can do matmul-class
         # work are run under it (elementwise ops count 0 FLOPs there anyway).
         counting = kind.compute or n.op == "call_module" or bool(_MAYBE_FLOPS.search(_name(n)))
         # each op in the grad mode the model ran it in: a no_grad op's output needs no gradient
@@ -83,7 +84,7 @@ class _MetaAnnotator(fx.Interpreter):
         ni.kind = kind
         ni.module = module_path(n)
         ni.value = _value_kind(value)
-        # entering FlopCounterMode resets its counts: the total is this node's
+        # entering the counter resets it: the total is this node's
         ni.flops = int(self.counter.get_total_flops()) if counting else 0
         if kind == OpKind.GROUPED_LINEAR and not ni.flops and isinstance(value, torch.Tensor):
             # torch's counter has no formula for a grouped matmul (HF's is a custom op): each row
@@ -200,9 +201,9 @@ def annotate(
     needs_copy = bool(param_shardings) or not _all_meta(gm)
     on_meta = meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
     # sizes that follow the data at their largest (every element counted); attention's shape and FLOPs
-    # from the fused kernel's meta function
-    with meta_sizes(), FusedAttention(on_meta=True):
-        _MetaAnnotator(on_meta, FlopCounterMode(display=False)).run(*meta_inputs)  # on gm's own nodes
+    # from the fused kernel's meta function; plain pointwise ops answered below the FLOP counter
+    with FastMetaPointwise(), meta_sizes(), FusedAttention(on_meta=True):
+        _MetaAnnotator(on_meta, FlopCount()).run(*meta_inputs)  # on gm's own nodes
 
 
 class _MetaRunner(fx.Interpreter):

@@ -14,6 +14,7 @@ import torch.utils._pytree as pytree
 from ...errors import GraphsplitError
 from ...ir.batch import BatchDims, SequenceDims
 from ...ir.devices import meta_sizes, on_meta
+from ...ir.fast_meta import FastMetaPointwise
 from ...ir.meta import SourceLine, info
 from ...ir.op_kinds import OpKind, classify
 from ..fused_attention import FusedAttention
@@ -132,7 +133,8 @@ def discover(
     unread: dict[str, torch.Tensor] = {}
     target_atoms: list[tuple[int, ...] | None] = []
     runner = _Runner(runnable, d)
-    with torch.enable_grad(), d, meta_sizes(), FusedAttention(on_meta=True):  # attention one op, at once
+    # attention one op, at once; plain pointwise ops answered below the discovery, which sees every op
+    with torch.enable_grad(), FastMetaPointwise(), d, meta_sizes(), FusedAttention(on_meta=True):
         for name, t in zip(input_names, meta_inputs):
             if isinstance(t, torch.Tensor):
                 input_atoms[name] = d.label_input(t)

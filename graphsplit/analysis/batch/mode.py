@@ -7,7 +7,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .atoms import Atoms, Label, Value
@@ -125,7 +124,7 @@ class Discovery(TorchDispatchMode):
         return out
 
     def tensors_in(self, args: Any, kwargs: Any) -> list[torch.Tensor]:
-        return [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        return tensors_of((args, kwargs))
 
     def reduced_in(self, args: Any, kwargs: Any) -> frozenset[int]:
         found: frozenset[int] = frozenset()
@@ -147,7 +146,7 @@ class Discovery(TorchDispatchMode):
             rule(self, func, args, kwargs, out)
         # a value summed over the batch meeting values that still hold it: samples are coupled
         if taint:
-            for t in pytree.tree_leaves(out):
+            for t in tensors_of(out):
                 if isinstance(t, torch.Tensor):
                     v = self.value(t)
                     held = {self.atoms.find(a) for label in v.labels for a in label}
@@ -162,8 +161,8 @@ class Discovery(TorchDispatchMode):
     def unknown(self, func: Any, args: Any, out: Any, why: str) -> None:
         """No rule: an output shaped like the first input keeps its labels (assumed, and said);
         anything else gets fresh dims, and the inputs' dims it does not keep are coupled."""
-        first = next((t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)), None)
-        outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        first = next(iter(tensors_of(args)), None)
+        outs = tensors_of(out)
         if first is None:
             for t in outs:
                 self.fresh(t)
@@ -182,3 +181,20 @@ class Discovery(TorchDispatchMode):
         if not kept:
             for label in fv.labels:
                 self.couple_label(label, f"{op} at {self.where()}")
+
+
+def tensors_of(tree: Any) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or output, in order: tuples, lists and dicts walked by hand
+    (an op's arguments are no deeper; pytree's general walk costs several times more a call, and the
+    discovery makes one or more a dispatched op)."""
+    found: list[torch.Tensor] = []
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list)):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+    return found
