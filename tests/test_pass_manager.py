@@ -58,14 +58,25 @@ def test_a_failing_pass_is_named_with_the_passes_before_it():
         run_passes(graph(), INPUT, [("b", lambda gm, i, d: ("gm", None))])
 
 
-def test_the_graph_is_linted_after_each_pass():
+def test_the_graph_is_linted_after_each_pass_that_moves_nodes_and_after_the_last():
     def dangling(gm, inp, done):
         relu = next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == "1")
         relu.args = (fx.Node(gm.graph, "ghost", "placeholder", "ghost", (), {}),)
         return gm, None
 
+    def adds_a_dangling_node(gm, inp, done):
+        relu = next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == "1")
+        with gm.graph.inserting_after(relu):
+            gm.graph.call_function(torch.relu, (fx.Node(gm.graph, "ghost", "placeholder", "ghost", (), {}),))
+        return gm, None
+
     with pytest.raises(GraphsplitError, match="pass dangling failed"):
         run_passes(graph(), INPUT, [("dangling", dangling)])
+    # a pass that adds a node is checked at once; one that only rewires, by the last pass's check
+    with pytest.raises(GraphsplitError, match="pass adds_a_dangling_node failed"):
+        run_passes(graph(), INPUT, [("adds_a_dangling_node", adds_a_dangling_node), ("a", recorder("a"))])
+    with pytest.raises(GraphsplitError, match=r"pass a failed \(after dangling\)"):
+        run_passes(graph(), INPUT, [("dangling", dangling), ("a", recorder("a"))])
 
 
 def test_the_compiler_lists_every_pass_once():

@@ -18,8 +18,11 @@ from ..ir.param_grads import mutates
 _RANDOM = ("rand", "dropout", "bernoulli", "multinomial", "normal")
 
 
-def recomputable(graph: fx.Graph) -> set[fx.Node]:
-    storages = Storages(graph.owning_module) if graph.owning_module is not None else None
+def recomputable(graph: fx.Graph, storages: Storages | None = None) -> set[fx.Node]:
+    """The nodes a stage can compute for itself instead of receiving (`storages`: the graph's, where
+    the caller already has them; they cost a pass over every node's schema)."""
+    if storages is None and graph.owning_module is not None:
+        storages = Storages(graph.owning_module)
     found: set[fx.Node] = set()
     for node in graph.nodes:
         if node.op == "get_attr":

@@ -47,7 +47,8 @@ def liveness(gm: fx.GraphModule, blocking: set[fx.Node] | frozenset[fx.Node] = f
     pos = {node: i for i, node in enumerate(seq)}
     # last_use: the last position where a value is needed. A scalar's tensor sources
     # are needed wherever the scalar is (it is recomputed there), so they inherit its uses.
-    recomp = recomputable(gm.graph)
+    storages = Storages(gm)
+    recomp = recomputable(gm.graph, storages)
     last_use: dict[fx.Node, int] = {}
     for node in reversed(gm.graph.nodes):
         lu = -1
@@ -63,7 +64,6 @@ def liveness(gm: fx.GraphModule, blocking: set[fx.Node] | frozenset[fx.Node] = f
     blocked = np.zeros(n + 2, dtype=np.int64)
     # values sharing a storage that is written in place (ir/aliasing.py) cross a cut as separate
     # copies: a write after the cut would reach one and not the other. Count them per storage.
-    storages = Storages(gm)
     sharing: dict[fx.Node, np.ndarray] = {}
     for node in gm.graph.nodes:
         if node.op in ("get_attr", "output"):
