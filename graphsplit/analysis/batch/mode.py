@@ -126,17 +126,18 @@ class Discovery(TorchDispatchMode):
     def tensors_in(self, args: Any, kwargs: Any) -> list[torch.Tensor]:
         return tensors_of((args, kwargs))
 
-    def reduced_in(self, args: Any, kwargs: Any) -> frozenset[int]:
+    def reduced_in(self, args: Any, kwargs: Any, tensors: list[torch.Tensor] | None = None) -> frozenset[int]:
         found: frozenset[int] = frozenset()
-        for t in self.tensors_in(args, kwargs):
+        for t in self.tensors_in(args, kwargs) if tensors is None else tensors:
             found |= self.value(t).reduced
         return found
 
     def relate(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         name = func.overloadpacket.__name__ if isinstance(func, torch._ops.OpOverload) else str(func)
         bare = name.rstrip("_") if not name.startswith("_") else name
-        taint = self.reduced_in(args, kwargs)
-        self.read.update(id(t) for t in self.tensors_in(args, kwargs))
+        tensors = self.tensors_in(args, kwargs)
+        taint = self.reduced_in(args, kwargs, tensors)
+        self.read.update(id(t) for t in tensors)
         rule = self.rules.get(bare) or self.rules.get(name)
         if rule is None and isinstance(func, torch._ops.OpOverload) and torch.Tag.pointwise in func.tags:
             rule = self.pointwise
