@@ -293,8 +293,9 @@ def chosen_text(result: Result) -> str:
     if not c:
         return ""
     sched = c["schedule"] + (f" x{c['stages_per_rank']}" if c["stages_per_rank"] > 1 else "")
-    return (f"{c['microbatches']} micro-batches, {sched}, {c['checkpoint']}{', fsdp' if c['fsdp'] else ''}"
-            f"{', compile' if c['compile'] else ''}")
+    count = c["microbatches"]
+    return (f"{count} micro-batch{'es' if count > 1 else ''}, {sched}, {c['checkpoint']}"
+            f"{', fsdp' if c['fsdp'] else ''}{', compile' if c['compile'] else ''}")
 
 
 def _memory(r: Result) -> str:
