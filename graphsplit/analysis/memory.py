@@ -103,10 +103,6 @@ class KeptOutputs(TorchDispatchMode):
         self.on_keep = on_keep
         self.stack: list[SelectiveKeeps] = []
 
-    @property
-    def depth(self) -> int:
-        return len(self.stack)
-
     def enter(self, every: int = 1) -> None:
         self.stack.append(SelectiveKeeps(every))
 

@@ -334,7 +334,7 @@ def _kept_share(table: OpTable, lo: int, hi: int, every: int) -> np.ndarray:
     every matmul-class op (attention too) at `every` 1; at K, one matmul call in K, counted in order from
     the region's first (ops/activation_checkpoint.py: SelectiveKeeps), attention's always."""
     compute = table.compute[lo:hi].astype(float)
-    if every == 1 or table.matmul_calls is None:
+    if every == 1:
         return compute
     calls = table.matmul_calls[lo:hi]
     before = np.concatenate([[0], np.cumsum(calls)[:-1]])

@@ -29,6 +29,10 @@ class OpTable:
     fp8: np.ndarray  # bool: a linear --fp8 runs in float8 (passes/float8.py's choice)
     fp8_cast: tuple[np.ndarray, np.ndarray]  # such a linear's input and weight bytes, which it casts first
     compute: np.ndarray  # bool: a matmul-class op (selective checkpointing keeps its output)
+    # per op: of `selective`, its attention's outputs (always kept); the matmul calls it makes
+    # (`selective:K` keeps one in K of a region's, counted in order: ops/activation_checkpoint.py)
+    selective_attention: tuple[np.ndarray, np.ndarray]
+    matmul_calls: np.ndarray
     block: np.ndarray  # the repeated block each op lies in (index into `blocks`), -1 outside
     blocks: list[str]
     block_inputs: dict[int, tuple[tuple[int, int], tuple[int, int]]]  # block -> ((stream), (shared)) bytes pairs
@@ -57,10 +61,6 @@ class OpTable:
     # keeps its own output (a softmax, an attention) where a storage it keeps is made there; a matmul
     # keeps only its inputs
     storage_maker: np.ndarray | None = None
-    # per op: of `selective`, its attention's outputs (always kept); the matmul calls it makes
-    # (`selective:K` keeps one in K of a region's, counted in order: ops/activation_checkpoint.py)
-    selective_attention: tuple[np.ndarray, np.ndarray] | None = None
-    matmul_calls: np.ndarray | None = None
     # --fp8: the `fp8` linears run at the float8 rate, their operands cast first (`for_fp8`)
     float8: bool = False
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
