@@ -53,6 +53,7 @@ from .passes.float8 import Float8Result, float8_pass
 from .passes.grad_mode import grad_mode_pass
 from .passes.manager import LossInput, Pass, PassInput, run_passes
 from .passes.pipeline_split import cut_places, pipeline_split_pass, too_few_cuts
+from .passes.replica_gather import gather_before_tail
 from .passes.stage_programs import build_program
 from .passes.sync_batch_norm import sync_batch_norm_pass
 from .passes.tensor_parallel import TensorParallelResult, tensor_parallel_pass
@@ -288,6 +289,8 @@ def rewrite_program(
     if symbolic is not None:
         traced = trace_model(model, args, kwargs, source, batch_dims=symbolic, buffers=buffers)
         flat = traced.flatten_inputs(args, kwargs)
+        if batch_dims.gather:  # the tail's values are named by the graph they were found in
+            batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
     if plan.cp > 1:  # attention in SDPA's form (its sizes from the analysis), then the sequence's mixers
         annotate(traced.gm, tuple(torch.as_tensor(t) for t in flat))
         if attention_form(traced.gm, traced.input_names, flat, buffers) or symbolic is not None:
@@ -297,6 +300,7 @@ def rewrite_program(
     batch = batch_dims.size if batch_dims.batched else 1
     if batch_dims.whole_loss:  # the loss needs the whole batch: one micro-batch per replica, outputs gathered
         plan = _whole_loss_plan(plan, batch_dims.whole_loss)
+        gather_before_tail(traced.gm, batch_dims, plan.dp)  # and a tail in the model, its inputs
     elif batch % replicas == 0:
         plan = plan.for_batch(batch // replicas)  # default micro-batches that divide this batch
     # Stages see micro-batches: analyze (shapes, bytes, FLOPs) at that size.

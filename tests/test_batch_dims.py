@@ -95,7 +95,24 @@ def test_what_couples_the_batch_is_named():
             h = self.lin(x)
             return h - h.mean(dim=0)  # every example minus the batch's mean
 
+    # the coupling is the model's last, weightless ops: the linear keeps the examples apart and is cut;
+    # the tail runs on the whole batch, its input gathered over the replicas (analysis/batch/tail.py)
     program = rewrite_program(Centred(), (torch.randn(4, 6),), {}, Plan()).program
+    assert program.batch.inputs == {"x": 0} and program.batch.outputs == (None,)
+    assert [(name, dim) for name, dim, _ in program.batch.gather] == [("lin", 0)]
+    assert any("mean over it at" in n for n in program.batch.notes), program.batch.notes
+
+    class CentredThenMixed(nn.Module):  # a weight after the coupling: no tail to run whole, no batch
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 6)
+            self.out = nn.Linear(6, 6)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return self.out(h - h.mean(dim=0))
+
+    program = rewrite_program(CentredThenMixed(), (torch.randn(4, 6),), {}, Plan()).program
     assert not program.batch.batched
     assert any("mean over it at" in n for n in program.batch.notes), program.batch.notes
 

@@ -27,19 +27,17 @@ TRAINS = [
     "efficientnet", "entmax", "dann", "loralib_gpt2", "peft_llama_lora", "peft_gpt2_lora", "t5_labels",
     "improved_diffusion", "mistral_moe", "x_transformers", "rasbt_gpt", "rasbt_llama32", "makemore_mlp", "makemore_gru",
     "mlp_mixer", "ncf_neumf", "open_clip_rn", "open_clip",
-    "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc",
+    "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc", "clip", "hf_clip",
 ]
-# their loss couples the samples (open_clip's ClipLoss): under dp every replica gathers the replicas' outputs,
-# which the local backend (replicas one after the other) cannot: their dp 2 x pp 2 runs on real processes
-WHOLE_BATCH_LOSS = {"open_clip", "open_clip_rn"}
+# their loss couples the samples (open_clip's ClipLoss) or their own tail does (openai's CLIP makes the image x
+# text logits, HF's CLIPModel also its contrastive loss): under dp every replica gathers the replicas' outputs
+# or the tail's inputs, which the local backend (replicas one after the other) cannot: their dp 2 x pp 2 runs
+# on real processes
+WHOLE_BATCH_LOSS = {"open_clip", "open_clip_rn", "clip", "hf_clip"}
 # trains at the plans not named here; refused at these, in one line starting so
 REFUSED_AT = {
     # its nodes attend to each other: no dim holds independent examples
     ("gat", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of 'input_tensor'",
-    # the model makes the image x text logits (each entry pairs two samples); HF's also its contrastive loss
-    ("clip", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: output 0 pairs the "
-                         "samples",
-    ("hf_clip", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of 'input_ids'",
     # embedding_bag's offsets are positions in the whole batch's indices
     ("dlrm", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of 'dense_x': "
                          "embedding_bag's offsets",

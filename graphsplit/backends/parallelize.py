@@ -6,6 +6,7 @@
     apply_ep        expert parallelism: the graphs' token exchanges bound to the ep group, and the
                     averager of the expert weights' gradients (DDP leaves them alone)
     apply_sync_bn   synchronized BatchNorm layers bound to the dp group
+    apply_replicas  the gathers before a model's whole-batch tail (CLIP's logits) bound to the dp group
     apply_compile   --compile: each stage under torch.compile (compile_stages.py)
     apply_fsdp      FSDP2 `fully_shard` over the dp axis (ZeRO-3, or ZeRO-2: gathered once a step)
     tied_groups     one group per tied parameter over the pp ranks holding a copy
@@ -35,6 +36,7 @@ from ..errors import GraphsplitError
 from ..ir.program import Program
 from ..ops.context_parallel import CPComm
 from ..ops.ep import EPComm
+from ..ops.replica_gather import bind_replicas
 from ..ops.sync_batch_norm import bind_dp_group
 from ..ops.tp_comm import TPComm, bind_tp_group
 from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Plan
@@ -118,6 +120,13 @@ def apply_sync_bn(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) ->
     if plan.sync_bn and plan.dp > 1:
         for module in modules:
             bind_dp_group(module, mesh.get_group("dp"))
+
+
+def apply_replicas(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> None:
+    """The gathers before a whole-batch tail (passes/replica_gather.py) run over the dp group."""
+    if plan.dp > 1:
+        for module in modules:
+            bind_replicas(module, mesh.get_group("dp"))
 
 
 def apply_fsdp(modules: Iterable[nn.Module], mesh: DeviceMesh, autocast: str | None = None,
@@ -302,6 +311,7 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     loss_graphs = [program.loss_gm] if program.loss_gm is not None else []
     output_comm = apply_tp([*modules.values(), *loss_graphs], mesh, plan)
     apply_sync_bn(modules.values(), mesh, plan)
+    apply_replicas(modules.values(), mesh, plan)
     apply_cp(modules.values(), mesh, plan)
     if plan.compile:  # before FSDP and DDP wrap the modules, as torchtitan orders them
         apply_compile(modules.values())

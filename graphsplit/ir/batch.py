@@ -50,6 +50,11 @@ class BatchDims:
     # where; "" when it does not. The model is cut as usual; the loss runs on the whole batch: one
     # micro-batch per replica, the replicas' outputs gathered before it (runtime/whole_batch.py)
     whole_loss: str = ""
+    # where the model's own tail pairs or couples the samples (CLIP's logits, a contrastive loss in forward):
+    # (node, batch dim, the tail's nodes that read it) of each per-sample value the tail reads, gathered
+    # over the replicas before it (passes/replica_gather.py); the tail's outputs are the whole batch's,
+    # whole on every replica
+    gather: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
 
     @classmethod
     def leading(cls, names: Sequence[str], flat: Sequence[Any]) -> BatchDims:
@@ -84,4 +89,4 @@ class BatchDims:
     def to_dict(self, names: Sequence[str]) -> dict[str, Any]:
         return {"inputs": dict(zip(names, self.input_dims(names))), "target": list(self.target),
                 "outputs": list(self.outputs), "size": self.size, "how": self.how, "notes": list(self.notes),
-                "whole_loss": self.whole_loss}
+                "whole_loss": self.whole_loss, "gather": [[n, d, list(r)] for n, d, r in self.gather]}

@@ -103,6 +103,9 @@ def nll(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     xv, tv = d.value(x), d.value(target)
     class_dim = 1 if x.dim() > 1 else 0
     d.couple_label(xv.labels[class_dim], f"{func.overloadpacket.__name__} over its classes at {d.where()}")
+    for label in tv.labels:  # labels = arange(n): sample i's class is i, its position in the whole batch
+        if any(a in d.atoms.iota for a in label):
+            d.couple_label(label, f"{func.overloadpacket.__name__}'s target counts the samples (arange) at {d.where()}")
     rest = [lab for k, lab in enumerate(xv.labels) if k != class_dim]
     labels = [d.unify(a, b) for a, b in zip(rest, tv.labels)]
     reduced_loss(d, func, args, kwargs, out, labels)

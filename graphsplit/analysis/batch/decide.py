@@ -18,8 +18,10 @@ from ...ir.fast_meta import FastMetaPointwise
 from ...ir.meta import SourceLine, info
 from ...ir.op_kinds import OpKind, classify
 from ..fused_attention import FusedAttention
+from .atoms import Label
 from .mode import Discovery
 from .rules import RULES, pointwise
+from .tail import WholeTail, whole_tail
 
 
 @dataclass
@@ -37,8 +39,12 @@ class Decision:
     # whether it lines up with a weight's or buffer's dim (a position table): where a sequence may be cut
     mixers: dict[str, tuple[tuple[tuple[tuple[str, str], ...], bool], ...]] = field(default_factory=dict)
     sequence: SequenceDims | None = None  # the dims attention calls mix (`_sequence`)
-    # the loss alone couples the batch (a contrastive loss in loss_fn): why, and where; "" when it does not
+    # the loss alone, or the model's tail, couples the batch (a contrastive loss): why, and where; "" when
+    # it does not
     whole_loss: str = ""
+    # the model's own tail pairs or couples the samples (tail.py): (node, batch dim, its readers there) of
+    # each value gathered over the replicas before it
+    gather: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
 
 
 class ModelDidNotRun(Exception):
@@ -53,6 +59,8 @@ class _Runner(fx.Interpreter):
         self.extra_traceback = False
         self.discovery = discovery
         self.node: fx.Node | None = None
+        self.labels: dict[str, tuple[Label, ...]] = {}  # node -> its output's dim labels
+        self.made_by: dict[int, str] = {}  # id of a node's output tensor -> the node
         discovery.where = self.where
 
     def where(self) -> str:
@@ -94,10 +102,16 @@ class _Runner(fx.Interpreter):
         self.node = n
         self.discovery.atoms.at = n.name
         try:
-            return super().run_node(n)
+            result = super().run_node(n)
         finally:
             self.node = None
             self.discovery.atoms.at = ""
+        if isinstance(result, torch.Tensor):  # each node's dims, read where a tail pairs the samples (tail.py)
+            self.labels[n.name] = self.discovery.value(result).labels
+            self.made_by[id(result)] = n.name
+        elif isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+            self.labels[n.name] = ()  # tensors in a tuple: values, not sizes (their getitems carry the dims)
+        return result
 
 
 def _frame_source() -> str | None:
@@ -157,7 +171,11 @@ def discover(
             except Exception as exc:  # noqa: BLE001 - a loss that reads values (.item()) or mixes devices
                 loss_failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                 target_atoms = [None] * len(target_atoms)
-    decision = _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared)
+    def tail_of(roots: frozenset[int]) -> WholeTail | None:
+        return whole_tail(gm, d.atoms, runner.labels, roots)
+
+    output_nodes = [runner.made_by.get(id(t)) if isinstance(t, torch.Tensor) else None for t in outputs]
+    decision = _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared, tail_of, output_nodes)
     decision.mixers = {name: tuple((tuple(d.atoms.mixed_by(a)), d.atoms.fixed[d.atoms.find(a)]) if a >= 0 else ((), False)
                                    for a in found) for name, found in input_atoms.items()}
     decision.sequence = _sequence(d, gm, input_names, input_atoms, target_atoms, outputs, decision)
@@ -224,12 +242,15 @@ def _sequence(d: Discovery, gm: fx.GraphModule, names: Sequence[str], input_atom
 
 def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
             target_atoms: list[tuple[int, ...] | None], outputs: list[Any], unread: dict[str, torch.Tensor],
-            declared: dict[str, int | None] | None = None) -> Decision:
+            declared: dict[str, int | None] | None = None,
+            tail_of: Callable[[frozenset[int]], WholeTail | None] = lambda roots: None,
+            output_nodes: Sequence[str | None] = ()) -> Decision:
     atoms = d.atoms
     # candidate classes: an input's dim no op couples and no weight fixes
     votes: dict[int, list[tuple[int, int]]] = {}  # root -> (input index, dim)
     routed: set[int] = set()
-    whole: dict[int, str] = {}  # root -> why, for a class only the loss couples
+    whole: dict[int, str] = {}  # root -> why, for a class only the loss or the model's tail couples
+    tails: dict[int, WholeTail | None] = {}  # root -> the model's tail that pairs or couples it (tail.py)
     first_reason = ""
     for i, name in enumerate(names):
         for k, a in enumerate(input_atoms.get(name, ())):
@@ -237,6 +258,12 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
                 continue
             why = atoms.why_not(a)
             loss_why = atoms.loss_couples(a) if why is not None else None
+            if why is not None:
+                root = atoms.find(a)
+                if root not in tails:
+                    tails[root] = tail_of(frozenset({root}))
+                if tails[root] is not None:
+                    loss_why = tails[root].why
             if why is None or loss_why is not None:
                 votes.setdefault(atoms.find(a), []).append((i, k))
                 if atoms.routed_by(a) is not None:
@@ -267,10 +294,18 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
         unproven.append(f"the batch dim is {atoms.routed_by(batch)}: taken to route each example and bring it "
                         "back, as a mixture of experts routes tokens")
 
+    roots = {batch}
+    tail = tails.get(batch) if declared is None else None
+    if tail is not None:  # another input's batch coupled only in a tail too (a two-tower model's images): cut alike
+        others = {r for r in votes if r != batch and tails.get(r) is not None and atoms.size[r] == atoms.size[batch]}
+        joined = tail_of(frozenset({batch, *others})) if others else None
+        if joined is not None:
+            tail, roots = joined, {batch, *others}
+
     def dim_of(found: Sequence[int] | None) -> int | None:
         if not found:
             return None
-        dims = [k for k, a in enumerate(found) if a >= 0 and atoms.find(a) == batch]
+        dims = [k for k, a in enumerate(found) if a >= 0 and atoms.find(a) in roots]
         return dims[0] if len(dims) == 1 else None
 
     inputs = {n: dim_of(input_atoms.get(n)) for n in names}
@@ -284,17 +319,19 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
             unproven.append(f"{n!r}: only its sizes are read; cut along dim {k}, the batch's size")
     out_dims: list[int | None] = []
     for i, t in enumerate(outputs):
-        if not isinstance(t, torch.Tensor):
-            out_dims.append(None)
+        if not isinstance(t, torch.Tensor) or (tail is not None and i < len(output_nodes)
+                                               and output_nodes[i] in tail.nodes):
+            out_dims.append(None)  # the tail's outputs: the whole batch's, the same on every replica
             continue
         labels = d.value(t).labels
-        dims = [k for k, lab in enumerate(labels) if lab and atoms.find(lab[0]) == batch]
+        dims = [k for k, lab in enumerate(labels) if lab and atoms.find(lab[0]) in roots]
         if len(dims) > 1 and batch in whole:  # image x text logits: each entry pairs two samples, the model
             return no_batch(f"output {i} pairs the samples (its dims {dims[0]} and {dims[1]} both hold the batch): "
                             f"{whole[batch]}")  # couples them, not the loss alone
         out_dims.append(dims[0] if dims else None)
     return Decision(inputs, tuple(dim_of(t) for t in target_atoms),
-                    tuple(out_dims), atoms.size[batch], unproven, whole_loss=whole.get(batch, ""))
+                    tuple(out_dims), atoms.size[batch], unproven, whole_loss=whole.get(batch, ""),
+                    gather=tail.gather if tail is not None else ())
 
 
 def _declared_class(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int, ...]],
@@ -340,9 +377,13 @@ def find_batch_dims(
     notes = [f"assumed: {u}" for u in found.unproven]
     if not found.size:
         notes.append(f"no batch: {found.why_none}")
-    if found.whole_loss:
+    if found.gather:
+        notes.append(f"the model's tail couples the samples ({found.whole_loss}): it runs on the whole batch, one "
+                     f"micro-batch per replica, its inputs ({', '.join(n for n, _, _ in found.gather)}) gathered over "
+                     "the replicas")
+    elif found.whole_loss:
         notes.append(f"the loss couples the samples ({found.whole_loss}): it runs on the whole batch, one "
                      "micro-batch per replica, the replicas' outputs gathered")
     return BatchDims(dict(found.inputs), found.target, found.outputs, found.size,
                      "batch_dims()" if declared is not None else "found", tuple(notes), found.sequence,
-                     found.whole_loss)
+                     found.whole_loss, found.gather)
