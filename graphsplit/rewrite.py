@@ -42,6 +42,7 @@ from .ops.context_parallel import shard_tree, shard_values
 from .passes.activation_checkpoint import checkpoint_pass
 from .passes.attention_form import attention_form
 from .passes.autocast import autocast_pass
+from .passes.bag_offsets import own_bag_offsets
 from .passes.context_parallel import (
     check_masks,
     check_sequence_mixers,
@@ -289,8 +290,9 @@ def rewrite_program(
     if symbolic is not None:
         traced = trace_model(model, args, kwargs, source, batch_dims=symbolic, buffers=buffers)
         flat = traced.flatten_inputs(args, kwargs)
-        if batch_dims.gather:  # the tail's values are named by the graph they were found in
+        if batch_dims.gather or batch_dims.bags:  # the nodes named are the graph's they were found in
             batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
+    own_bag_offsets(traced.gm, batch_dims)  # embedding bags cut with the batch read their piece's offsets
     if plan.cp > 1:  # attention in SDPA's form (its sizes from the analysis), then the sequence's mixers
         annotate(traced.gm, tuple(torch.as_tensor(t) for t in flat))
         if attention_form(traced.gm, traced.input_names, flat, buffers) or symbolic is not None:

@@ -27,7 +27,7 @@ TRAINS = [
     "efficientnet", "entmax", "dann", "loralib_gpt2", "peft_llama_lora", "peft_gpt2_lora", "t5_labels",
     "improved_diffusion", "mistral_moe", "x_transformers", "rasbt_gpt", "rasbt_llama32", "makemore_mlp", "makemore_gru",
     "mlp_mixer", "ncf_neumf", "open_clip_rn", "open_clip",
-    "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc", "clip", "hf_clip",
+    "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc", "clip", "hf_clip", "dlrm",
 ]
 # their loss couples the samples (open_clip's ClipLoss) or their own tail does (openai's CLIP makes the image x
 # text logits, HF's CLIPModel also its contrastive loss): under dp every replica gathers the replicas' outputs
@@ -38,9 +38,6 @@ WHOLE_BATCH_LOSS = {"open_clip", "open_clip_rn", "clip", "hf_clip"}
 REFUSED_AT = {
     # its nodes attend to each other: no dim holds independent examples
     ("gat", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of 'input_tensor'",
-    # embedding_bag's offsets are positions in the whole batch's indices
-    ("dlrm", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of 'dense_x': "
-                         "embedding_bag's offsets",
 }
 PARTLY = sorted({name for name, _ in REFUSED_AT})
 # refused whole, in one line naming the code
@@ -106,8 +103,8 @@ def test_a_model_graphsplit_cannot_split_is_refused_in_one_line(name):
 @pytest.mark.parametrize("name", sorted(WHOLE_BATCH_LOSS))
 def test_the_local_backend_sends_a_whole_batch_loss_under_dp_to_real_processes(name):
     loaded, traced = traced_once(OUTSIDE / f"{name}_tiny.py")
-    with pytest.raises(GraphsplitError, match="the local backend runs dp replicas one after the other, and the loss "
-                                              "couples the samples"):
+    with pytest.raises(GraphsplitError, match="the local backend runs dp replicas one after the other, and the "
+                                              "(loss|model's tail) couples the samples"):
         check_locally(loaded, LOCAL_PLANS["dp2-pp2"], traced=traced.copy())
 
 

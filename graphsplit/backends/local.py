@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import operator
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -193,8 +195,9 @@ class LocalProgram:
             raise GraphsplitError("the local backend runs dp replicas one after the other, and synchronized "
                                   "BatchNorm needs them together; check --sync-bn with run --check")
         if plan.dp > 1 and program.batch.whole_loss:
-            raise GraphsplitError(f"the local backend runs dp replicas one after the other, and the loss couples the "
-                                  f"samples ({program.batch.whole_loss}): it needs every replica's outputs at once; "
+            what, needs = (("the model's tail", "values") if program.batch.gather else ("the loss", "outputs"))
+            raise GraphsplitError(f"the local backend runs dp replicas one after the other, and {what} couples the "
+                                  f"samples ({program.batch.whole_loss}): it needs every replica's {needs} at once; "
                                   "check --dp with graphsplit run --check (real processes)")
         if plan.ep > 1:
             raise GraphsplitError("the local backend runs dp replicas one after the other, and expert parallelism "
@@ -257,7 +260,8 @@ class LocalProgram:
                 # a parameter one replica's data did not reach (an expert no token of its share was
                 # routed to) has no gradient there: it adds zero to the sum, as in DDP's bucket
                 for p in {p: None for g in grads for p in g}:
-                    p.grad = sum(g[p] for g in grads if p in g) / dp
+                    held = [g[p] for g in grads if p in g]  # summed from the first: a sparse gradient
+                    p.grad = functools.reduce(operator.add, held) / dp  # (embedding_bag's) takes no 0 + it
             mean = torch.stack(losses).mean()
             named = pipe.grads()
             return [LocalRankStep(rank, mean, out, named, d) for d, out in enumerate(outputs)]

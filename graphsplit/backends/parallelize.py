@@ -33,6 +33,7 @@ import torch.utils._pytree as pytree
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..errors import GraphsplitError
+from ..ir.op_kinds import op_name
 from ..ir.program import Program
 from ..ops.context_parallel import CPComm
 from ..ops.ep import EPComm
@@ -120,6 +121,25 @@ def apply_sync_bn(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) ->
     if plan.sync_bn and plan.dp > 1:
         for module in modules:
             bind_dp_group(module, mesh.get_group("dp"))
+
+
+def sparse_gradients(module: nn.Module) -> bool:
+    """Whether a graph in `module` looks a weight up with `sparse=True` (its gradient a sparse tensor)."""
+    for sub in module.modules():
+        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
+            return True
+        graph = getattr(sub, "graph", None)
+        for node in graph.nodes if isinstance(graph, torch.fx.Graph) else ():
+            name = op_name(node) if node.op == "call_function" else ""
+            flag = _SPARSE_ARG.get(name)
+            aten = isinstance(node.target, torch._ops.OpOverload)  # F.* take it by keyword
+            if flag is not None and (node.kwargs.get("sparse") or (aten and len(node.args) > flag and node.args[flag] is True)):
+                return True
+    return False
+
+
+# where the `sparse` flag sits in each lookup's arguments (aten's and torch.nn.functional's spellings)
+_SPARSE_ARG = {"embedding": 4, "embedding_bag": 5, "_embedding_bag": 5, "_embedding_bag_forward_only": 5}
 
 
 def apply_replicas(modules: Iterable[nn.Module], mesh: DeviceMesh, plan: Plan) -> None:
@@ -323,7 +343,9 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     tied = tied_groups(program, mesh)
     runners, averager = dict(modules), None
     if plan.dp > 1 and not plan.fsdp:
-        if plan.schedule in SPLIT_BACKWARD_SCHEDULES:  # weight gradients by autograd.grad: no DDP hook fires
+        # weight gradients by autograd.grad: no DDP hook fires; a sparse gradient DDP takes for a dense one
+        # (it knows only nn.Embedding modules' `sparse`, not a traced graph's embedding_bag(sparse=True))
+        if plan.schedule in SPLIT_BACKWARD_SCHEDULES or any(sparse_gradients(m) for m in modules.values()):
             averager = DPGradAverager(modules.values(), mesh.get_group("dp"), skip=skip)
         else:
             runners = apply_ddp(modules, mesh, device, skip)

@@ -55,6 +55,9 @@ class BatchDims:
     # over the replicas before it (passes/replica_gather.py); the tail's outputs are the whole batch's,
     # whole on every replica
     gather: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
+    # embedding_bag calls (graph nodes) whose indices and offsets are cut with the batch, one index per
+    # bag: each piece's offsets checked and counted from its first (passes/bag_offsets.py)
+    bags: tuple[str, ...] = ()
 
     @classmethod
     def leading(cls, names: Sequence[str], flat: Sequence[Any]) -> BatchDims:
@@ -89,4 +92,5 @@ class BatchDims:
     def to_dict(self, names: Sequence[str]) -> dict[str, Any]:
         return {"inputs": dict(zip(names, self.input_dims(names))), "target": list(self.target),
                 "outputs": list(self.outputs), "size": self.size, "how": self.how, "notes": list(self.notes),
-                "whole_loss": self.whole_loss, "gather": [[n, d, list(r)] for n, d, r in self.gather]}
+                "whole_loss": self.whole_loss, "gather": [[n, d, list(r)] for n, d, r in self.gather],
+                "bags": list(self.bags)}

@@ -70,7 +70,12 @@ class DPGradAverager:
     def average(self) -> None:
         """Each gradient becomes the mean of the replicas' gradients. A parameter whose gradient is
         None (read only where none flows) is None on every replica alike and stays so."""
-        grads = [p.grad for p in self.params if p.grad is not None]
+        for p in self.params:  # a sparse gradient (embedding_bag(sparse=True)): averaged whole, left dense
+            if p.grad is not None and p.grad.layout != torch.strided:
+                dense = p.grad.to_dense()
+                dist.all_reduce(dense, group=self.group)
+                p.grad = dense.div_(self.size)
+        grads = [p.grad for p in self.params if p.grad is not None and p.grad.layout == torch.strided]
         for bucket in self._buckets(grads):
             flat = _flatten_dense_tensors(bucket)
             dist.all_reduce(flat, group=self.group)

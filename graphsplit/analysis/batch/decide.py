@@ -45,6 +45,8 @@ class Decision:
     # the model's own tail pairs or couples the samples (tail.py): (node, batch dim, its readers there) of
     # each value gathered over the replicas before it
     gather: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
+    # embedding_bag calls whose indices and offsets are cut with the batch, one index per bag
+    bags: tuple[str, ...] = ()
 
 
 class ModelDidNotRun(Exception):
@@ -178,6 +180,8 @@ def discover(
     decision = _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared, tail_of, output_nodes)
     decision.mixers = {name: tuple((tuple(d.atoms.mixed_by(a)), d.atoms.fixed[d.atoms.find(a)]) if a >= 0 else ((), False)
                                    for a in found) for name, found in input_atoms.items()}
+    if decision.size:
+        decision.bags = tuple(dict.fromkeys(d.bags))
     decision.sequence = _sequence(d, gm, input_names, input_atoms, target_atoms, outputs, decision)
     if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
         leaves = pytree.tree_leaves(meta_target)
@@ -386,4 +390,4 @@ def find_batch_dims(
                      "micro-batch per replica, the replicas' outputs gathered")
     return BatchDims(dict(found.inputs), found.target, found.outputs, found.size,
                      "batch_dims()" if declared is not None else "found", tuple(notes), found.sequence,
-                     found.whole_loss, found.gather)
+                     found.whole_loss, found.gather, found.bags)

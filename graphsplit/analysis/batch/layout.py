@@ -218,18 +218,28 @@ def positions(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None
 
 def embedding_bag(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     """embedding_bag(weight, indices, offsets): each bag sums the rows its offsets point at. The offsets
-    are positions in the whole indices tensor: a piece of them would point into another piece, so
-    neither can be cut (DLRM's sparse features): both are coupled, the bags with them."""
+    are positions in the whole indices tensor: a piece of them points into another piece. With one index
+    per bag (as many indices as offsets: DLRM's Criteo features, one category per sample and table) the
+    indices, the offsets and the bags line up, and each piece's offsets, counted from its first, are its
+    own (the program checks and rebases them: ops/bags.py); otherwise neither can be cut: both are
+    coupled, the bags with them."""
     weight, indices, offsets = args[0], args[1], args[2]
-    where = f"embedding_bag's offsets are positions in its indices at {d.where()}"
-    for t in (indices, offsets):
-        if isinstance(t, torch.Tensor):
-            for label in d.value(t).labels:
-                d.couple_label(label, where)
     outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    if outs:
-        bags = (d.atoms.new(outs[0].shape[0]),) if outs[0].dim() and outs[0].shape[0] > 1 else ()
+    one_each = (isinstance(offsets, torch.Tensor) and isinstance(indices, torch.Tensor) and offsets.dim() == 1
+                and indices.dim() == 1 and indices.shape == offsets.shape and outs and outs[0].dim()
+                and outs[0].shape[0] == offsets.shape[0])
+    if one_each:
+        bags = d.unify(d.value(indices).labels[0], d.value(offsets).labels[0])
+        d.bags.append(d.atoms.at)
+    else:
+        where = f"embedding_bag's offsets are positions in its indices at {d.where()}"
+        for t in (indices, offsets):
+            if isinstance(t, torch.Tensor):
+                for label in d.value(t).labels:
+                    d.couple_label(label, where)
+        bags = (d.atoms.new(outs[0].shape[0]),) if outs and outs[0].dim() and outs[0].shape[0] > 1 else ()
         d.couple_label(bags, where)
+    if outs:
         d.set(outs[0], [bags, d.value(weight).labels[-1]][: outs[0].dim()], d.reduced_in(args, kwargs))
         for t in outs[1:]:
             d.fresh(t)

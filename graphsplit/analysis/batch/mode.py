@@ -27,6 +27,7 @@ class Discovery(TorchDispatchMode):
         self.where: Callable[[], str] = lambda: ""
         self.unproven: dict[str, None] = {}
         self.read: set[int] = set()  # ids of the tensors some op took
+        self.bags: list[str] = []  # graph nodes of embedding_bag calls with one index per bag (layout.py)
 
     # -- labels of tensors ----------------------------------------------------------------------
 
