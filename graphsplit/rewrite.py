@@ -20,7 +20,6 @@ The passes, in the order they run (each in graphsplit/passes/):
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,10 +29,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .analysis.batch import find_batch_dims
 from .analysis.loss_reduction import TokenMeans
 from .analysis.shapes import annotate
 from .errors import GraphsplitError
+from .front_end import check_call, find_batch, front_end
 from .ir.batch import BatchDims, SequenceDims
 from .ir.program import Program
 from .ir.trace import trace_model
@@ -42,7 +41,6 @@ from .ops.context_parallel import shard_tree, shard_values
 from .passes.activation_checkpoint import checkpoint_pass
 from .passes.attention_form import attention_form
 from .passes.autocast import autocast_pass
-from .passes.bag_offsets import own_bag_offsets
 from .passes.context_parallel import (
     check_masks,
     check_sequence_mixers,
@@ -76,26 +74,14 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("pipeline_split", pipeline_split_pass),
     ("checkpoint", checkpoint_pass),
 )
+# Groups of PASSES by what they are for. "cost": what changes what an op costs (the planner's tables are
+# these passes' graph, at each tp degree; autocast it runs on a copy, for the low-precision table).
+PASS_GROUPS: dict[str, tuple[str, ...]] = {"cost": ("grad_mode", "tensor_parallel", "vocab_parallel_loss")}
 
 
-def check_call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], source: Path | None = None) -> None:
-    """The example inputs must be a call `forward` accepts: a wrong keyword name is said here,
-    in the model's terms, not later as a tracing failure."""
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):  # a builtin or C forward: nothing to compare against
-        return
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        names = list(signature.parameters)
-        takes = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-        given = ", ".join([*(f"<positional {i}>" for i in range(len(args))), *kwargs])
-        where = f" in {source}" if source is not None else ""
-        raise GraphsplitError(
-            f"example_inputs(){where} does not fit {type(model).__name__}.forward({takes}): {exc} "
-            f"(given: {given or 'nothing'}); return the inputs forward takes: a tuple in order, or a dict by name"
-        ) from exc
+def pass_group(name: str) -> list[tuple[str, Pass]]:
+    """The passes of group `name`, in the compiler's order."""
+    return [p for p in PASSES if p[0] in PASS_GROUPS[name]]
 
 
 def _divisors(n: int) -> str:
@@ -181,37 +167,6 @@ def require_sequence(traced: Traced, flat: tuple[Any, ...], plan: Plan, batch: B
     return seq
 
 
-def find_batch(traced: Traced, flat: tuple[Any, ...], loss_fn: Any, target: Any,
-               declared: dict[str, int | None] | None = None) -> BatchDims:
-    """Where each input, the target and each output hold the batch (analysis/batch/)."""
-    loss = None
-    if loss_fn is not None:
-        def loss(raw: Any, meta_target: Any) -> Any:
-            return loss_fn(traced.unflatten_output(raw), meta_target)
-
-    def leaves(raw: Any) -> list[Any]:
-        return list(raw) if isinstance(raw, tuple | list) else [raw]
-
-    return find_batch_dims(traced.gm, traced.input_names, flat, leaves, loss, target, declared)
-
-
-def export_batch_dims(traced: Traced, flat: tuple[Any, ...], batch: BatchDims,
-                      sequence: bool = False) -> dict[int, Any] | None:
-    """The batch dims (by input tensor id) to trace again with, when torch.export left dim 0 symbolic
-    and fixed the batch's real dim (a seq-first model's 1); None: this trace runs on micro-batches.
-    `sequence` (context parallelism): the sequence's dims symbolic too (export fixes every other size,
-    and each cp rank runs the graph on its shard of the sequence)."""
-    dims = batch.input_dims(traced.input_names)
-    if traced.tracer != "export":
-        return None
-    if sequence and batch.sequence is not None:
-        seq = batch.sequence.input_dims(traced.input_names)
-        return {id(t): (d, s) for t, d, s in zip(flat, dims, seq)}
-    if all(d in (0, None) for d in dims):
-        return None
-    return {id(t): d for t, d in zip(flat, dims)}
-
-
 def _require_cut_places(traced: Traced, flat: tuple[Any, ...], plan: Plan) -> None:
     """Analyze at the whole batch, only to count where the model can be cut (an error path)."""
     annotate(traced.gm, tuple(torch.as_tensor(t) for t in flat))
@@ -274,31 +229,20 @@ def rewrite_program(
     to read an attention mask built from one (passes/attention_form.py).
     """
     require_supported(plan)
-    check_call(model, args, kwargs, source)
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    traced = traced.copy() if traced is not None else trace_model(model, args, kwargs, source, buffers=buffers)
-    timings["trace"] = time.perf_counter() - start
-    flat = traced.flatten_inputs(args, kwargs)
-    replicas = plan.sample_replicas if global_batch else 1
     if plan.cp > 1 and not global_batch:
         raise GraphsplitError("--cp with parallelize() inside a rank is not supported yet: each rank would need "
                               "its shard of the sequence; use `graphsplit run` or drop cp")
+    front = front_end(model, args, kwargs, source, loss_fn, target, declared_batch, buffers,
+                      traced.copy() if traced is not None else None, sequence=plan.cp > 1)
+    traced, flat, batch_dims, timings = front.traced, front.flat, front.batch, dict(front.timings)
+    replicas = plan.sample_replicas if global_batch else 1
     start = time.perf_counter()
-    batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
-    symbolic = export_batch_dims(traced, flat, batch_dims, sequence=plan.cp > 1)
-    if symbolic is not None:
-        traced = trace_model(model, args, kwargs, source, batch_dims=symbolic, buffers=buffers)
-        flat = traced.flatten_inputs(args, kwargs)
-        if batch_dims.gather or batch_dims.bags:  # the nodes named are the graph's they were found in
-            batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
-    own_bag_offsets(traced.gm, batch_dims)  # embedding bags cut with the batch read their piece's offsets
     if plan.cp > 1:  # attention in SDPA's form (its sizes from the analysis), then the sequence's mixers
         annotate(traced.gm, tuple(torch.as_tensor(t) for t in flat))
-        if attention_form(traced.gm, traced.input_names, flat, buffers) or symbolic is not None:
+        if attention_form(traced.gm, traced.input_names, flat, buffers) or front.retraced:
             batch_dims = find_batch(traced, flat, loss_fn, target, declared_batch)
     sequence = require_sequence(traced, flat, plan, batch_dims) if plan.cp > 1 else None
-    timings["batch"] = time.perf_counter() - start
+    timings["batch"] += time.perf_counter() - start
     batch = batch_dims.size if batch_dims.batched else 1
     if batch_dims.whole_loss:  # the loss needs the whole batch: one micro-batch per replica, outputs gathered
         plan = _whole_loss_plan(plan, batch_dims.whole_loss)

@@ -20,7 +20,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("graphsplit.api", "graphsplit.pipelined", "graphsplit.lightning", "graphsplit.cli_errors", "graphsplit.cli_options"),
     ("graphsplit.launch", "graphsplit.report"),
     ("graphsplit.planner",),
-    ("graphsplit.rewrite",),
+    ("graphsplit.rewrite", "graphsplit.front_end"),
     ("graphsplit.passes", "graphsplit.backends"),
     ("graphsplit.runtime", "graphsplit.analysis"),
     ("graphsplit.ops",),

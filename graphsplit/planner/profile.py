@@ -25,17 +25,19 @@ import torch.fx as fx
 
 from ..analysis.shapes import annotate
 from ..errors import GraphsplitError
+from ..front_end import front_end
 from ..ir.meta import fresh_copy
 from ..ir.trace import trace_model
+from ..ir.traced_model import Traced
 from ..loader import LoadedModel
 from ..passes.autocast import autocast_pass
 from ..passes.manager import LossInput, PassInput, run_passes
 from ..passes.tensor_parallel import TensorParallelResult
 from ..plan import Plan
-from ..rewrite import PASSES, check_call, export_batch_dims, find_batch
+from ..rewrite import pass_group
 from ..runtime.microbatch import split_microbatches
 from .alike_blocks import alike_blocks
-from .fold import fold
+from .fold import find_fold, fold
 from .parallel import fork_map
 from .table import OpTable
 from .tabulate import Source, build_table
@@ -127,7 +129,7 @@ def _compiled(src: Source, tp: int, sp: bool = False) -> dict[bool, tuple[fx.Gra
     gm = fresh_copy(src.base)  # annotated at two samples once (profile_model)
     plan = Plan(tp=tp, sequence_parallel=sp)
     inp = PassInput(plan, src.inputs[0], None, src.losses[0])
-    run = run_passes(gm, inp, [p for p in PASSES if p[0] in ("grad_mode", "tensor_parallel", "vocab_parallel_loss")])
+    run = run_passes(gm, inp, pass_group("cost"))
     found = run.results.get(TensorParallelResult)
     shardings = dict(found.param_shardings) if found else {}
     low, _ = autocast_pass(fresh_copy(run.gm), dataclasses.replace(inp, plan=plan.replace(autocast="bf16")),
@@ -177,24 +179,21 @@ def start_profile(loaded: LoadedModel, fused_attention: bool = False) -> ModelPr
     builds them, then `read_reference` takes what the tp 1 table says of the model.
     `fused_attention`: price attention's memory as a GPU runs it."""
     model = loaded.build("meta")
-    check_call(model, loaded.args, loaded.kwargs, loaded.path)
     blocks, alike = alike_blocks(model)
-    # blocks alike the second are traced as one call each, and fold stands the second in for them
-    traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, leaves=alike,
-                         watch=frozenset(blocks[:2]) if alike else frozenset(), buffers=loaded.buffer_values)
-    found = fold(traced.gm, traced.calls, alike)
-    if found is None and alike:  # they were not called alike: the whole model, traced through
-        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, buffers=loaded.buffer_values)
-        found = fold(traced.gm)
-    flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
-    # where each input holds the batch (analysis/batch/), as the program cuts it
-    batch_dims = find_batch(traced, flat, loaded.loss_fn, loaded.target, loaded.batch_dims)
-    symbolic = export_batch_dims(traced, flat, batch_dims)
-    if symbolic is not None:
-        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, batch_dims=symbolic,
-                             buffers=loaded.buffer_values)
-        found = fold(traced.gm)
-        flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
+
+    def first_trace() -> Traced:
+        # blocks alike the second are traced as one call each, and fold stands the second in for them
+        traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, leaves=alike,
+                             watch=frozenset(blocks[:2]) if alike else frozenset(), buffers=loaded.buffer_values)
+        if alike and find_fold(traced.gm, traced.calls, alike) is None:  # not called alike: traced through
+            traced = trace_model(model, loaded.args, loaded.kwargs, loaded.path, buffers=loaded.buffer_values)
+        return traced
+
+    # the compiler's own front end: the batch as the program cuts it, the graph as it compiles it
+    front = front_end(model, loaded.args, loaded.kwargs, loaded.path, loaded.loss_fn, loaded.target,
+                      loaded.batch_dims, loaded.buffer_values, first_trace=first_trace)
+    traced, flat, batch_dims = front.traced, front.flat, front.batch
+    found = fold(traced.gm, traced.calls, alike) if traced.calls and not front.retraced else fold(traced.gm)
     dims = batch_dims.input_dims(traced.input_names)
     batch = batch_dims.size if batch_dims.size else 1
     losses: tuple[LossInput | None, LossInput | None] = (None, None)
