@@ -26,6 +26,8 @@ bytes and seconds are read per variant.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..plan import checkpoint_policy
@@ -75,8 +77,40 @@ def _policy_regions(table: OpTable, policy: str, a: int, e: int) -> tuple[list[t
     return regions, outside
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Stage [a, e) under a block policy, as far as the op sequence alone decides it: the storages its ops
+    outside every region keep, and per region (lo, hi, where its recompute stops early, the block whose
+    inputs it keeps or -1 where the stage boundary cuts the block, what crossed that boundary as
+    (per sample, constant) pairs, and [lo, hi) moved back to the copy it prices as (`_region`))."""
+
+    outside: np.ndarray
+    regions: tuple[tuple[int, int, int, int, tuple[tuple[int, int], ...], int, int], ...]
+
+
+def _layout(table: OpTable, policy: str, a: int, e: int) -> _Layout:
+    key = ("layout", policy, a, e)
+    found = table.structure.get(key)
+    if found is not None:
+        return found
+    regions, outside = _policy_regions(table, policy, a, e)
+    laid = []
+    for lo, hi in regions:
+        bi, crossed = int(table.block[lo]), ()
+        if lo == a and a > 0 and int(table.block[a - 1]) == bi:
+            # a block the stage boundary cuts keeps what crossed the boundary and it reads (each value once:
+            # the set, iterated in the order it always was, so sums at a fractional b come out the same)
+            crossed = tuple((ps, c) for _, ps, c in
+                            {(vid, ps, c) for i in range(lo, hi) for vid, at, ps, c in table.reads[i] if at < a})
+            bi = -1
+        shift = _region_shift(table, lo, hi)
+        laid.append((lo, hi, table.recompute_stop(lo, hi), bi, crossed, lo - shift, hi - shift))
+    found = table.structure[key] = _Layout(table.kept_ids(outside), tuple(laid))
+    return found
+
+
 def policy_kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray, comm: np.ndarray,
-          early_stop: bool = True) -> tuple[int, int, float, int, float]:
+                early_stop: bool = True) -> tuple[int, int, float, int, float]:
     """(kept for backward, the largest region's activations, recompute seconds, what its regions keep
     once recomputed, the tp collectives among the recompute's seconds) of stage [a, e). `early_stop`:
     a recompute ends at the region's last op that keeps anything (`OpTable.recompute_stop`), as torch's
@@ -89,27 +123,34 @@ def policy_kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.nd
         return int(table.at(table.live, b)[a]), whole, float(secs[a:stop].sum()), whole, float(comm[a:stop].sum())
     parsed = checkpoint_policy(policy)
     selective = parsed.count if parsed.kind == "selective" else 0  # keeps one matmul output in K
-    regions, outside = _policy_regions(table, policy, a, e)
-    kept, peak, recompute, shared, recomputed, again = table.saved(outside, b), 0, 0.0, 0, 0, 0.0
-    for lo, hi in regions:
-        bi = int(table.block[lo])
-        if lo == a and a > 0 and int(table.block[a - 1]) == bi:
-            # a block the stage boundary cuts keeps what crossed the boundary and it reads
-            crossed = {(vid, ps, c) for i in range(lo, hi) for vid, at, ps, c in table.reads[i] if at < a}
-            kept += sum(ps * b + c for _, ps, c in crossed)
+    layout = _layout(table, policy, a, e)
+    kept, peak, recompute, shared, recomputed, again = table.saved_bytes(layout.outside, b), 0, 0.0, 0, 0, 0.0
+    for lo, hi, stop, bi, crossed, moved_lo, moved_hi in layout.regions:
+        if bi < 0:
+            kept += sum(ps * b + c for ps, c in crossed)
         else:
             (stream, common) = table.block_inputs[bi]
             kept += stream[0] * b + stream[1]
             shared = max(shared, common[0] * b + common[1])
-        add, region_peak, region_recompute = _region(table, lo, hi, b, secs, comm, selective, early_stop)
+        add, region_peak, region_recompute = _region_at(table, moved_lo, moved_hi, b, secs, comm, selective,
+                                                        early_stop)
         kept += add
         peak = max(peak, region_peak)
         recompute += region_recompute
         recomputed += region_peak
         # every collective of the recomputed ops runs again (selective: those of its blocks' ops, kept or not)
-        stop = table.recompute_stop(lo, hi) if early_stop else hi
+        stop = stop if early_stop else hi
         again += float(comm[lo:stop][table.block[lo:stop] >= 0].sum() if selective else comm[lo:stop].sum())
     return kept + shared, peak, recompute, recomputed, again
+
+
+def _region_shift(table: OpTable, lo: int, hi: int) -> int:
+    """`stage_shifts` of one region, in plain Python."""
+    if table.period is None:
+        return 0
+    first, length, end = table.period
+    k = (lo - first) // length
+    return (k - 2) * length if lo >= first and k > 2 and hi <= end - length else 0
 
 
 def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: int,
@@ -117,16 +158,17 @@ def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np
     """One checkpoint region [lo, hi): (what it keeps beyond its inputs, its activations while it is
     recomputed, its recompute seconds); priced once per shape, as stages are (`stage_shifts`). `selective`:
     0, recomputed whole; K, its blocks' ops keep their attention outputs and one matmul output in K."""
-    shift = 0
-    if table.period is not None:  # `stage_shifts` of one region, in plain Python (called thousands of times)
-        first, length, end = table.period
-        k = (lo - first) // length
-        shift = (k - 2) * length if lo >= first and k > 2 and hi <= end - length else 0
-    key = ("region", selective, early_stop, lo - shift, hi - shift, b, id(secs))  # secs: cached per (b, hardware)
+    shift = _region_shift(table, lo, hi)
+    return _region_at(table, lo - shift, hi - shift, b, secs, comm, selective, early_stop)
+
+
+def _region_at(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: int,
+               early_stop: bool) -> tuple[int, int, float]:
+    """`_region` of [lo, hi), already moved back to the copy it prices as."""
+    key = ("region", selective, early_stop, lo, hi, b, id(secs))  # secs: cached per (b, hardware)
     found = table.cache.get(key)
     if found is not None:
         return found
-    lo, hi = lo - shift, hi - shift
     stop = table.recompute_stop(lo, hi) if early_stop else hi
     in_blocks = table.block[lo:hi] >= 0
     ran = np.arange(lo, hi) < stop  # the ops the recompute runs
