@@ -20,6 +20,7 @@ from graphsplit.planner import alike_blocks as alike_module
 from graphsplit.planner import fold as fold_module
 from graphsplit.planner import load_hardware, plan_model
 from graphsplit.planner import profile as profile_module
+from graphsplit.planner import recompute as recompute_module
 from graphsplit.planner import stages as stages_module
 from graphsplit.planner import tile as tile_module
 from graphsplit.planner.estimate import estimate
@@ -289,8 +290,8 @@ def test_alike_blocks_called_differently_are_traced_through(tmp_path):
 
 
 def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier(deep):
-    """The search prices a stage deep in the repeated blocks as the same stage moved back (stages.py
-    `_shifts`): every policy, at two micro-batch sizes, gives what pricing it where it lies gives."""
+    """The search prices a stage deep in the repeated blocks as the same stage moved back (recompute.py
+    `stage_shifts`): every policy, at two micro-batch sizes, gives what pricing it where it lies gives."""
     table = deep[1].variants[1, False, False]
     first, length, end = table.period
     hw = load_hardware("h100")
@@ -299,7 +300,7 @@ def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier(deep):
     while moved < 40:
         a = int(rng.integers(first, end))
         e = int(rng.integers(a + 1, end + 1))
-        shift = int(stages_module._shifts(table, np.array([a, e]))[0])
+        shift = int(recompute_module.stage_shifts(table, np.array([a, e]))[0])
         if not shift:
             continue
         moved += 1
@@ -307,8 +308,8 @@ def test_a_middle_stage_prices_as_the_same_ops_blocks_earlier(deep):
             for b in (1, 3):
                 secs = stages_module._recompute_seconds(table, b, hw, False)
                 comm = stages_module.tp_op_seconds(table, b, hw, "forward")
-                here = stages_module._kept(table, policy, a, e, b, secs, comm)
-                there = stages_module._kept(table, policy, a - shift, e - shift, b, secs, comm)
+                here = recompute_module.policy_kept(table, policy, a, e, b, secs, comm)
+                there = recompute_module.policy_kept(table, policy, a - shift, e - shift, b, secs, comm)
                 assert here[:2] == there[:2] and here[2] == pytest.approx(there[2], rel=1e-12), (policy, a, e, b)
 
 
@@ -338,7 +339,7 @@ def test_checkpointed_regions_are_priced_with_their_forward_collectives_run_agai
         if policy == "stage":
             assert found[policy] == pytest.approx(recomputed)
         if policy == "selective":  # a part of a block the cut leaves without FLOPs is not checkpointed
-            regions, _ = stages_module._regions(table, bounds[-2], bounds[-1], 1)
+            regions, _ = recompute_module._regions(table, bounds[-2], bounds[-1], 1)
             ran = sum(in_blocks[lo:table.recompute_stop(lo, hi)].sum() for lo, hi in regions)
             assert (found[policy] <= blocks + 1e-15).all() and found[policy][-1] == pytest.approx(ran) and ran > 0
     assert not found["none"].any()
@@ -357,15 +358,15 @@ def test_a_recompute_stops_where_torchs_checkpoint_stops(llama):
     b = profile.batch
     secs = stages_module._recompute_seconds(table, b, CPU, False)
     comm = stages_module.tp_op_seconds(table, b, CPU, "forward")
-    regions, _ = stages_module._regions(table, 0, table.n, 1)
+    regions, _ = recompute_module._regions(table, 0, table.n, 1)
     skipped = 0.0
     for lo, hi in regions:
         stop = table.recompute_stop(lo, hi)
         assert lo < stop < hi and table.compute[stop] and not table.keeps_own_output(stop)  # a projection
         assert not any(table.kept[i] for i in range(stop + 1, hi))  # nothing after it keeps a tensor
         skipped += float(secs[stop:hi].sum())
-    early = stages_module._kept(table, "blocks", 0, table.n, b, secs, comm, early_stop=True)[2]
-    whole = stages_module._kept(table, "blocks", 0, table.n, b, secs, comm, early_stop=False)[2]
+    early = recompute_module.policy_kept(table, "blocks", 0, table.n, b, secs, comm, early_stop=True)[2]
+    whole = recompute_module.policy_kept(table, "blocks", 0, table.n, b, secs, comm, early_stop=False)[2]
     assert skipped > 0.1 * whole and early == pytest.approx(whole - skipped)
     zb, il = (plan_stages(profile, Plan(pp=2, schedule=s, stages_per_rank=2, microbatches=4, checkpoint="blocks"))
               for s in ("zero-bubble", "interleaved-1f1b"))

@@ -140,26 +140,35 @@ def group_link(hw: Hardware, span: int) -> tuple[float, float]:
     return hw.inter_node_bandwidth * hw.link_efficiency, hw.inter_node_latency
 
 
-def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_sample: int | None,
-             model_flops_per_sample: float, optimizer: str = "adamw") -> Estimate:
-    """Memory of the busiest rank and the step time of `plan`, whose stages are `st`.
+@dataclass
+class Memory:
+    """A plan's memory by pp rank, and what its step time reads of it (`estimate`)."""
 
-    `samples`: the global batch; `model_flops_per_sample`: the untouched model's forward FLOPs for one
-    sample (MFU counts forward + backward, 3x, and no recompute, as the sources do)."""
-    m, v, pp, tp, dp = plan.num_microbatches, plan.stages_per_rank, plan.pp, plan.tp, plan.dp
-    # the mesh is (dp, pp, tp), tp fastest: tp groups are contiguous, pp neighbours tp apart, dp replicas tp*pp apart
-    tp_bw, tp_lat = group_link(hw, tp)
-    pp_bw, pp_lat = group_link(hw, tp * 2) if pp > 1 else (1.0, 0.0)
-    dp_bw, dp_lat = group_link(hw, tp * pp * dp) if dp > 1 else (1.0, 0.0)
-    share = max(1.0, plan.world_size / hw.shared_cores) if hw.shared_cores else 1.0  # CPU ranks sharing cores
+    parts: dict[str, np.ndarray]  # each part, by pp rank
+    total: int  # the busiest rank's
+    busiest: int
+    params: np.ndarray  # the parameters each rank holds (fp32, whole)
+    by_expert: np.ndarray  # of which expert weights under ep
+    sharded: np.ndarray  # of which FSDP shards (the rest)
+    gathered: np.ndarray  # what FSDP gathers of them (in the low dtype under autocast)
+
+
+def _by_rank(plan: Plan, values: np.ndarray, how: str) -> np.ndarray:
+    """Stage s lies on pp rank s % pp (a V: rank r also holds stage 2 * pp - 1 - r): fold the
+    stages of each rank together."""
+    grid = values.reshape(plan.stages_per_rank, plan.pp)
+    if plan.schedule in V_SCHEDULES:
+        grid = np.stack([grid[0], grid[1][::-1]])
+    return grid.sum(axis=0) if how == "sum" else grid.max(axis=0)
+
+
+def plan_memory(plan: Plan, st: Stages, optimizer: str = "adamw") -> Memory:
+    """Memory of each pp rank of `plan`, whose stages are `st`: the search reads this first and prices the
+    step time only of the plans that fit (or that need the least memory, when none does)."""
+    m, v, pp, dp = plan.num_microbatches, plan.stages_per_rank, plan.pp, plan.dp
 
     def by_rank(values: np.ndarray, how: str) -> np.ndarray:
-        """Stage s lies on pp rank s % pp (a V: rank r also holds stage 2 * pp - 1 - r): fold the
-        stages of each rank together."""
-        grid = values.reshape(v, pp)
-        if plan.schedule in V_SCHEDULES:
-            grid = np.stack([grid[0], grid[1][::-1]])
-        return grid.sum(axis=0) if how == "sum" else grid.max(axis=0)
+        return _by_rank(plan, values, how)
 
     params = by_rank(st.param_bytes, "sum")
     acts = held_activations(plan.schedule, pp, m, v, st.saved_bytes) + by_rank(st.recompute_peak, "max")
@@ -203,9 +212,30 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     parts.update(activations=acts, outputs_and_loss=outputs, communication_buffers=buffers)
     total = sum(parts.values())
     busiest = int(np.argmax(total))
-    memory = {k: int(val[busiest]) for k, val in parts.items()}
-    memory["total"] = int(total[busiest])
-    per_rank = dict(parts)  # arrays: the search prices thousands of plans and reads few of them
+    return Memory(parts, int(total[busiest]), busiest, params, by_expert, sharded, gathered)
+
+
+def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_sample: int | None,
+             model_flops_per_sample: float, optimizer: str = "adamw", memory: Memory | None = None) -> Estimate:
+    """Memory of the busiest rank and the step time of `plan`, whose stages are `st` (`memory`: its
+    `plan_memory`, where the caller has it already).
+
+    `samples`: the global batch; `model_flops_per_sample`: the untouched model's forward FLOPs for one
+    sample (MFU counts forward + backward, 3x, and no recompute, as the sources do)."""
+    m, v, pp, tp, dp = plan.num_microbatches, plan.stages_per_rank, plan.pp, plan.tp, plan.dp
+    # the mesh is (dp, pp, tp), tp fastest: tp groups are contiguous, pp neighbours tp apart, dp replicas tp*pp apart
+    pp_bw, pp_lat = group_link(hw, tp * 2) if pp > 1 else (1.0, 0.0)
+    dp_bw, dp_lat = group_link(hw, tp * pp * dp) if dp > 1 else (1.0, 0.0)
+    share = max(1.0, plan.world_size / hw.shared_cores) if hw.shared_cores else 1.0  # CPU ranks sharing cores
+
+    def by_rank(values: np.ndarray, how: str) -> np.ndarray:
+        return _by_rank(plan, values, how)
+
+    mem = memory if memory is not None else plan_memory(plan, st, optimizer)
+    params, by_expert, sharded, gathered = mem.params, mem.by_expert, mem.sharded, mem.gathered
+    memory_of = {k: int(val[mem.busiest]) for k, val in mem.parts.items()}
+    memory_of["total"] = mem.total
+    per_rank = dict(mem.parts)  # arrays: the search prices thousands of plans and reads few of them
 
     sends = np.where(np.arange(plan.num_stages) < plan.num_stages - 1, (st.send_bytes / pp_bw + pp_lat) * 2, 0.0) \
         if pp > 1 else np.zeros(plan.num_stages)
@@ -262,7 +292,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     comm_cp = float(by_rank(st.cp_seconds, "sum").max()) * m if st.cp_seconds is not None else 0.0
     return Estimate(
         plan=plan,
-        memory=memory,
+        memory=memory_of,
         step_seconds=step,
         samples_per_second=samples / step if step > 0 else 0.0,
         tokens_per_second=samples * tokens_per_sample / step if tokens_per_sample and step > 0 else None,
@@ -271,6 +301,6 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         time={"compute_and_tp": pipeline * (1 - bubble), "bubble": pipeline * bubble, "tp_collectives": comm_tp,
               "pp_sends": comm_pp, "recompute": recompute_step, "all_to_all": comm_a2a, "cp_exchange": comm_cp,
               "dp_exposed": exposed_dp, "dp_collectives": dp_comm, "optimizer": optimizer_seconds},
-        busiest_rank=busiest,
+        busiest_rank=mem.busiest,
         per_rank=per_rank,
     )

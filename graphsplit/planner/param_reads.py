@@ -40,13 +40,21 @@ def uses(table: OpTable, dp: int = 1, ep: int = 1,
 
 
 def held(table: OpTable, bounds: list[int], dp: int = 1, ep: int = 1, only_experts: bool = False) -> np.ndarray:
-    """Bytes of the parameters each stage holds (a parameter read by two stages counts on both)."""
+    """Bytes of the parameters each stage holds (a parameter read by two stages counts on both). Found once
+    per cut and sharding: the search asks again for every plan sharing them."""
+    key = ("held", tuple(bounds), dp, ep, only_experts)
+    found = table.cache.get(key)
+    if found is not None:
+        return found
     pos, which, sizes = uses(table, dp, ep, only_experts)
     count = len(bounds) - 1
     if not len(sizes):
-        return np.zeros(count, dtype=np.int64)
-    pairs = np.unique(stage_of(bounds, pos) * len(sizes) + which)
-    return np.bincount(pairs // len(sizes), weights=sizes[pairs % len(sizes)], minlength=count).astype(np.int64)
+        found = np.zeros(count, dtype=np.int64)
+    else:
+        pairs = np.unique(stage_of(bounds, pos) * len(sizes) + which)
+        found = np.bincount(pairs // len(sizes), weights=sizes[pairs % len(sizes)], minlength=count).astype(np.int64)
+    table.cache[key] = found
+    return found
 
 
 def stage_of(bounds: list[int], positions: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import GraphsplitError
 from ..plan import Plan, divisors, rounds_fit
-from .estimate import Estimate, estimate
+from .estimate import Estimate, estimate, plan_memory
 from .hardware import Hardware
 from .parallel import Workers
 from .profile import build_all_tables
@@ -180,11 +180,14 @@ def _price(_state: Any, work: tuple[Any, Hardware, int, str, list[tuple[int, Pla
         except GraphsplitError as exc:
             priced.left_out[str(exc)] += 1
             continue
+        memory = plan_memory(plan, stages, optimizer)
+        if memory.total > budget and priced.closest is not None and memory.total >= priced.closest[1].memory["total"]:
+            continue  # priced: it does not fit, and another needs less; its step time would never be shown
         est = estimate(plan, stages, hw, profile.batch, profile.tokens_per_sample, profile.model_flops_per_sample,
-                       optimizer)
+                       optimizer, memory)
         if est.memory["total"] <= budget:
             priced.fitting.append((index, est))
-        elif priced.closest is None or est.memory["total"] < priced.closest[1].memory["total"]:
+        else:
             priced.closest = (index, est)
     return priced
 

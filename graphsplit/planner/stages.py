@@ -5,22 +5,7 @@ pipeline_split pass computes at this micro-batch size (FLOPs + 8 x bytes moved,
 8 x the bytes live across a cut), so the stages hold the parameters a transform
 of the same plan would give them.
 
-Activations kept for backward under each checkpoint policy, per stage:
-
-- none: what every op keeps (measured per op on meta, each storage once per stage);
-- blocks / every:K: each region (a run of K repeated blocks inside the stage)
-  keeps its inputs: the previous block's output, and once per stage the values
-  the head shares with every block (masks, rotary tables); a block the stage
-  boundary cuts keeps what crossed the boundary; ops before the first block keep
-  what they keep; ops after a block join its region (the final norm and LM head);
-  a region without FLOPs is not checkpointed (passes/activation_checkpoint.py);
-- selective: each block keeps its inputs and the outputs of its matmul-class ops;
-- stage: the stage's inputs.
-
-With a policy, backward recomputes each region once: its full activations are
-live meanwhile (the largest region's count towards the peak), and its forward
-runs again, tp collectives included (selective: only the ops whose outputs it did
-not keep, and every collective).
+What a stage keeps for backward and recomputes under each checkpoint policy: recompute.py.
 
 What does not depend on the policy (the cut, parameters, times, sends) is computed
 once per (stages, micro-batch size) and cached on the table.
@@ -33,11 +18,12 @@ import numpy as np
 from ..analysis.balance import balanced_cuts
 from ..analysis.cost import BYTES_TO_FLOPS
 from ..errors import GraphsplitError
-from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan, checkpoint_policy
+from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .estimate import Stages, group_link
 from .hardware import Hardware
 from .param_reads import held, stage_of, unit_bytes
 from .profile import ModelProfile, OpTable
+from .recompute import policy_kept, region_spans, stage_shifts
 
 
 def cuts(table: OpTable, stages: int, b: int) -> list[int]:
@@ -213,149 +199,6 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
     return found
 
 
-def _regions(table: OpTable, a: int, e: int, per: int) -> tuple[list[tuple[int, int]], list[int]]:
-    """Checkpoint regions of stage [a, e): runs of `per` consecutive blocks, each extended over the
-    non-block ops after it; and the ops outside every region (those before the first block)."""
-    block = table.block[a:e]
-    inside = np.flatnonzero(block >= 0)
-    if not len(inside):
-        return [], list(range(a, e))
-    # where a new block begins: a block op whose block differs from the block op before it
-    ids = block[inside]
-    begins = inside[np.concatenate([[True], ids[1:] != ids[:-1]])] + a
-    starts = begins[::per].tolist()
-    regions = list(zip(starts, [*starts[1:], e]))
-    outside = list(range(a, starts[0]))
-    # the pass checkpoints no region without FLOPs (a partial block of elementwise ops): its ops run plainly
-    key = ("flops_before",)
-    before = table.cache.get(key)
-    if before is None:
-        before = table.cache[key] = np.concatenate([[0], np.cumsum((table.flops[0] + table.flops[1]) > 0)])
-    plain = [r for r in regions if before[r[1]] == before[r[0]]]
-    for lo, hi in plain:
-        outside.extend(range(lo, hi))
-    return [r for r in regions if r not in plain], outside
-
-
-def region_spans(table: OpTable, policy: str, a: int, e: int) -> list[tuple[int, int]]:
-    """The checkpointed regions of stage [a, e) under `policy` (the program's CheckpointRegion modules)."""
-    if policy in ("none", "stage"):
-        return [] if policy == "none" else [(a, e)]
-    return _policy_regions(table, policy, a, e)[0]
-
-
-def _policy_regions(table: OpTable, policy: str, a: int, e: int) -> tuple[list[tuple[int, int]], list[int]]:
-    """`_regions` under a block policy (blocks, every:K, first:N, selective): first:N's other blocks
-    run plainly, among the ops outside every region."""
-    parsed = checkpoint_policy(policy)
-    regions, outside = _regions(table, a, e, parsed.count if parsed.kind == "every" else 1)
-    if parsed.kind == "first":  # the first N blocks recomputed, the others keep their activations
-        count = parsed.count
-        outside = [*outside, *(i for lo, hi in regions[count:] for i in range(lo, hi))]
-        regions = regions[:count]
-    return regions, outside
-
-
-def _kept(table: OpTable, policy: str, a: int, e: int, b: int, secs: np.ndarray, comm: np.ndarray,
-          early_stop: bool = True) -> tuple[int, int, float, int, float]:
-    """(kept for backward, the largest region's activations, recompute seconds, what its regions keep
-    once recomputed, the tp collectives among the recompute's seconds) of stage [a, e). `early_stop`:
-    a recompute ends at the region's last op that keeps anything (`OpTable.recompute_stop`), as torch's
-    checkpoint does; a split-backward schedule's region runs whole (ops/activation_checkpoint.py)."""
-    if policy == "none":
-        return table.saved(range(a, e), b), 0, 0.0, 0, 0.0
-    if policy == "stage":
-        whole = table.saved(range(a, e), b)
-        stop = table.recompute_stop(a, e) if early_stop else e
-        return int(table.at(table.live, b)[a]), whole, float(secs[a:stop].sum()), whole, float(comm[a:stop].sum())
-    parsed = checkpoint_policy(policy)
-    selective = parsed.count if parsed.kind == "selective" else 0  # keeps one matmul output in K
-    regions, outside = _policy_regions(table, policy, a, e)
-    kept, peak, recompute, shared, recomputed, again = table.saved(outside, b), 0, 0.0, 0, 0, 0.0
-    for lo, hi in regions:
-        bi = int(table.block[lo])
-        if lo == a and a > 0 and int(table.block[a - 1]) == bi:
-            # a block the stage boundary cuts keeps what crossed the boundary and it reads
-            crossed = {(vid, ps, c) for i in range(lo, hi) for vid, at, ps, c in table.reads[i] if at < a}
-            kept += sum(ps * b + c for _, ps, c in crossed)
-        else:
-            (stream, common) = table.block_inputs[bi]
-            kept += stream[0] * b + stream[1]
-            shared = max(shared, common[0] * b + common[1])
-        add, region_peak, region_recompute = _region(table, lo, hi, b, secs, comm, selective, early_stop)
-        kept += add
-        peak = max(peak, region_peak)
-        recompute += region_recompute
-        recomputed += region_peak
-        # every collective of the recomputed ops runs again (selective: those of its blocks' ops, kept or not)
-        stop = table.recompute_stop(lo, hi) if early_stop else hi
-        again += float(comm[lo:stop][table.block[lo:stop] >= 0].sum() if selective else comm[lo:stop].sum())
-    return kept + shared, peak, recompute, recomputed, again
-
-
-def _region(table: OpTable, lo: int, hi: int, b: int, secs: np.ndarray, comm: np.ndarray, selective: int,
-            early_stop: bool = True) -> tuple[int, int, float]:
-    """One checkpoint region [lo, hi): (what it keeps beyond its inputs, its activations while it is
-    recomputed, its recompute seconds); priced once per shape, as stages are (`_shifts`). `selective`:
-    0, recomputed whole; K, its blocks' ops keep their attention outputs and one matmul output in K."""
-    shift = 0
-    if table.period is not None:  # `_shifts` of one region, in plain Python (called thousands of times)
-        first, length, end = table.period
-        k = (lo - first) // length
-        shift = (k - 2) * length if lo >= first and k > 2 and hi <= end - length else 0
-    key = ("region", selective, early_stop, lo - shift, hi - shift, b, id(secs))  # secs: cached per (b, hardware)
-    found = table.cache.get(key)
-    if found is not None:
-        return found
-    lo, hi = lo - shift, hi - shift
-    stop = table.recompute_stop(lo, hi) if early_stop else hi
-    in_blocks = table.block[lo:hi] >= 0
-    ran = np.arange(lo, hi) < stop  # the ops the recompute runs
-    if selective:
-        share = _kept_share(table, lo, hi, selective) * in_blocks  # of each op's outputs, what it keeps
-        keeps = share > 0
-        chosen = table.at(table.selective, b)[lo:hi]
-        if selective > 1:  # attention's outputs whole, each op's matmul outputs by the share it keeps
-            attention = table.at(table.selective_attention, b)[lo:hi]
-            matmul = table.matmul_calls[lo:hi] > 0
-            chosen = np.where(matmul, attention + (chosen - attention) * share, chosen)
-        found = (int(chosen[in_blocks].sum()) + table.saved(lo + np.flatnonzero(~in_blocks), b),
-                 table.saved(lo + np.flatnonzero(in_blocks), b),
-                 # what it did not keep, and the collectives of those it kept (a kept matmul's gather)
-                 float((secs[lo:hi] * (1 - share))[in_blocks & ran].sum() + comm[lo:hi][keeps & ran].sum()))
-    else:
-        found = (0, table.saved(range(lo, hi), b), float(secs[lo:stop].sum()))
-    table.cache[key] = found
-    return found
-
-
-def _kept_share(table: OpTable, lo: int, hi: int, every: int) -> np.ndarray:
-    """Per op of a selective region [lo, hi), the share of its matmul-class outputs the region keeps: 1 for
-    every matmul-class op (attention too) at `every` 1; at K, one matmul call in K, counted in order from
-    the region's first (ops/activation_checkpoint.py: SelectiveKeeps), attention's always."""
-    compute = table.compute[lo:hi].astype(float)
-    if every == 1:
-        return compute
-    calls = table.matmul_calls[lo:hi]
-    before = np.concatenate([[0], np.cumsum(calls)[:-1]])
-    # the calls an op makes are indices before .. before + calls - 1; those at multiples of K are kept
-    kept = (before + calls + every - 1) // every - (before + every - 1) // every
-    return np.where(calls > 0, kept / np.maximum(calls, 1), compute)
-
-
-def _shifts(table: OpTable, bounds: np.ndarray) -> np.ndarray:
-    """How far each stage [a, e) of `bounds` can move back and cost the same: a stage inside the
-    repeated blocks, from the third copy on, prices as the same ops two copies in (copy 1 reads block
-    0, copy 2 a copy). The last copy is never moved: the head's shared values (rotary tables, masks)
-    die in it."""
-    a, e = bounds[:-1], bounds[1:]
-    if table.period is None:
-        return np.zeros(len(a), dtype=np.int64)
-    first, length, end = table.period
-    k = (a - first) // length
-    return np.where((a >= first) & (k > 2) & (e <= end - length), (k - 2) * length, 0)
-
-
 def _recompute_seconds(table: OpTable, b: float, hw: Hardware, fused: bool) -> np.ndarray:
     """What recomputing each op costs: its forward, and its forward tp collectives, which a
     checkpointed region runs again in backward (report/summary.py lists them as "recompute")."""
@@ -368,11 +211,16 @@ def _recompute_seconds(table: OpTable, b: float, hw: Hardware, fused: bool) -> n
 
 def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hardware, fused: bool = False,
                 early_stop: bool = True) -> tuple[np.ndarray, ...]:
-    """`_kept` of every stage of `bounds` as arrays, each shape priced once (a deep model's middle
+    """`policy_kept` of every stage of `bounds` as arrays, each shape priced once (a deep model's middle
     stages are the same ops): kept, peak, recompute, the tp collectives among the recompute's, and what
     the regions keep once recomputed."""
+    # plans that differ only where this does not look (dp, FSDP, schedule) share their stages: priced once
+    whole = ("stage_kept", policy, tuple(bounds), b, hw.name, fused, early_stop)
+    cached = table.cache.get(whole)
+    if cached is not None:
+        return cached
     edges = np.asarray(bounds, dtype=np.int64)
-    shift = _shifts(table, edges)
+    shift = stage_shifts(table, edges)
     shapes, which = np.unique((edges[:-1] - shift) * (table.n + 1) + edges[1:] - shift, return_inverse=True)
     found = []
     for code in shapes.tolist():
@@ -381,12 +229,14 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
         kept = table.cache.get(key)
         if kept is None:
             comm = tp_op_seconds(table, b, hw, "forward")
-            kept = table.cache[key] = _kept(table, policy, a, e, b, _recompute_seconds(table, b, hw, fused), comm,
+            kept = table.cache[key] = policy_kept(table, policy, a, e, b, _recompute_seconds(table, b, hw, fused), comm,
                                             early_stop)
         found.append(kept)
     saved, peak, recompute, recomputed, again = (np.array([k[i] for k in found]) for i in range(5))
-    return (saved[which].astype(np.int64), peak[which].astype(np.int64), recompute[which].astype(np.float64),
-            again[which].astype(np.float64), recomputed[which].astype(np.int64))
+    cached = table.cache[whole] = (saved[which].astype(np.int64), peak[which].astype(np.int64),
+                                   recompute[which].astype(np.float64), again[which].astype(np.float64),
+                                   recomputed[which].astype(np.int64))
+    return cached
 
 
 def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
@@ -417,12 +267,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         else:
             peak = peak + np.array([gathered[a:e].max() for a, e in zip(bounds[:-1], bounds[1:])]).astype(np.int64)
     output = int(table.output[0] * b + table.output[1])
-    units = None
-    if plan.fsdp_reshards:  # FSDP units of their own, gathered one or two at a time (ZeRO-3, one stage)
-        # (no checkpointing: each block a region run plainly, an FSDP unit all the same)
-        sizes = unit_bytes(table, plan, region_spans(table, "blocks" if plan.checkpoint == "none" else plan.checkpoint,
-                                               0, table.n))
-        units = np.array([[sizes.max(initial=0), sizes.sum(), np.count_nonzero(sizes)]], dtype=np.int64)
+    units = _fsdp_units(table, plan) if plan.fsdp_reshards else None
     found = Stages(
         param_bytes=split["param_bytes"],
         kept_param_bytes=held(table, bounds, plan.dp, plan.ep) if plan.fsdp else split["param_bytes"],
@@ -441,6 +286,21 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         fsdp_units=units,
     )
     table.cache[key] = found
+    return found
+
+
+def _fsdp_units(table: OpTable, plan: Plan) -> np.ndarray:
+    """FSDP's units of their own, gathered one or two at a time (ZeRO-3, one stage): the largest's bytes,
+    all of theirs and how many, as `Stages.fsdp_units`. They follow from the checkpoint policy alone
+    (every plan reaching here shards per region), so each policy's are found once per table."""
+    # (no checkpointing: each block a region run plainly, an FSDP unit all the same)
+    policy = "blocks" if plan.checkpoint == "none" else plan.checkpoint
+    key = ("fsdp_units", policy)
+    found = table.cache.get(key)
+    if found is None:
+        sizes = unit_bytes(table, plan, region_spans(table, policy, 0, table.n))
+        found = table.cache[key] = np.array([[sizes.max(initial=0), sizes.sum(), np.count_nonzero(sizes)]],
+                                            dtype=np.int64)
     return found
 
 

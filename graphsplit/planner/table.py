@@ -64,6 +64,11 @@ class OpTable:
     # --fp8: the `fp8` linears run at the float8 rate, their operands cast first (`for_fp8`)
     float8: bool = False
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+    # what follows from the op sequence's structure alone (its blocks, reads, FLOPs and which storages each
+    # op keeps), not from bytes: the variants a plan runs (`for_ep`, `for_compiled`, `for_gathered_low`,
+    # `for_fp8`) change only bytes, and `dataclasses.replace` hands them this same dict, so the search's
+    # thousands of stage shapes are laid out once per table, not once per variant
+    structure: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
     def n(self) -> int:
@@ -79,28 +84,38 @@ class OpTable:
 
     def _flat_kept(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`kept` as flat arrays: every (op, storage) pair in op order, and where each op's pairs start."""
-        found = self.cache.get("flat_kept")
+        found = self.structure.get("flat_kept")
         if found is None:
             sizes = np.fromiter((len(row) for row in self.kept), dtype=np.int64, count=self.n)
             ids = np.fromiter((k for row in self.kept for k in row), dtype=np.int64, count=int(sizes.sum()))
-            found = self.cache["flat_kept"] = (ids, np.concatenate([[0], np.cumsum(sizes)]),
-                                               np.repeat(np.arange(self.n), sizes))
+            found = self.structure["flat_kept"] = (ids, np.concatenate([[0], np.cumsum(sizes)]),
+                                                   np.repeat(np.arange(self.n), sizes))
         return found
+
+    def kept_ids(self, ops: range | np.ndarray | list[int]) -> np.ndarray:
+        """The storages the ops `ops` (a range, or indices) keep for backward, each once, sorted. A range's
+        are found once per table and its variants (the search asks for the same stages again and again)."""
+        ids, start, owner = self._flat_kept()
+        if isinstance(ops, range) and ops.step == 1:
+            key = ("kept_ids", ops.start, ops.stop)
+            found = self.structure.get(key)
+            if found is None:
+                found = self.structure[key] = np.unique(ids[start[ops.start]:start[max(ops.stop, ops.start)]])
+            return found
+        chosen = np.zeros(self.n, dtype=bool)
+        chosen[np.asarray(ops, dtype=np.int64)] = True
+        return np.unique(ids[chosen[owner]])
+
+    def saved_bytes(self, index: np.ndarray, b: int) -> int:
+        """Bytes of the storages `index` (from `kept_ids`) at `b` samples."""
+        if not len(index):
+            return 0
+        return int((self.storage[0][index] * b + self.storage[1][index]).sum())
 
     def saved(self, ops: range | np.ndarray | list[int], b: int) -> int:
         """Bytes the ops `ops` (a range, or indices) keep for backward when they run in one stage: each
         storage once. A stage holds thousands of ops: their storages are read as one slice or mask."""
-        ids, start, owner = self._flat_kept()
-        if isinstance(ops, range) and ops.step == 1:
-            found = ids[start[ops.start]:start[max(ops.stop, ops.start)]]
-        else:
-            chosen = np.zeros(self.n, dtype=bool)
-            chosen[np.asarray(ops, dtype=np.int64)] = True
-            found = ids[chosen[owner]]
-        if not len(found):
-            return 0
-        index = np.unique(found)
-        return int((self.storage[0][index] * b + self.storage[1][index]).sum())
+        return self.saved_bytes(self.kept_ids(ops), b)
 
     def expert_params(self) -> dict[str, int]:
         """The expert weights (read by a grouped linear) and how many experts each holds (its dim 0)."""
@@ -137,7 +152,7 @@ class OpTable:
         when it keeps its own output: a matmul packs its inputs before it runs. So a block's last
         projection and its residual add do not run again."""
         key = ("stop", lo, hi)
-        found = self.cache.get(key)
+        found = self.structure.get(key)
         if found is None:
             keeping = [i for i in range(lo, hi) if self.kept[i]]
             if not keeping:
@@ -145,7 +160,7 @@ class OpTable:
             else:
                 last = keeping[-1]
                 found = last + 1 if self.keeps_own_output(last) else last
-            self.cache[key] = found
+            self.structure[key] = found
         return found
 
     def pieces(self, at_collectives: bool = False) -> np.ndarray:
