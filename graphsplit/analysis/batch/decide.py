@@ -20,6 +20,7 @@ from ...ir.op_kinds import OpKind, classify
 from ..fused_attention import FusedAttention
 from .atoms import Label
 from .mode import Discovery
+from .repeats import BlockSkipper, canonical, repeated_blocks
 from .rules import RULES, pointwise
 from .tail import WholeTail, whole_tail
 
@@ -58,6 +59,8 @@ class _Runner(fx.Interpreter):
 
     def __init__(self, gm: fx.GraphModule, discovery: Discovery) -> None:
         super().__init__(gm)
+        run = repeated_blocks(gm)
+        self.skipper = BlockSkipper(run, self._canon) if run is not None else None
         self.extra_traceback = False
         self.discovery = discovery
         self.node: fx.Node | None = None
@@ -100,7 +103,26 @@ class _Runner(fx.Interpreter):
 
         return pytree.tree_map_only(torch.Tensor, to_meta, out)
 
+    def _canon(self, value: Any) -> Any:
+        atoms = self.discovery.atoms
+
+        def classes(t: torch.Tensor) -> Any:
+            v = self.discovery.value(t)
+            return (tuple(tuple(atoms.find(a) for a in label) for label in v.labels),
+                    frozenset(atoms.find(a) for a in v.reduced))
+
+        return canonical(value, classes)
+
     def run_node(self, n: fx.Node) -> Any:
+        skipper = self.skipper
+        if skipper is not None and skipper.skips(n):  # a later repeated block: block 2's values stand in
+            return skipper.value(n)
+        result = self._run_node(n)
+        if skipper is not None:
+            skipper.seen(n, result)
+        return result
+
+    def _run_node(self, n: fx.Node) -> Any:
         self.node = n
         self.discovery.atoms.at = n.name
         try:
@@ -181,7 +203,8 @@ def discover(
     decision.mixers = {name: tuple((tuple(d.atoms.mixed_by(a)), d.atoms.fixed[d.atoms.find(a)]) if a >= 0 else ((), False)
                                    for a in found) for name, found in input_atoms.items()}
     if decision.size:
-        decision.bags = tuple(dict.fromkeys(d.bags))
+        skipped = [name for bag in d.bags for name in runner.skipper.same_place(bag)] if runner.skipper else []
+        decision.bags = tuple(dict.fromkeys([*d.bags, *skipped]))
     decision.sequence = _sequence(d, gm, input_names, input_atoms, target_atoms, outputs, decision)
     if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
         leaves = pytree.tree_leaves(meta_target)

@@ -1,0 +1,109 @@
+"""Batch discovery over repeated blocks: the third block's labels stand for every later one's.
+
+An 80-layer transformer runs the same ops 80 times, and discovery relates each op's dim labels: most
+of its time. The blocks are exact repeats (ir/repeats.py: same ops on the same relative arguments),
+so where block 2 maps the label classes of what block 1 hands it to the same classes (the residual
+stream [batch, sequence, hidden] in, the same out: a fixed point), block 3 would relate the same
+classes again and add only atoms of its own, so would every later block. Then blocks 3.. are not run:
+each value a later block or the tail reads from block k is block 2's at the same place. Checked on the
+values (shapes, dtypes, label classes, reduced classes) before skipping; otherwise every block runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ...ir.repeats import find_fold
+
+
+@dataclass(frozen=True)
+class BlockRun:
+    blocks: tuple[tuple[fx.Node, ...], ...]  # each repeated block's ops, in order
+    reads: tuple[int, ...]  # the places in a block the next block reads
+    tail_reads: tuple[int, ...]  # the places in the last block the rest of the graph reads
+
+
+def repeated_blocks(gm: fx.GraphModule) -> BlockRun | None:
+    """The run of repeated blocks whose values reach only the next block (the last one's: anything), or
+    None: no run, or a block read from elsewhere (a model returning every layer's hidden states)."""
+    found = find_fold(gm)
+    if found is None:
+        return None
+    blocks = tuple(tuple(b) for b in found[3])
+    if len(blocks) < 4:
+        return None
+    sets = [set(b) for b in blocks]
+
+    def read_from(k: int) -> tuple[int, ...]:
+        """The places in block k that nodes outside it read."""
+        place = {op: i for i, op in enumerate(blocks[k])}
+        return tuple(sorted({place[a] for user in {u for op in blocks[k] for u in op.users if u not in sets[k]}
+                             for a in user.all_input_nodes if a in place}))
+
+    reads = read_from(1)
+    for k in range(1, len(blocks) - 1):
+        if any(u not in sets[k + 1] for op in blocks[k] for u in op.users if u not in sets[k]):
+            return None  # read by something beside the next block
+        if read_from(k) != reads:
+            return None
+    return BlockRun(blocks, reads, read_from(len(blocks) - 1))
+
+
+class BlockSkipper:
+    """Decides, when block 3 is about to run, whether blocks 3.. can be skipped; then answers their
+    nodes (see the module docstring). `canon(value)`: a value's shape, dtype and label classes."""
+
+    def __init__(self, run: BlockRun, canon: Callable[[Any], Any]) -> None:
+        self.run = run
+        self.canon = canon
+        self.watch = {op: (k, i) for k in (1, 2) for i, op in enumerate(run.blocks[k])
+                      if i in run.reads or (k == 2 and i in run.tail_reads)}
+        self.kept: dict[tuple[int, int], Any] = {}
+        self.start = run.blocks[3][0]
+        self.stand_in: dict[fx.Node, tuple[int, int]] = {}
+        self.skipped: set[fx.Node] = set()
+
+    def seen(self, node: fx.Node, value: Any) -> None:
+        place = self.watch.get(node)
+        if place is not None:
+            self.kept[place] = value
+
+    def skips(self, node: fx.Node) -> bool:
+        if node is self.start:
+            self._decide()
+        return node in self.skipped
+
+    def value(self, node: fx.Node) -> Any:
+        place = self.stand_in.get(node)
+        return self.kept[place] if place is not None else None
+
+    def _decide(self) -> None:
+        run = self.run
+        if not all(self.canon(self.kept[1, i]) == self.canon(self.kept[2, i]) for i in run.reads):
+            return
+        for k in range(3, len(run.blocks)):
+            self.skipped.update(run.blocks[k])
+            places = run.tail_reads if k == len(run.blocks) - 1 else run.reads
+            self.stand_in.update({run.blocks[k][i]: (2, i) for i in places})
+
+    def same_place(self, name: str) -> list[str]:
+        """The names of the skipped nodes at the place of block 2's node `name` (none elsewhere)."""
+        second = {op.name: i for i, op in enumerate(self.run.blocks[2])}
+        if name not in second or not self.skipped:
+            return []
+        return [block[second[name]].name for block in self.run.blocks[3:]]
+
+
+def canonical(value: Any, labels: Callable[[torch.Tensor], Any]) -> Any:
+    """A value as the skipping compares it: tensors by shape, dtype and `labels`, containers by their
+    items, anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype, labels(value))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(canonical(v, labels) for v in value))
+    return value

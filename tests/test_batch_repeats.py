@@ -1,0 +1,80 @@
+"""Batch discovery over repeated blocks (analysis/batch/repeats.py): where block 2 maps the label
+classes block 1 hands it to the same classes, blocks 3.. are not run and block 2's values stand in;
+the batch found is the one found running every block, and a run of blocks that is no fixed point runs
+whole."""
+
+import dataclasses
+
+import torch
+import torch.nn as nn
+
+import graphsplit.analysis.batch.decide as decide
+from graphsplit.ir.trace import trace_model
+from graphsplit.loader import load_model
+from graphsplit.rewrite import find_batch, trace_loaded
+
+from .conftest import ROOT
+
+
+class _Recording(decide.BlockSkipper):
+    made: list["_Recording"] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _Recording.made.append(self)
+
+
+def _both(monkeypatch, traced, flat, loss_fn=None, target=None):
+    _Recording.made.clear()
+    monkeypatch.setattr(decide, "BlockSkipper", _Recording)
+    folded = find_batch(traced, flat, loss_fn, target)
+    skipped = [len(s.skipped) for s in _Recording.made]
+    monkeypatch.setattr(decide, "repeated_blocks", lambda gm: None)
+    whole = find_batch(traced, flat, loss_fn, target)
+    return folded, whole, skipped
+
+
+def test_later_blocks_of_a_transformer_are_not_run_and_the_batch_is_the_same(monkeypatch):
+    loaded = load_model(str(ROOT / "examples" / "llama.py"))
+    build = loaded.builder
+    loaded = dataclasses.replace(loaded, builder=lambda: build(n_layers=8))
+    traced = trace_loaded(loaded)
+    flat = traced.flatten_inputs(loaded.args, loaded.kwargs)
+    folded, whole, skipped = _both(monkeypatch, traced, flat, loaded.loss_fn, loaded.target)
+    assert skipped and skipped[0] > 0  # blocks 3..7 answered by block 2's values
+    names = traced.input_names
+    assert folded.to_dict(names) == whole.to_dict(names)
+    assert folded.sequence is not None and whole.sequence is not None
+    assert (folded.sequence.inputs, folded.sequence.outputs) == (whole.sequence.inputs, whole.sequence.outputs)
+
+
+class _Turn(nn.Module):
+    """Mixes its last dim, then turns the value: each block hands the next the dims in the other order."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.mix(x).transpose(1, 2)
+
+
+class _Turning(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([_Turn() for _ in range(6)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_blocks_that_are_no_fixed_point_all_run(monkeypatch):
+    model, x = _Turning(), torch.randn(4, 6, 6)
+    traced = trace_model(model, (x,), {})
+    flat = traced.flatten_inputs((x,), {})
+    folded, whole, skipped = _both(monkeypatch, traced, flat)
+    assert skipped == [0]
+    assert folded.to_dict(traced.input_names) == whole.to_dict(traced.input_names)
+    assert folded.inputs == {"x": 0}
