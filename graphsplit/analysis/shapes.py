@@ -23,6 +23,7 @@ from ..ir.op_kinds import OpKind, classify, family, sizes_from_data, writes_into
 from ..ir.size_conditions import DECIDED
 from .flop_count import FlopCount
 from .fused_attention import FusedAttention
+from .repeated_blocks import BlockSkipper, canonical, repeated_blocks
 
 _MAYBE_FLOPS = re.compile(r"mm|conv|einsum|matmul|linear|attention|baddbmm|addbmm", re.IGNORECASE)
 
@@ -53,15 +54,33 @@ def _returns_its_input(n: fx.Node, gm: fx.GraphModule, value: Any, inputs: list[
     return n.op in ("call_method", "call_function") and family(n, gm) == OpKind.IDENTITY
 
 
+# what `_MetaAnnotator` sets on a node beside its module path
+_ANNOTATED = ("kind", "value", "tensor", "flops", "sizes_follow_data", "param_bytes", "bytes_moved")
+
+
 class _MetaAnnotator(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, counter: FlopCount) -> None:
+    def __init__(self, gm: fx.GraphModule, counter: FlopCount, skipper: BlockSkipper | None = None) -> None:
         super().__init__(gm, garbage_collect_values=True)
         # our error names the node and the shapes; fx's "While executing ..." lines would only repeat it
         self.extra_traceback = False
         self.counter = counter
         self.modules = dict(gm.named_modules())
+        self.skipper = skipper
 
     def run_node(self, n: fx.Node) -> Any:
+        skipper = self.skipper
+        if skipper is not None and skipper.skips(n):  # a later repeated block: its twin in block 2 answers
+            ni, twin = info(n), info(skipper.twin(n))
+            for name in _ANNOTATED:
+                setattr(ni, name, getattr(twin, name))
+            ni.module = module_path(n)
+            return skipper.value(n)
+        value = self._annotate(n)
+        if skipper is not None:
+            skipper.seen(n, value)
+        return value
+
+    def _annotate(self, n: fx.Node) -> Any:
         kind = classify(n, self.module)
         # the counter intercepts every op it sees; only ops that can do matmul-class
         # work are run under it (elementwise ops count 0 FLOPs there anyway).
@@ -202,8 +221,19 @@ def annotate(
     on_meta = meta_copy(gm, param_shardings or {}, tp) if needs_copy else gm
     # sizes that follow the data at their largest (every element counted); attention's shape and FLOPs
     # from the fused kernel's meta function; plain pointwise ops answered below the FLOP counter
+    # repeated blocks answered by the third one's twins where they are a fixed point (analysis/repeated_blocks.py);
+    # not on one tp rank's graph, whose blocks may hold their weights sharded differently
+    skipper = None if param_shardings else _block_skipper(on_meta)
     with FastMetaPointwise(), meta_sizes(), FusedAttention(on_meta=True):
-        _MetaAnnotator(on_meta, FlopCount()).run(*meta_inputs)  # on gm's own nodes
+        _MetaAnnotator(on_meta, FlopCount(), skipper).run(*meta_inputs)  # on gm's own nodes
+
+
+def _block_skipper(gm: fx.GraphModule) -> BlockSkipper | None:
+    run = repeated_blocks(gm)
+    if run is None or any(info(op).grad_enabled != info(run.blocks[2][i]).grad_enabled
+                          for block in run.blocks[3:] for i, op in enumerate(block)):
+        return None
+    return BlockSkipper(run, lambda v: canonical(v, lambda t: t.requires_grad))
 
 
 class _MetaRunner(fx.Interpreter):

@@ -18,9 +18,9 @@ from ...ir.fast_meta import FastMetaPointwise
 from ...ir.meta import SourceLine, info
 from ...ir.op_kinds import OpKind, classify
 from ..fused_attention import FusedAttention
+from ..repeated_blocks import BlockSkipper, canonical, repeated_blocks
 from .atoms import Label
 from .mode import Discovery
-from .repeats import BlockSkipper, canonical, repeated_blocks
 from .rules import RULES, pointwise
 from .tail import WholeTail, whole_tail
 

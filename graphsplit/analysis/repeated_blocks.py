@@ -1,12 +1,14 @@
-"""Batch discovery over repeated blocks: the third block's labels stand for every later one's.
+"""Analyses over repeated blocks: the third block's results stand for every later one's.
 
-An 80-layer transformer runs the same ops 80 times, and discovery relates each op's dim labels: most
-of its time. The blocks are exact repeats (ir/repeats.py: same ops on the same relative arguments),
-so where block 2 maps the label classes of what block 1 hands it to the same classes (the residual
-stream [batch, sequence, hidden] in, the same out: a fixed point), block 3 would relate the same
-classes again and add only atoms of its own, so would every later block. Then blocks 3.. are not run:
-each value a later block or the tail reads from block k is block 2's at the same place. Checked on the
-values (shapes, dtypes, label classes, reduced classes) before skipping; otherwise every block runs.
+An 80-layer transformer runs the same ops 80 times, and the meta analyses (batch discovery, shapes and
+FLOPs) spend most of their time there. The blocks are exact repeats (ir/repeats.py: same ops on the
+same relative arguments), so where what block 2 hands on is what block 1 handed it, as the analysis
+sees values (batch discovery: shapes, dtypes and dim-label classes, the residual stream [batch,
+sequence, hidden] in and the same out; the shape analysis: shapes, dtypes, whether each needs a
+gradient), block 3 would find what block 2 found, and so would every later block: a fixed point. Then
+blocks 3.. are not run: each value a later block or the tail reads from block k is block 2's at the
+same place, and each of their nodes is answered by its twin in block 2. Checked on the values before
+skipping (`canon`); otherwise every block runs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ...ir.repeats import find_fold
+from ..ir.repeats import find_fold
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,12 @@ class BlockSkipper:
             self.skipped.update(run.blocks[k])
             places = run.tail_reads if k == len(run.blocks) - 1 else run.reads
             self.stand_in.update({run.blocks[k][i]: (2, i) for i in places})
+
+    def twin(self, node: fx.Node) -> fx.Node:
+        """Block 2's node at the place of a skipped `node`."""
+        if not hasattr(self, "_twins"):
+            self._twins = {op: self.run.blocks[2][i] for block in self.run.blocks[3:] for i, op in enumerate(block)}
+        return self._twins[node]
 
     def same_place(self, name: str) -> list[str]:
         """The names of the skipped nodes at the place of block 2's node `name` (none elsewhere)."""

@@ -1,7 +1,7 @@
-"""Batch discovery over repeated blocks (analysis/batch/repeats.py): where block 2 maps the label
-classes block 1 hands it to the same classes, blocks 3.. are not run and block 2's values stand in;
-the batch found is the one found running every block, and a run of blocks that is no fixed point runs
-whole."""
+"""The meta analyses over repeated blocks (analysis/repeated_blocks.py): where block 2 hands on what
+block 1 handed it (batch discovery: the same label classes; the shape analysis: the same shapes), blocks
+3.. are not run and block 2's values and annotations stand in; what is found is what running every
+block finds, and a run of blocks that is no fixed point runs whole."""
 
 import dataclasses
 
@@ -9,6 +9,9 @@ import torch
 import torch.nn as nn
 
 import graphsplit.analysis.batch.decide as decide
+import graphsplit.analysis.shapes as shapes
+from graphsplit.analysis.repeated_blocks import BlockSkipper
+from graphsplit.ir.meta import info
 from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
 from graphsplit.rewrite import find_batch, trace_loaded
@@ -78,3 +81,25 @@ def test_blocks_that_are_no_fixed_point_all_run(monkeypatch):
     assert skipped == [0]
     assert folded.to_dict(traced.input_names) == whole.to_dict(traced.input_names)
     assert folded.inputs == {"x": 0}
+
+
+def test_the_shape_analysis_answers_later_blocks_by_their_twins(monkeypatch):
+    """The shape and FLOP analysis (analysis/shapes.py) skips blocks 3.. of the Llama example where the
+    blocks hand on the same shapes: every node's annotation equals the one running every block."""
+    loaded = load_model(str(ROOT / "examples" / "llama.py"))
+    build = loaded.builder
+    loaded = dataclasses.replace(loaded, builder=lambda: build(n_layers=8))
+    traced = trace_loaded(loaded)
+    inputs = tuple(torch.as_tensor(t) for t in traced.flatten_inputs(loaded.args, loaded.kwargs))
+    made: list[BlockSkipper] = []
+    skipper = shapes._block_skipper
+    monkeypatch.setattr(shapes, "_block_skipper", lambda gm: made.append(skipper(gm)) or made[-1])
+    folded = traced.copy().gm
+    shapes.annotate(folded, inputs)
+    monkeypatch.setattr(shapes, "_block_skipper", lambda gm: None)
+    whole = traced.copy().gm
+    shapes.annotate(whole, inputs)
+    assert made and made[0] is not None and len(made[0].skipped) > 0
+    fields = ("kind", "value", "tensor", "flops", "sizes_follow_data", "param_bytes", "bytes_moved", "module")
+    assert [[getattr(info(n), f) for f in fields] for n in folded.graph.nodes] == \
+        [[getattr(info(n), f) for f in fields] for n in whole.graph.nodes]
