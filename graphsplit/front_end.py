@@ -7,13 +7,11 @@
 3. the batch found in the graph (`find_batch`: analysis/batch/), or the model file's batch_dims();
 4. where torch.export fixed the batch's real dim (a seq-first model's 1), traced again with it symbolic
    (`export_batch_dims`), and the batch found again where it names graph nodes;
-5. what the batch implies for the graph whatever the plan: embedding bags cut with the batch read
-   their piece's own offsets (passes/bag_offsets.py).
 
 `rewrite_program` builds the program from a Front; the planner's profile (planner/profile.py) prices
 the same graph, so prices and program cannot drift apart in what they start from. What depends on a
-plan (the micro-batch cut, context parallelism's sequence, the gathers before a whole-batch tail) is
-the compiler's, after this.
+plan (the micro-batch cut and what it implies: embedding bags reading their piece's offsets, the
+gathers before a whole-batch tail; context parallelism's sequence) is the compiler's, after this.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from .errors import GraphsplitError
 from .ir.batch import BatchDims
 from .ir.trace import trace_model
 from .ir.traced_model import Traced
-from .passes.bag_offsets import own_bag_offsets
 
 
 @dataclass
@@ -58,7 +55,7 @@ def front_end(
     sequence: bool = False,
     first_trace: Callable[[], Traced] | None = None,
 ) -> Front:
-    """Steps 1-5 of the module docstring. `traced`: a trace of this model with these inputs, used as it
+    """Steps 1-4 of the module docstring. `traced`: a trace of this model with these inputs, used as it
     is (pass a copy to keep yours); `first_trace`: how to trace it the first time (the planner traces
     alike blocks as calls, to fold them); `sequence`: context parallelism's sequence symbolic too."""
     check_call(model, args, kwargs, source)
@@ -76,7 +73,6 @@ def front_end(
         flat = traced.flatten_inputs(args, kwargs)
         if batch.gather or batch.bags:  # the nodes named are the graph's they were found in
             batch = find_batch(traced, flat, loss_fn, target, declared)
-    own_bag_offsets(traced.gm, batch)
     timings["batch"] = time.perf_counter() - start
     return Front(traced, flat, batch, symbolic is not None, timings)
 

@@ -41,6 +41,7 @@ from .ops.context_parallel import shard_tree, shard_values
 from .passes.activation_checkpoint import checkpoint_pass
 from .passes.attention_form import attention_form
 from .passes.autocast import autocast_pass
+from .passes.bag_offsets import own_bag_offsets
 from .passes.context_parallel import (
     check_masks,
     check_sequence_mixers,
@@ -251,6 +252,8 @@ def rewrite_program(
         plan = plan.for_batch(batch // replicas)  # default micro-batches that divide this batch
     # Stages see micro-batches: analyze (shapes, bytes, FLOPs) at that size.
     pieces = plan.num_microbatches * replicas
+    if pieces > 1:  # embedding bags cut with the batch read their piece's own offsets, checked
+        own_bag_offsets(traced.gm, batch_dims)
     micro = first_microbatch(traced, flat, plan, replicas, batch_dims)
     if sequence is not None:  # stages see one cp rank's shard of each sequence
         micro = tuple(shard_values(micro, sequence.input_dims(traced.input_names), 0, plan.cp))

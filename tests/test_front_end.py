@@ -1,10 +1,10 @@
 """One front end for the program and the planner (graphsplit/front_end.py): the planner's profile
-starts from the graph the compiler builds, so what the front end does to it (the batch found, embedding
-bags reading their piece's offsets) is priced as it runs, and the planner's cost passes are the
+starts from the graph and the batch the compiler starts from, and the planner's cost passes are the
 compiler's own, named as a group."""
 
+import graphsplit.planner.profile as profile_module
+from graphsplit.front_end import front_end
 from graphsplit.loader import load_model
-from graphsplit.ops.bags import own_offsets
 from graphsplit.plan import Plan
 from graphsplit.planner.profile import start_profile
 from graphsplit.rewrite import PASSES, pass_group, rewrite_loaded
@@ -12,14 +12,23 @@ from graphsplit.rewrite import PASSES, pass_group, rewrite_loaded
 from .conftest import MODELS
 
 
-def test_the_planner_prices_the_graph_the_front_end_builds():
+def test_the_planner_starts_from_the_compilers_front_end(monkeypatch):
+    """The planner's profile runs the compiler's own front end: the batch it prices is the one the
+    program cuts (here dim 1 of a recommendation model's indices and offsets)."""
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append(front_end(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(profile_module, "front_end", recording)
     loaded = load_model(str(MODELS / "bag_features.py"))
     profile = start_profile(loaded)
-    rebased = [n for n in profile.source.base.graph.nodes if n.target is own_offsets]
-    program = rewrite_loaded(loaded, Plan()).program
-    compiled = [n for stage in program.stages for n in stage.gm.graph.nodes if n.target is own_offsets]
-    assert len(rebased) == len(compiled) == 2
+    program = rewrite_loaded(loaded, Plan(pp=2)).program
+    assert len(calls) == 1 and calls[0].batch.to_dict(calls[0].traced.input_names) == \
+        program.batch.to_dict(program.traced.input_names)
     assert profile.batch == program.batch.size == 8
+    assert calls[0].batch.inputs == {"dense": 0, "indices": 1, "offsets": 1}
 
 
 def test_the_cost_passes_are_the_compilers_in_its_order():
