@@ -285,8 +285,8 @@ def test_a_fold_after_unlike_first_blocks_equals_the_whole_graph(tmp_path, monke
     and unfolding it gives every number compiling all layers gives."""
     import numpy as np
 
+    from graphsplit.ir import repeats as repeats_module
     from graphsplit.loader import load_model
-    from graphsplit.planner import fold as fold_module
     from graphsplit.planner.profile import profile_model
 
     deep = tmp_path / "deep_deepseek.py"
@@ -297,7 +297,7 @@ def test_a_fold_after_unlike_first_blocks_equals_the_whole_graph(tmp_path, monke
     loaded = load_model(str(deep))
     folded = profile_model(loaded)
     assert folded.folded
-    monkeypatch.setattr(fold_module, "MIN_BLOCKS", 10**6)
+    monkeypatch.setattr(repeats_module, "MIN_BLOCKS", 10**6)  # no run of repeated blocks anywhere
     whole = profile_model(loaded)
     assert not whole.folded
     for key in ((1, False, False), (1, True, False)):

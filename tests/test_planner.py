@@ -14,6 +14,7 @@ import torch
 from graphsplit import Plan
 from graphsplit.analysis.memory import gathered_dtype, saved_bytes
 from graphsplit.errors import GraphsplitError
+from graphsplit.ir import repeats as repeats_module
 from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
 from graphsplit.planner import alike_blocks as alike_module
@@ -175,7 +176,7 @@ def test_folded_profile_equals_the_whole_graph(monkeypatch):
     loaded = load_model(str(EXAMPLES / "llama.py"))
     folded = profile_model(loaded, (2,))
     assert folded.folded
-    monkeypatch.setattr(fold_module, "MIN_BLOCKS", 10**6)
+    monkeypatch.setattr(repeats_module, "MIN_BLOCKS", 10**6)  # no run of repeated blocks anywhere
     whole = profile_model(loaded, (2,))
     assert not whole.folded
     for key in ((1, False, False), (2, False, False), (2, True, False)):

@@ -184,6 +184,9 @@ def discover(
             raise
         except Exception as exc:  # the model's own failure on meta: the analysis names it next
             raise ModelDidNotRun(str(exc)) from exc
+        if runner.skipper is not None:  # the skipped blocks' nodes mix what their twins in block 2 mix
+            for found in d.atoms.mixers.values():
+                found.extend([(twin, why) for node, why in list(found) for twin in runner.skipper.same_place(node)])
         loss_failed = None
         unread = {n: t for n, t in zip(input_names, meta_inputs) if isinstance(t, torch.Tensor) and id(t) not in d.read}
         outputs = [t for t in output_leaves(raw)]
