@@ -70,6 +70,17 @@ class BlockSkipper:
         self.stand_in: dict[fx.Node, tuple[int, int]] = {}
         self.skipped: set[fx.Node] = set()
 
+    def step(self, node: fx.Node, run: Callable[[fx.Node], Any],
+             answer: Callable[[fx.Node, fx.Node], None] | None = None) -> Any:
+        """`run(node)`, watched; for a skipped node instead `answer(node, its twin)` and the stand-in value."""
+        if self.skips(node):
+            if answer is not None:
+                answer(node, self.twin(node))
+            return self.value(node)
+        value = run(node)
+        self.seen(node, value)
+        return value
+
     def seen(self, node: fx.Node, value: Any) -> None:
         place = self.watch.get(node)
         if place is not None:

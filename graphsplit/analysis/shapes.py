@@ -58,6 +58,13 @@ def _returns_its_input(n: fx.Node, gm: fx.GraphModule, value: Any, inputs: list[
 _ANNOTATED = ("kind", "value", "tensor", "flops", "sizes_follow_data", "param_bytes", "bytes_moved")
 
 
+def _as_twin(node: fx.Node, twin: fx.Node) -> None:
+    ni, found = info(node), info(twin)
+    for name in _ANNOTATED:
+        setattr(ni, name, getattr(found, name))
+    ni.module = module_path(node)
+
+
 class _MetaAnnotator(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, counter: FlopCount, skipper: BlockSkipper | None = None) -> None:
         super().__init__(gm, garbage_collect_values=True)
@@ -68,17 +75,8 @@ class _MetaAnnotator(fx.Interpreter):
         self.skipper = skipper
 
     def run_node(self, n: fx.Node) -> Any:
-        skipper = self.skipper
-        if skipper is not None and skipper.skips(n):  # a later repeated block: its twin in block 2 answers
-            ni, twin = info(n), info(skipper.twin(n))
-            for name in _ANNOTATED:
-                setattr(ni, name, getattr(twin, name))
-            ni.module = module_path(n)
-            return skipper.value(n)
-        value = self._annotate(n)
-        if skipper is not None:
-            skipper.seen(n, value)
-        return value
+        # a later repeated block: its twin in block 2 answers
+        return self.skipper.step(n, self._annotate, _as_twin) if self.skipper is not None else self._annotate(n)
 
     def _annotate(self, n: fx.Node) -> Any:
         kind = classify(n, self.module)

@@ -113,14 +113,8 @@ class _Runner(fx.Interpreter):
 
         return canonical(value, classes)
 
-    def run_node(self, n: fx.Node) -> Any:
-        skipper = self.skipper
-        if skipper is not None and skipper.skips(n):  # a later repeated block: block 2's values stand in
-            return skipper.value(n)
-        result = self._run_node(n)
-        if skipper is not None:
-            skipper.seen(n, result)
-        return result
+    def run_node(self, n: fx.Node) -> Any:  # a later repeated block: block 2's values stand in
+        return self.skipper.step(n, self._run_node) if self.skipper is not None else self._run_node(n)
 
     def _run_node(self, n: fx.Node) -> Any:
         self.node = n
