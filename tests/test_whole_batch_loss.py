@@ -7,13 +7,14 @@ so the loss and every gradient are the whole batch's. Where the model itself pai
 (analysis/batch/tail.py, passes/replica_gather.py); a tail that reads a weight leaves no batch."""
 
 import pytest
+import torch
 
 from graphsplit import Plan
 from graphsplit.errors import GraphsplitError
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 from graphsplit.ops.replica_gather import gather_replicas
-from graphsplit.rewrite import rewrite_loaded
+from graphsplit.rewrite import rewrite_loaded, rewrite_program
 
 from .conftest import MODELS, traced_once
 
@@ -94,3 +95,46 @@ def test_on_real_processes_each_replica_gathers_the_tails_inputs():
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any("the model's tail couples the samples" in line for line in lines)
     assert any("untouched model in one process on the whole global batch" in line for line in lines)
+
+
+class _Residual(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        return x + torch.tanh(self.lin(x))
+
+
+class _DeepTowers(torch.nn.Module):
+    """Images through four alike residual blocks whose last output the logits read directly: the
+    analyses answer the fourth block by the third's values (analysis/repeated_blocks.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Residual() for _ in range(4)])
+        self.text = torch.nn.Embedding(16, 6)
+
+    def forward(self, image, tokens):
+        h = image
+        for block in self.blocks:
+            h = block(h)
+        logits = h @ self.text(tokens).mean(1).t()
+        return -torch.log_softmax(logits, 1).diagonal().mean()  # image i's text is text i
+
+
+def test_a_tail_reading_a_repeated_blocks_output_gathers_it(monkeypatch):
+    """The logits read the fourth block's output, which batch discovery answers by the third's values:
+    it is gathered all the same, as when every block runs."""
+    import graphsplit.analysis.batch.decide as decide
+
+    model, image, tokens = _DeepTowers(), torch.randn(8, 6), torch.randint(0, 16, (8, 3))
+
+    def gathered() -> list[tuple[str, int]]:
+        batch = rewrite_program(model, (image, tokens), {}, Plan(dp=2), loss_fn=lambda out, _: out).program.batch
+        assert batch.inputs == {"image": 0, "tokens": 0}
+        return [(name, dim) for name, dim, _ in batch.gather]
+
+    assert gathered() == [("add_3", 0), ("t", 1)]
+    monkeypatch.setattr(decide, "repeated_blocks", lambda gm: None)
+    assert gathered() == [("add_3", 0), ("t", 1)]

@@ -114,22 +114,22 @@ class _Runner(fx.Interpreter):
         return canonical(value, classes)
 
     def run_node(self, n: fx.Node) -> Any:  # a later repeated block: block 2's values stand in
-        return self.skipper.step(n, self._run_node) if self.skipper is not None else self._run_node(n)
-
-    def _run_node(self, n: fx.Node) -> Any:
-        self.node = n
-        self.discovery.atoms.at = n.name
-        try:
-            result = super().run_node(n)
-        finally:
-            self.node = None
-            self.discovery.atoms.at = ""
+        result = self.skipper.step(n, self._run_node) if self.skipper is not None else self._run_node(n)
         if isinstance(result, torch.Tensor):  # each node's dims, read where a tail pairs the samples (tail.py)
             self.labels[n.name] = self.discovery.value(result).labels
             self.made_by[id(result)] = n.name
         elif isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
             self.labels[n.name] = ()  # tensors in a tuple: values, not sizes (their getitems carry the dims)
         return result
+
+    def _run_node(self, n: fx.Node) -> Any:
+        self.node = n
+        self.discovery.atoms.at = n.name
+        try:
+            return super().run_node(n)
+        finally:
+            self.node = None
+            self.discovery.atoms.at = ""
 
 
 def _frame_source() -> str | None:
@@ -192,8 +192,10 @@ def discover(
             except Exception as exc:  # noqa: BLE001 - a loss that reads values (.item()) or mixes devices
                 loss_failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                 target_atoms = [None] * len(target_atoms)
+    skipped = frozenset(n.name for n in runner.skipper.skipped) if runner.skipper is not None else frozenset()
+
     def tail_of(roots: frozenset[int]) -> WholeTail | None:
-        return whole_tail(gm, d.atoms, runner.labels, roots)
+        return whole_tail(gm, d.atoms, runner.labels, roots, skipped)
 
     output_nodes = [runner.made_by.get(id(t)) if isinstance(t, torch.Tensor) else None for t in outputs]
     decision = _decide(d, input_names, input_atoms, target_atoms, outputs, unread, declared, tail_of, output_nodes)

@@ -37,10 +37,12 @@ class WholeTail:
 
 
 def whole_tail(gm: fx.GraphModule, atoms: Atoms, node_labels: Mapping[str, tuple[Label, ...]],
-               roots: frozenset[int]) -> WholeTail | None:
+               roots: frozenset[int], skipped: frozenset[str] = frozenset()) -> WholeTail | None:
     """The tail in which the batch classes `roots` (the image and the text batch of a two-tower model,
     cut alike) are paired or coupled, where one exists (see the module docstring); None where it does
-    not, or where it reads a weight or a value it cannot gather."""
+    not, or where it reads a weight or a value it cannot gather. `skipped`: nodes of repeated blocks
+    the discovery answered by their twins (analysis/repeated_blocks.py): a tail among them is not
+    taken, their own dims unseen."""
     roots = frozenset(atoms.find(r) for r in roots)
     if any(atoms.fixed[r] or r in atoms.routed for r in roots):
         return None
@@ -58,6 +60,8 @@ def whole_tail(gm: fx.GraphModule, atoms: Atoms, node_labels: Mapping[str, tuple
             continue
         tail.add(node.name)
         stack.extend(node.users)
+    if tail & skipped:
+        return None
     gather: dict[str, int] = {}
     readers: dict[str, list[str]] = {}
     for name in tail:
