@@ -1,0 +1,17 @@
+from vector_quantize_pytorch.vector_quantize_pytorch import VectorQuantize
+from vector_quantize_pytorch.residual_vq import ResidualVQ, GroupedResidualVQ
+from vector_quantize_pytorch.random_projection_quantizer import RandomProjectionQuantizer
+from vector_quantize_pytorch.finite_scalar_quantization import FSQ
+from vector_quantize_pytorch.finite_scalar_perturbation import FSP
+from vector_quantize_pytorch.lookup_free_quantization import LFQ
+from vector_quantize_pytorch.residual_lfq import ResidualLFQ, GroupedResidualLFQ
+from vector_quantize_pytorch.residual_fsq import ResidualFSQ, GroupedResidualFSQ
+from vector_quantize_pytorch.latent_quantization import LatentQuantize
+
+from vector_quantize_pytorch.sim_vq import SimVQ
+from vector_quantize_pytorch.residual_sim_vq import ResidualSimVQ
+
+from vector_quantize_pytorch.binary_mapper import BinaryMapper
+from vector_quantize_pytorch.hierarchical_vq import HierarchicalVQ
+
+from vector_quantize_pytorch.utils import Sequential
