@@ -27,7 +27,8 @@ TRAINS = [
     "efficientnet", "entmax", "dann", "loralib_gpt2", "peft_llama_lora", "peft_gpt2_lora", "t5_labels",
     "improved_diffusion", "mistral_moe", "x_transformers", "rasbt_gpt", "rasbt_llama32", "makemore_mlp", "makemore_gru",
     "mlp_mixer", "ncf_neumf", "open_clip_rn", "open_clip",
-    "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc", "clip", "hf_clip", "dlrm",
+    "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc", "clip", "hf_clip", "dlrm", "fast_neural_style",
+    "cifar_googlenet", "cifar_dla", "cifar_regnet", "cifar_dpn", "cifar_senet",
 ]
 # their loss couples the samples (open_clip's ClipLoss) or their own tail does (openai's CLIP makes the image x
 # text logits, HF's CLIPModel also its contrastive loss): under dp every replica gathers the replicas' outputs
@@ -38,6 +39,10 @@ WHOLE_BATCH_LOSS = {"open_clip", "open_clip_rn", "clip", "hf_clip"}
 REFUSED_AT = {
     # its nodes attend to each other: no dim holds independent examples
     ("gat", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of 'input_tensor'",
+    # its target comes flattened to (batch x length) and is scattered into a one-hot (label smoothing):
+    # an input's dim that stands for two merged dims is not taken apart
+    ("attention_is_all_you_need", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no "
+                                              "batch: dim 0 of 'src_seq': its dims are merged in another order",
 }
 PARTLY = sorted({name for name, _ in REFUSED_AT})
 # refused whole, in one line naming the code
@@ -49,6 +54,8 @@ REFUSED = {
     "minimind_moe": "cannot trace MiniMindForCausalLM at model_minimind.py:165 in forward: `if mask.any():`",
     # sizes one_hot by a tensor's maximum, read into Python
     "lucidrains_moe": "cannot trace MoE at mixture_of_experts.py:40 in safe_one_hot:",
+    # einops rejects torch.fx's proxies, and torch.export cannot branch on its codebook's `initted` buffer
+    "vq_autoencoder": "cannot trace Sequential at vector_quantize_pytorch.py:452 in init_embed_: `if self.initted:`",
     # a sparse adjacency: torch has no meta kernel for sparse mm (traces, refused at every plan)
     "pygcn": "mm in module 'gc1' at layers.py:33 in forward takes a sparse tensor",
 }

@@ -56,9 +56,11 @@ def _container(block: str) -> str:
 def _signature(ops: list[fx.Node], block: str, previous: set[fx.Node], shared: set[fx.Node]) -> list[Any]:
     """What each op does, with arguments named relative to its block: an op of this block by position,
     an op of the previous block by position, a shared value by identity, a module or attribute by its
-    path inside the block. Equal signatures mean the blocks compute alike."""
+    path inside the block, with its kind and shapes (a block that is one module call, an nn.Sequential's
+    children: a conv and a norm are not alike). Equal signatures mean the blocks compute alike."""
     index = {op: i for i, op in enumerate(ops)}
     prev_order: dict[fx.Node, int] = {}
+    owner = ops[0].graph.owning_module if ops else None
 
     def rel(path: str) -> str:
         return path[len(block):] if path == block or path.startswith(block + ".") else "/" + path
@@ -70,7 +72,7 @@ def _signature(ops: list[fx.Node], block: str, previous: set[fx.Node], shared: s
             if a in previous:
                 return ("prev", prev_order.setdefault(a, len(prev_order)))
             if a.op == "get_attr":
-                return ("attr", rel(str(a.target)))
+                return ("attr", rel(str(a.target)), _attr_shape(owner, str(a.target)))
             if a in shared:
                 return ("shared", a.name)
             return ("outside", a.name)
@@ -84,9 +86,29 @@ def _signature(ops: list[fx.Node], block: str, previous: set[fx.Node], shared: s
 
     out = []
     for op in ops:
-        target = rel(str(op.target)) if op.op == "call_module" else op.target
+        target = (rel(str(op.target)), *_module_kind(owner, str(op.target))) if op.op == "call_module" else op.target
         out.append((op.op, target, tuple(arg(a) for a in op.args), tuple((k, arg(v)) for k, v in op.kwargs.items())))
     return out
+
+
+def _module_kind(owner: Any, path: str) -> tuple[Any, ...]:
+    """A called module's class, its settings (`extra_repr`: a conv's channels and kernel) and the shapes
+    of its parameters and buffers."""
+    if owner is None:
+        return ()
+    module = owner.get_submodule(path)
+    shapes = tuple((name, tuple(t.shape)) for name, t in (*module.named_parameters(), *module.named_buffers()))
+    return (type(module).__qualname__, module.extra_repr(), shapes)
+
+
+def _attr_shape(owner: Any, path: str) -> Any:
+    """The shape of the tensor a get_attr reads (None for anything else)."""
+    if owner is None:
+        return None
+    value: Any = owner
+    for part in path.split("."):
+        value = getattr(value, part, None)
+    return tuple(value.shape) if hasattr(value, "shape") else None
 
 
 def _stands_in(leaf: list[fx.Node], previous: Any, second: tuple[Any, Any, fx.Node], first_out: fx.Node,
