@@ -173,3 +173,15 @@ def test_uneven_padding_passes_the_real_check_at_pp2_dp2():
                        echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     assert any(line.startswith("note: the cross-entropy in loss_fn is normalized") for line in lines), lines
+
+
+@pytest.mark.parametrize("plan", [Plan(pp=2), Plan(dp=2, pp=2)], ids=["pp2", "dp2-pp2"])
+def test_a_loss_summed_over_the_batch_is_the_sum_of_the_pieces(plan):
+    """reduction='sum' (with class weights, in the model's own loss module): each piece sums its own
+    samples and the pieces add up to the whole batch's sum, where averaging them as equals gave a
+    1/pieces of it (loss and every gradient)."""
+    loaded, traced = traced_once(MODELS / "summed_loss.py")
+    program, cmp = check_locally(loaded, plan, traced=traced.copy())
+    assert cmp.ok, cmp.failures
+    assert [c.what for c in program.token_means.counts] == ["summed cross-entropy"]
+    assert any("sums over the whole global batch" in n for n in combination_notes(program))

@@ -63,6 +63,7 @@ class TokenMean:
     why_not: str = ""
     numerator: fx.Node | None = None  # a masked mean's sum
     offset: float = 0.0  # a constant the count is offset by (`/ (mask.sum() + 1e-4)`), added once
+    summed: bool = False  # a loss with reduction 'sum': its count is none, offset one
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,13 @@ def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None
             count = None if why else _extract(gm, target, placeholders, _not_ignored(ignore_index))
             found.append(TokenMean(node, _where(node), what, count, why))
             continue
+        summed = _loss_sum(node, gm)
+        if summed is not None:  # a sum over the batch: its pieces' sums add up, the count is one (offset)
+            what, target = summed
+            why = _not_data(target, gm, data) or _not_additive(node, gm, batched)
+            count = None if why else _extract(gm, target, placeholders, _none_counted)
+            found.append(TokenMean(node, _where(node), what, count, why, offset=1.0, summed=True))
+            continue
         masked = _masked_mean(node, gm, data)
         if masked is not None:
             numerator, denominator, offset = masked
@@ -164,6 +172,30 @@ def _loss_mean(node: fx.Node, gm: fx.GraphModule) -> tuple[str, object, int, str
         why = "it weighs classes (weight=)" if _arg(node, 2, "weight", None) is not None else ""
         return _ATEN[node.target.overloadpacket], node.args[1], _arg(node, 4, "ignore_index", -100), why
     return None
+
+
+def _loss_sum(node: fx.Node, gm: fx.GraphModule) -> tuple[str, object] | None:
+    """(what, target) for a cross-entropy / NLL with reduction 'sum' (class indices or probabilities,
+    weighted or not: a sum of per-token terms either way), in any spelling; None for anything else."""
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        what = next((w for cls, w in _MODULES.items() if isinstance(module, cls)), None)
+        return (f"summed {what}", _arg(node, 1, "target", None)) if what and module.reduction == "sum" else None
+    if node.op != "call_function":
+        return None
+    if node.target in _FUNCTIONS:
+        legacy = _arg(node, 3, "size_average", None) is not None or _arg(node, 5, "reduce", None) is not None
+        summed = _arg(node, 6, "reduction", "mean") == "sum" and not legacy
+        return (f"summed {_FUNCTIONS[node.target]}", _arg(node, 1, "target", None)) if summed else None
+    if isinstance(node.target, torch._ops.OpOverload) and node.target.overloadpacket in _ATEN:
+        return (f"summed {_ATEN[node.target.overloadpacket]}", node.args[1]) if _arg(node, 3, "reduction", _MEAN) == 2 \
+            else None
+    return None
+
+
+def _none_counted(graph: fx.Graph, target: fx.Node) -> fx.Node:
+    """A sum's count: none per piece; the offset of one makes the factor the number of pieces."""
+    return graph.call_method("sum", (graph.call_function(torch.mul, (target, 0)),))
 
 
 def _full_sum(node: object, gm: fx.GraphModule) -> fx.Node | None:

@@ -17,7 +17,10 @@ def combination_notes(program: Program) -> list[str]:
     if pieces == 1 or means is None or program.batch.whole_loss:  # one loss on the whole batch: said in its own note
         return []
     equals = f"the losses of the {pieces} pieces of the batch (micro-batches x replicas) are averaged as equals"
-    notes = [f"the {c.what} {c.where} is normalized by the tokens it counts in the whole global batch: each of the "
+    notes = [f"the {c.what} {c.where} sums over the whole global batch: each of the {pieces} pieces (micro-batches "
+             "x replicas) adds its own sum, so loss and gradients are the whole batch's"
+             if c.what.startswith("summed ") else
+             f"the {c.what} {c.where} is normalized by the tokens it counts in the whole global batch: each of the "
              f"{pieces} pieces (micro-batches x replicas) adds its sum over that count, so loss and gradients are the "
              "whole batch's" for c in means.counts]
     if means.loss_untraced:

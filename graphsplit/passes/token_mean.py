@@ -129,7 +129,7 @@ def _rewrite(gm: fx.GraphModule | None, means: list[TokenMean], first: int, tota
     info(scale).value = "scalar"
     for i, mean in enumerate(means):
         # a masked mean's division goes; a loss now sums, and its users read the scaled sum
-        value = mean.numerator if mean.numerator is not None else _as_sum(gm, mean.node)
+        value = mean.numerator if mean.numerator is not None else mean.node if mean.summed else _as_sum(gm, mean.node)
         old = mean.node if mean.numerator is not None else value
         scaled = insert_node(graph, token_scaled, (value, scale, first + i), owner=old, kind=OpKind.OTHER,
                              after=old, tensor=info(old).tensor, source=info(old).source)
