@@ -28,7 +28,6 @@ TRAINS = [
     "improved_diffusion", "mistral_moe", "x_transformers", "rasbt_gpt", "rasbt_llama32", "makemore_mlp", "makemore_gru",
     "mlp_mixer", "ncf_neumf", "open_clip_rn", "open_clip",
     "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc", "clip", "hf_clip", "dlrm", "fast_neural_style",
-    "cifar_googlenet", "cifar_dla", "cifar_regnet", "cifar_dpn", "cifar_senet",
 ]
 # their loss couples the samples (open_clip's ClipLoss) or their own tail does (openai's CLIP makes the image x
 # text logits, HF's CLIPModel also its contrastive loss): under dp every replica gathers the replicas' outputs

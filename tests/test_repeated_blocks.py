@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import graphsplit.analysis.batch.decide as decide
 import graphsplit.analysis.shapes as shapes
-from graphsplit.analysis.repeated_blocks import BlockSkipper
+from graphsplit.analysis.repeated_blocks import BlockSkipper, repeated_blocks
 from graphsplit.ir.meta import info
 from graphsplit.ir.trace import trace_model
 from graphsplit.loader import load_model
@@ -103,3 +103,21 @@ def test_the_shape_analysis_answers_later_blocks_by_their_twins(monkeypatch):
     fields = ("kind", "value", "tensor", "flops", "sizes_follow_data", "param_bytes", "bytes_moved", "module")
     assert [[getattr(info(n), f) for f in fields] for n in folded.graph.nodes] == \
         [[getattr(info(n), f) for f in fields] for n in whole.graph.nodes]
+
+
+def test_a_sequentials_children_are_not_repeated_blocks():
+    """An nn.Sequential's conv, norm and activation are called one after another like blocks of a run,
+    each one module call: they repeat only if the modules are alike (class, settings, parameter shapes).
+    Taken as repeats, the analyses answered GoogLeNet's conv by a norm's shapes."""
+    class Branch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = nn.Sequential(nn.Conv2d(3, 16, 1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1),
+                                   nn.BatchNorm2d(32), nn.ReLU())
+
+        def forward(self, x):
+            return self.b(x)
+
+    assert repeated_blocks(torch.fx.symbolic_trace(Branch())) is None
+    alike = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+    assert repeated_blocks(torch.fx.symbolic_trace(alike)) is not None
