@@ -69,6 +69,7 @@ class BlockSkipper:
         self.start = run.blocks[3][0]
         self.stand_in: dict[fx.Node, tuple[int, int]] = {}
         self.skipped: set[fx.Node] = set()
+        self.twins: dict[fx.Node, fx.Node] = {}  # a skipped node -> block 2's node at its place
 
     def step(self, node: fx.Node, run: Callable[[fx.Node], Any],
              answer: Callable[[fx.Node, fx.Node], None] | None = None) -> Any:
@@ -101,14 +102,13 @@ class BlockSkipper:
             return
         for k in range(3, len(run.blocks)):
             self.skipped.update(run.blocks[k])
+            self.twins.update(zip(run.blocks[k], run.blocks[2]))
             places = run.tail_reads if k == len(run.blocks) - 1 else run.reads
             self.stand_in.update({run.blocks[k][i]: (2, i) for i in places})
 
     def twin(self, node: fx.Node) -> fx.Node:
         """Block 2's node at the place of a skipped `node`."""
-        if not hasattr(self, "_twins"):
-            self._twins = {op: self.run.blocks[2][i] for block in self.run.blocks[3:] for i, op in enumerate(block)}
-        return self._twins[node]
+        return self.twins[node]
 
     def same_place(self, name: str) -> list[str]:
         """The names of the skipped nodes at the place of block 2's node `name` (none elsewhere)."""
