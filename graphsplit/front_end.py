@@ -71,7 +71,7 @@ def front_end(
     if symbolic is not None:
         traced = trace_model(model, args, kwargs, source, batch_dims=symbolic, buffers=buffers)
         flat = traced.flatten_inputs(args, kwargs)
-        if batch.gather or batch.bags:  # the nodes named are the graph's they were found in
+        if batch.gather or batch.bags or batch.sums:  # the nodes named are the graph's they were found in
             batch = find_batch(traced, flat, loss_fn, target, declared)
     timings["batch"] = time.perf_counter() - start
     return Front(traced, flat, batch, symbolic is not None, timings)

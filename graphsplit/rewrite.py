@@ -266,7 +266,7 @@ def rewrite_program(
         micro_target = shard_tree(micro_target, sequence.target, 0, plan.cp)
     loss = (LossInput(loss_fn, micro_target, traced.out_spec, bool(batch_dims.whole_loss))
             if loss_fn is not None else None)
-    run = run_passes(traced.gm, PassInput(plan, tuple(micro), fixed_cuts, loss), PASSES)
+    run = run_passes(traced.gm, PassInput(plan, tuple(micro), fixed_cuts, loss, batch_dims), PASSES)
     timings.update({f"pass:{k}": v for k, v in run.timings.items()})
     tp = run.results.get(TensorParallelResult)
     vocab_loss = run.results.get(VocabParallelLoss)

@@ -28,6 +28,7 @@ TRAINS = [
     "improved_diffusion", "mistral_moe", "x_transformers", "rasbt_gpt", "rasbt_llama32", "makemore_mlp", "makemore_gru",
     "mlp_mixer", "ncf_neumf", "open_clip_rn", "open_clip",
     "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc", "clip", "hf_clip", "dlrm", "fast_neural_style",
+    "attention_is_all_you_need",
 ]
 # their loss couples the samples (open_clip's ClipLoss) or their own tail does (openai's CLIP makes the image x
 # text logits, HF's CLIPModel also its contrastive loss): under dp every replica gathers the replicas' outputs
@@ -38,10 +39,6 @@ WHOLE_BATCH_LOSS = {"open_clip", "open_clip_rn", "clip", "hf_clip"}
 REFUSED_AT = {
     # its nodes attend to each other: no dim holds independent examples
     ("gat", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of 'input_tensor'",
-    # its target comes flattened to (batch x length) and is scattered into a one-hot (label smoothing):
-    # an input's dim that stands for two merged dims is not taken apart
-    ("attention_is_all_you_need", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no "
-                                              "batch: dim 0 of 'src_seq': its dims are merged in another order",
 }
 PARTLY = sorted({name for name, _ in REFUSED_AT})
 # refused whole, in one line naming the code

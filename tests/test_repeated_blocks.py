@@ -8,7 +8,7 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-import graphsplit.analysis.batch.decide as decide
+import graphsplit.analysis.batch.runner as runner
 import graphsplit.analysis.shapes as shapes
 from graphsplit.analysis.repeated_blocks import BlockSkipper, repeated_blocks
 from graphsplit.ir.meta import info
@@ -19,7 +19,7 @@ from graphsplit.rewrite import find_batch, trace_loaded
 from .conftest import ROOT
 
 
-class _Recording(decide.BlockSkipper):
+class _Recording(runner.BlockSkipper):
     made: list["_Recording"] = []
 
     def __init__(self, *args, **kwargs):
@@ -29,10 +29,10 @@ class _Recording(decide.BlockSkipper):
 
 def _both(monkeypatch, traced, flat, loss_fn=None, target=None):
     _Recording.made.clear()
-    monkeypatch.setattr(decide, "BlockSkipper", _Recording)
+    monkeypatch.setattr(runner, "BlockSkipper", _Recording)
     folded = find_batch(traced, flat, loss_fn, target)
     skipped = [len(s.skipped) for s in _Recording.made]
-    monkeypatch.setattr(decide, "repeated_blocks", lambda gm: None)
+    monkeypatch.setattr(runner, "repeated_blocks", lambda gm: None)
     whole = find_batch(traced, flat, loss_fn, target)
     return folded, whole, skipped
 

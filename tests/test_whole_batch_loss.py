@@ -115,7 +115,7 @@ class _DeepTowers(torch.nn.Module):
 def test_a_tail_reading_a_repeated_blocks_output_gathers_it(monkeypatch):
     """The logits read the fourth block's output, which batch discovery answers by the third's values:
     it is gathered all the same, as when every block runs."""
-    import graphsplit.analysis.batch.decide as decide
+    import graphsplit.analysis.batch.runner as runner
 
     model, image, tokens = _DeepTowers(), torch.randn(8, 6), torch.randint(0, 16, (8, 3))
 
@@ -125,5 +125,5 @@ def test_a_tail_reading_a_repeated_blocks_output_gathers_it(monkeypatch):
         return [(name, dim) for name, dim, _ in batch.gather]
 
     assert gathered() == [("add_3", 0), ("t", 1)]
-    monkeypatch.setattr(decide, "repeated_blocks", lambda gm: None)
+    monkeypatch.setattr(runner, "repeated_blocks", lambda gm: None)
     assert gathered() == [("add_3", 0), ("t", 1)]

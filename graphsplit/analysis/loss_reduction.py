@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ..ir.meta import info
 from ..ir.op_kinds import OpKind, classify, op_name, randomness
+from ..ir.reductions import from_sizes
 from ..ir.walk import inputs, reachable
 
 aten = torch.ops.aten
@@ -98,15 +99,25 @@ def token_means(gm: fx.GraphModule) -> Iterator[str]:
             yield _where(node)
 
 
-def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None) -> list[TokenMean]:
+def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None,
+                     sums: Collection[str] = ()) -> list[TokenMean]:
     """Every token mean of `gm` (annotated: targets' dtypes are read): cross-entropy and NLL with
-    reduction 'mean' and class-index targets, and masked means `sum(...) / sum(data)`. `data`: the
-    placeholders that hold data (default: all; in a loss's graph, the target, not the model's output)."""
+    reduction 'mean' and class-index targets, masked means `sum(...) / sum(data)`, and sums over the
+    samples (`sums`: the nodes that sum the batch away, analysis/batch/sums.py), each a mean whose count
+    is one. `data`: the placeholders that hold data (default: all; in a loss's graph, the target, not
+    the model's output)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     data = set(placeholders if data is None else data)
     batched = _depends_on(gm, set(placeholders))
+    # a masked mean's numerator sums the samples too: the mean is what is normalized
+    numerators = {_full_sum(m[0], gm) for n in gm.graph.nodes if (m := _masked_mean(n, gm, data)) is not None}
     found = []
     for node in gm.graph.nodes:
+        if node.name in sums and node not in numerators and _loss_mean(node, gm) is None:
+            summed = _sum_over_samples(node, gm, data, placeholders, batched)
+            if summed is not None:
+                found.append(summed)
+            continue
         mean = _loss_mean(node, gm)
         if mean is not None:
             what, target, ignore_index, why = mean
@@ -117,12 +128,10 @@ def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None
             count = None if why else _extract(gm, target, placeholders, _not_ignored(ignore_index))
             found.append(TokenMean(node, _where(node), what, count, why))
             continue
-        summed = _loss_sum(node, gm)
-        if summed is not None:  # a sum over the batch: its pieces' sums add up, the count is one (offset)
-            what, target = summed
-            why = _not_data(target, gm, data) or _not_additive(node, gm, batched)
-            count = None if why else _extract(gm, target, placeholders, _none_counted)
-            found.append(TokenMean(node, _where(node), what, count, why, offset=1.0, summed=True))
+        if _loss_sum(node, gm) is not None:  # where the discovery did not run: a summed cross-entropy / NLL
+            summed = _sum_over_samples(node, gm, data, placeholders, batched)
+            if summed is not None:
+                found.append(summed)
             continue
         masked = _masked_mean(node, gm, data)
         if masked is not None:
@@ -131,6 +140,39 @@ def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None
             count = None if why else _extract(gm, denominator, placeholders, None)
             found.append(TokenMean(node, _where(node), "masked mean", count, why, numerator, offset))
     return found
+
+
+def _sum_over_samples(node: fx.Node, gm: fx.GraphModule, data: set[fx.Node], placeholders: list[fx.Node],
+                      batched: set[fx.Node]) -> TokenMean | None:
+    """A sum over the samples as a mean with no count and an offset of one, so each piece's share is its
+    own sum; None where the sum is divided by a size read from the data (`x.sum() / x.size(0)`: a mean of
+    the piece it runs on, which the pieces average)."""
+    if _normalized_by_size(node):
+        return None
+    summed = _loss_sum(node, gm)
+    what, counted = summed if summed is not None else ("sum over the samples", None)
+    if not isinstance(counted, fx.Node) or _not_data(counted, gm, data):  # any tensor of the data makes the
+        # count's graph (it counts none)
+        counted = next((p for p in placeholders if p in data and info(p).tensor is not None), None)
+    why = _not_additive(node, gm, batched) if counted is not None else "no tensor of the data to count by"
+    count = None if why else _extract(gm, counted, placeholders, _none_counted)
+    return TokenMean(node, _where(node), what, count, why, offset=1.0, summed=True)
+
+
+def _normalized_by_size(node: fx.Node) -> bool:
+    """Whether, on its way to the output, `node` is divided (or multiplied) by a value made from sizes."""
+    stack, seen = [node], {node}
+    while stack:
+        n = stack.pop()
+        for user in n.users:
+            if user in seen or user.op == "output":
+                continue
+            if op_name(user) in ("div", "mul", "true_divide", "floor_divide") and any(
+                    a is not n and from_sizes(a) for a in user.all_input_nodes):
+                return True
+            seen.add(user)
+            stack.append(user)
+    return False
 
 
 def additive_in(gm: fx.GraphModule, node: fx.Node) -> str:

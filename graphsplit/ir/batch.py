@@ -58,6 +58,9 @@ class BatchDims:
     # embedding_bag calls (graph nodes) whose indices and offsets are cut with the batch, one index per
     # bag: each piece's offsets checked and counted from its first (passes/bag_offsets.py)
     bags: tuple[str, ...] = ()
+    # graph nodes that sum the batch away unnormalized (a loss summed over the samples): the pieces' losses
+    # add up to the whole batch's (passes/token_mean.py scales them so)
+    sums: tuple[str, ...] = ()
 
     @classmethod
     def leading(cls, names: Sequence[str], flat: Sequence[Any]) -> BatchDims:

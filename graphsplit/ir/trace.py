@@ -22,6 +22,7 @@ import inspect
 import operator
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,8 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v):
             raise TypeError(f"input {k!r} is a container of tensors")
     attributes = attributes_as_buffers(model)  # graph values, as buffers are; put back by left_as_found
+    if "einops" in sys.modules:  # the model uses einops: its calls on proxies traced as torch ops
+        import_module(".einops_proxies", __package__)
     tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}, buffers))
     if var:
         tracer.root_forward = named_only(type(model).forward, list(bound.arguments))
@@ -204,12 +207,26 @@ def _as_nodes(value: Any) -> Any:
     return pytree.tree_map_only(fx.Proxy, lambda p: p.node, value)
 
 
+def grad_is_none(t: torch.Tensor) -> bool:
+    return t.grad is None
+
+
 class _Proxy(GradModeProxy):
     """fx's Proxy has no length; `len(src)` of an input is often known from the example inputs."""
 
     def __len__(self) -> int:
         n = self.tracer.length(self)
         return super().__len__() if n is None else n  # None: fx's own error, the model goes to export
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "grad":  # `if exists(self.buffer.grad):` in forward: the model's state, not the data
+            return self.tracer.grad_of(self)
+        return super().__getattr__(name)
+
+    def __int__(self) -> int:
+        """`int(x == -1)` of a size condition (einops' unpack counts unknown dims so): decided and
+        checked as `bool()` is; anything else has no int while tracing."""
+        return int(self.tracer.to_bool(self))
 
 
 class _Tracer(fx.Tracer):
@@ -298,6 +315,27 @@ class _Tracer(fx.Tracer):
         info(node).extra[VALUE_CHECK] = True
         self.state_branches.append(place)
         return decided
+
+    def grad_of(self, obj: fx.Proxy) -> Any:
+        """`.grad` of a buffer or parameter read in forward (vector-quantize-pytorch's EMA adds a gradient
+        it may have been given): None where the model's tensor has none when traced, kept as a check that
+        raises if a run finds one; anything else stays fx's attribute."""
+        node = obj.node
+        if node.op != "get_attr" or self.sizes is None:
+            return fx.Proxy.__getattr__(obj, "grad")
+        try:
+            held = self.sizes._attribute(str(node.target))
+        except Unknown:
+            return fx.Proxy.__getattr__(obj, "grad")
+        if held.grad is not None:
+            return fx.Proxy.__getattr__(obj, "grad")
+        place = self._place()
+        message = f"{place}: graphsplit traced {node.target}.grad as None, as the model held it, and a run finds one"
+        none = self.create_proxy("call_function", grad_is_none, (obj,), {})
+        check = self.create_proxy("call_function", ValueCheck(True, RuntimeError, message), (none,), {}).node
+        info(check).extra[VALUE_CHECK] = True
+        self.state_branches.append(place)
+        return None
 
     def length(self, obj: fx.Proxy) -> int | None:
         """`len(src)` of an input whose size is known from the example inputs (None: not known). The

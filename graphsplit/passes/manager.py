@@ -21,6 +21,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
+from ..ir.batch import BatchDims
 from ..plan import Plan
 
 T = TypeVar("T")
@@ -45,6 +46,7 @@ class PassInput:
     # node names where stages start, from a saved plan.json: reproduces a split exactly
     fixed_cuts: tuple[str, ...] | None = None
     loss: LossInput | None = None
+    batch: BatchDims | None = None  # where the batch is (the sums that add its samples up: token_mean.py)
 
 
 @dataclass(frozen=True)

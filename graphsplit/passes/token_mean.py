@@ -25,6 +25,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
+from ..analysis.batch.sums import loss_batch_sums
 from ..analysis.loss_reduction import Count, TokenMean, TokenMeans, additive_in, find_token_means
 from ..analysis.shapes import annotate
 from ..ir.meta import info, insert_node
@@ -42,12 +43,12 @@ def token_mean_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tu
     plan = inp.plan
     if plan.num_microbatches * plan.dp == 1:  # one piece: its mean is the whole batch's
         return gm, None
-    loss_gm, untraced = _trace_user_loss(gm, inp)
-    model = find_token_means(gm)
+    loss_gm, untraced, loss_sums = _trace_user_loss(gm, inp)
+    model = find_token_means(gm, sums=inp.batch.sums if inp.batch is not None else ())
     loss: list[TokenMean] = []
     if loss_gm is not None and not (inp.loss is not None and inp.loss.whole_batch):
         target = [n for n in loss_gm.graph.nodes if n.op == "placeholder"][-1]
-        loss = find_token_means(loss_gm, data={target})
+        loss = find_token_means(loss_gm, data={target}, sums=loss_sums)
     unproven = [f"the {m.what} {_at(m)}: {m.why_not}" for m in (*model, *loss) if m.count is None]
     proven_model = []
     for m in model:
@@ -72,12 +73,12 @@ def _at(mean: TokenMean) -> str:
     return f"at {mean.where}"
 
 
-def _trace_user_loss(gm: fx.GraphModule, inp: PassInput) -> tuple[fx.GraphModule | None, bool]:
+def _trace_user_loss(gm: fx.GraphModule, inp: PassInput) -> tuple[fx.GraphModule | None, bool, tuple[str, ...]]:
     """loss_fn as a graph over the model's output leaves and the target, annotated at one micro-batch
-    (None, True: it does not trace)."""
+    (None, True: it does not trace), and its nodes that sum the batch away."""
     loss = inp.loss
     if loss is None or loss.out_spec is None:
-        return None, False
+        return None, False, ()
     leaves, kinds = split_leaves(gm.graph.output_node().args[0])
     try:
         loss_gm = trace_loss(loss.fn, loss.out_spec, kinds, len(leaves))
@@ -88,10 +89,28 @@ def _trace_user_loss(gm: fx.GraphModule, inp: PassInput) -> tuple[fx.GraphModule
             from ..runtime.training import default_target
 
             target = default_target(inp.example_inputs)
-        annotate(loss_gm, (*examples, pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), target)))
+        meta_target = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), target)
+        annotate(loss_gm, (*examples, meta_target))
     except Exception:  # any tracer failure: the means in loss_fn cannot be seen
-        return None, True
-    return loss_gm, False
+        return None, True, ()
+    return loss_gm, False, _loss_sums(loss_gm, inp, kinds, examples, meta_target)
+
+
+def _loss_sums(loss_gm: fx.GraphModule, inp: PassInput, kinds: list[tuple[str, object]], examples: list[torch.Tensor],
+               target: object) -> tuple[str, ...]:
+    """The loss graph's nodes that sum the batch away (analysis/batch/sums.py), its inputs' batch dims
+    the program's: each output leaf's, each target leaf's."""
+    batch = inp.batch
+    if batch is None or not batch.batched:
+        return ()
+    dims: list[list[int | None]] = [[None] for _ in examples]
+    for k, (kind, i) in enumerate(kinds):
+        if kind == "tensor" and k < len(batch.outputs):
+            dims[i] = [batch.outputs[k]]  # type: ignore[index]
+    try:
+        return loss_batch_sums(loss_gm, [*examples, target], [*dims, batch.target_dims(target)])
+    except Exception:  # noqa: BLE001 - a loss the discovery cannot run: its sums are the summed losses' alone
+        return ()
 
 
 def _how_loss_fn_uses(gm: fx.GraphModule, node: fx.Node, inp: PassInput, loss_gm: fx.GraphModule | None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,13 +14,12 @@ from ...errors import GraphsplitError
 from ...ir.batch import BatchDims, SequenceDims
 from ...ir.devices import meta_sizes, on_meta
 from ...ir.fast_meta import FastMetaPointwise
-from ...ir.meta import SourceLine, info
 from ...ir.op_kinds import OpKind, classify
 from ..fused_attention import FusedAttention
-from ..repeated_blocks import BlockSkipper, canonical, repeated_blocks
-from .atoms import Label
 from .mode import Discovery
 from .rules import RULES, pointwise
+from .runner import GraphRunner
+from .sums import batch_sums
 from .tail import WholeTail, whole_tail
 
 
@@ -48,99 +46,11 @@ class Decision:
     gather: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
     # embedding_bag calls whose indices and offsets are cut with the batch, one index per bag
     bags: tuple[str, ...] = ()
+    sums: tuple[str, ...] = ()  # nodes that sum the batch away, unnormalized (sums.py)
 
 
 class ModelDidNotRun(Exception):
     """The graph failed on meta under discovery (a shape the model rejects): not graphsplit's error."""
-
-
-class _Runner(fx.Interpreter):
-    """Runs the graph on meta, telling the discovery which node (and model line) it is in."""
-
-    def __init__(self, gm: fx.GraphModule, discovery: Discovery) -> None:
-        super().__init__(gm)
-        run = repeated_blocks(gm)
-        self.skipper = BlockSkipper(run, self._canon) if run is not None else None
-        self.extra_traceback = False
-        self.discovery = discovery
-        self.node: fx.Node | None = None
-        self.labels: dict[str, tuple[Label, ...]] = {}  # node -> its output's dim labels
-        self.made_by: dict[int, str] = {}  # id of a node's output tensor -> the node
-        discovery.where = self.where
-
-    def where(self) -> str:
-        node = self.node
-        if node is None:
-            return _frame_source() or "the loss"
-        source = info(node).source
-        return str(source) if source is not None else f"node {node.name}"
-
-    def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            return super().call_module(target, args, kwargs)
-        except RuntimeError as exc:
-            if "on meta tensors" not in str(exc):
-                raise
-        # a torch module that reads values (nn.TransformerEncoder's causal-mask test): on CPU zeros,
-        # as analysis/shapes.py runs it, each zero tensor labelled as the meta tensor it stands for
-        d = self.discovery
-        module = self.fetch_attr(str(target))
-
-        def zeros(t: torch.Tensor) -> torch.Tensor:
-            z = torch.zeros(t.shape, dtype=t.dtype)
-            d.set(z, d.value(t).labels, d.value(t).reduced)
-            return z
-
-        with torch.device("cpu"):  # its own factory calls beside its zeros, not on meta
-            state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
-            cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
-            out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
-
-        def to_meta(t: torch.Tensor) -> torch.Tensor:
-            m = torch.empty(t.shape, dtype=t.dtype, device="meta")
-            d.set(m, d.value(t).labels, d.value(t).reduced)
-            return m
-
-        return pytree.tree_map_only(torch.Tensor, to_meta, out)
-
-    def _canon(self, value: Any) -> Any:
-        atoms = self.discovery.atoms
-
-        def classes(t: torch.Tensor) -> Any:
-            v = self.discovery.value(t)
-            return (tuple(tuple(atoms.find(a) for a in label) for label in v.labels),
-                    frozenset(atoms.find(a) for a in v.reduced))
-
-        return canonical(value, classes)
-
-    def run_node(self, n: fx.Node) -> Any:  # a later repeated block: block 2's values stand in
-        result = self.skipper.step(n, self._run_node) if self.skipper is not None else self._run_node(n)
-        if isinstance(result, torch.Tensor):  # each node's dims, read where a tail pairs the samples (tail.py)
-            self.labels[n.name] = self.discovery.value(result).labels
-            self.made_by[id(result)] = n.name
-        elif isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
-            self.labels[n.name] = ()  # tensors in a tuple: values, not sizes (their getitems carry the dims)
-        return result
-
-    def _run_node(self, n: fx.Node) -> Any:
-        self.node = n
-        self.discovery.atoms.at = n.name
-        try:
-            return super().run_node(n)
-        finally:
-            self.node = None
-            self.discovery.atoms.at = ""
-
-
-def _frame_source() -> str | None:
-    from ...ir.user_source import internal
-
-    frame = sys._getframe(2)
-    while frame is not None:
-        if not internal(frame.f_code.co_filename):
-            return str(SourceLine(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    return None
 
 
 def discover(
@@ -164,7 +74,7 @@ def discover(
     input_atoms: dict[str, tuple[int, ...]] = {}
     unread: dict[str, torch.Tensor] = {}
     target_atoms: list[tuple[int, ...] | None] = []
-    runner = _Runner(runnable, d)
+    runner = GraphRunner(runnable, d)
     # attention one op, at once; plain pointwise ops answered below the discovery, which sees every op
     with torch.enable_grad(), FastMetaPointwise(), d, meta_sizes(), FusedAttention(on_meta=True):
         for name, t in zip(input_names, meta_inputs):
@@ -205,6 +115,11 @@ def discover(
         skipped = [name for bag in d.bags for name in runner.skipper.same_place(bag)] if runner.skipper else []
         decision.bags = tuple(dict.fromkeys([*d.bags, *skipped]))
     decision.sequence = _sequence(d, gm, input_names, input_atoms, target_atoms, outputs, decision)
+    if decision.size:  # the sums that add the samples up (a loss summed over the batch): its pieces' losses add
+        roots = {d.atoms.find(input_atoms[n][k]) for n, k in decision.inputs.items()
+                 if k is not None and n in input_atoms and input_atoms[n][k] >= 0}
+        decision.sums = batch_sums(gm, runner.labels,
+                                   lambda label: any(d.atoms.find(a) in roots for a in d.expand(label)))
     if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
         leaves = pytree.tree_leaves(meta_target)
         decision.target = tuple(next((k for k, s in enumerate(t.shape) if s == decision.size), None)
@@ -247,8 +162,9 @@ def _sequence(d: Discovery, gm: fx.GraphModule, names: Sequence[str], input_atom
             return None
         return dims[0]
 
-    inputs = {n: dim_of([(a,) for a in input_atoms[n]], f"input {n!r}") if n in input_atoms else None for n in names}
-    target = tuple(dim_of([(a,) for a in t], f"target leaf {i}") if t is not None else None
+    inputs = {n: dim_of([d.expand((a,)) if a >= 0 else (a,) for a in input_atoms[n]], f"input {n!r}") if n in input_atoms else None
+              for n in names}
+    target = tuple(dim_of([d.expand((a,)) if a >= 0 else (a,) for a in t], f"target leaf {i}") if t is not None else None
                    for i, t in enumerate(target_atoms))
     outs = tuple(dim_of(d.value(t).labels, f"output {i}") if isinstance(t, torch.Tensor) else None
                  for i, t in enumerate(outputs))
@@ -280,7 +196,7 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
     first_reason = ""
     for i, name in enumerate(names):
         for k, a in enumerate(input_atoms.get(name, ())):
-            if a < 0:
+            if a < 0 or atoms.find(a) in atoms.alias:  # a dim standing for merged dims is not a class of its own
                 continue
             why = atoms.why_not(a)
             loss_why = atoms.loss_couples(a) if why is not None else None
@@ -328,13 +244,25 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
         if joined is not None:
             tail, roots = joined, {batch, *others}
 
-    def dim_of(found: Sequence[int] | None) -> int | None:
+    inner: list[str] = []  # values holding the batch inside merged dims, after another: no piece is whole samples
+
+    def dim_of(found: Sequence[int] | None, what: str) -> int | None:
         if not found:
             return None
-        dims = [k for k, a in enumerate(found) if a >= 0 and atoms.find(a) in roots]
+        dims = []
+        for k, a in enumerate(found):
+            held = d.expand((a,)) if a >= 0 else ()  # an input's dim standing for merged dims (batch x length)
+            if held and atoms.find(held[0]) in roots:
+                dims.append(k)
+            elif any(atoms.find(x) in roots for x in held[1:]):
+                inner.append(f"dim {k} of {what} holds the batch merged after another dim")
         return dims[0] if len(dims) == 1 else None
 
-    inputs = {n: dim_of(input_atoms.get(n)) for n in names}
+    inputs = {n: dim_of(input_atoms.get(n), repr(n)) for n in names}
+    target_dims = tuple(dim_of(t, f"target leaf {i}") for i, t in enumerate(target_atoms))
+    if inner and declared is None:
+        return no_batch(f"{inner[0]} (flattened from a layout whose outer dim is not the batch's): cut into pieces it "
+                        "would not hold whole samples")
     if declared is not None:
         inputs.update(declared)
         unread = {}
@@ -355,7 +283,7 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
             return no_batch(f"output {i} pairs the samples (its dims {dims[0]} and {dims[1]} both hold the batch): "
                             f"{whole[batch]}")  # couples them, not the loss alone
         out_dims.append(dims[0] if dims else None)
-    return Decision(inputs, tuple(dim_of(t) for t in target_atoms),
+    return Decision(inputs, target_dims,
                     tuple(out_dims), atoms.size[batch], unproven, whole_loss=whole.get(batch, ""),
                     gather=tail.gather if tail is not None else ())
 
@@ -412,4 +340,4 @@ def find_batch_dims(
                      "micro-batch per replica, the replicas' outputs gathered")
     return BatchDims(dict(found.inputs), found.target, found.outputs, found.size,
                      "batch_dims()" if declared is not None else "found", tuple(notes), found.sequence,
-                     found.whole_loss, found.gather, found.bags)
+                     found.whole_loss, found.gather, found.bags, found.sums)

@@ -160,6 +160,10 @@ def split_rule(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> Non
 def cat(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     tensors = [t for t in args[0] if t.dim() == out.dim()]
     dim = arg(func, args, kwargs, "dim", 0) % out.dim()
+    held = [t for t in tensors if t.shape[dim] > 0]
+    if len(held) == 1:  # one tensor (einops' pack of one, `torch.cat([x])`): the output is it
+        d.set(out, d.value(held[0]).labels, d.reduced_in(args, kwargs))
+        return
     labels: list[Label] = []
     for k in range(out.dim()):
         if k == dim:

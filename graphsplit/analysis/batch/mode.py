@@ -68,11 +68,9 @@ class Discovery(TorchDispatchMode):
         return tuple(out)
 
     def made(self, label: Label) -> bool:
-        """One dim made in forward (not an input's, not a weight's)."""
-        if len(label) != 1:
-            return False
-        root = self.atoms.find(label[0])
-        return not self.atoms.fixed[root] and not any(self.atoms.find(i) == root for i in self.atoms.inputs)
+        """One dim that may stand for merged dims: made in forward (`zeros(B * T, C)`), or an input's (a
+        target that comes flattened to batch x length); not a weight's."""
+        return len(label) == 1 and not self.atoms.fixed[self.atoms.find(label[0])]
 
     def unify(self, a: Label, b: Label) -> Label:
         """Two dims the op lines up; returns the one label they now share."""
