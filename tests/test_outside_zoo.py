@@ -39,6 +39,9 @@ WHOLE_BATCH_LOSS = {"open_clip", "open_clip_rn", "clip", "hf_clip"}
 REFUSED_AT = {
     # its nodes attend to each other: no dim holds independent examples
     ("gat", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of 'input_tensor'",
+    # its codebook's EMA sums the whole batch's code assignments in forward, as BatchNorm's statistics do
+    ("vq_autoencoder", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of "
+                                   "'x': sum over it at vector_quantize_pytorch.py:602 in track_cluster_size_and_embed_avg",
 }
 PARTLY = sorted({name for name, _ in REFUSED_AT})
 # refused whole, in one line naming the code
@@ -50,8 +53,6 @@ REFUSED = {
     "minimind_moe": "cannot trace MiniMindForCausalLM at model_minimind.py:165 in forward: `if mask.any():`",
     # sizes one_hot by a tensor's maximum, read into Python
     "lucidrains_moe": "cannot trace MoE at mixture_of_experts.py:40 in safe_one_hot:",
-    # einops rejects torch.fx's proxies, and torch.export cannot branch on its codebook's `initted` buffer
-    "vq_autoencoder": "cannot trace Sequential at vector_quantize_pytorch.py:452 in init_embed_: `if self.initted:`",
     # a sparse adjacency: torch has no meta kernel for sparse mm (traces, refused at every plan)
     "pygcn": "mm in module 'gc1' at layers.py:33 in forward takes a sparse tensor",
 }

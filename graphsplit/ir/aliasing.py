@@ -26,7 +26,7 @@ from .op_kinds import MATRIX_TRANSPOSES, RESHAPES, SPLITS, TRANSPOSES, OpKind, f
 _VIEW_NAMES = frozenset({
     *RESHAPES, *TRANSPOSES, *SPLITS, *MATRIX_TRANSPOSES, "movedim", "moveaxis", "expand", "expand_as", "select",
     "slice", "narrow", "diagonal", "as_strided", "view_as_real", "view_as_complex", "real", "imag", "unfold",
-    "contiguous", "to", "type_as", "float", "half", "bfloat16", "double", "detach", "alias", "T", "H", "mH", "getitem",
+    "contiguous", "to", "type_as", "float", "half", "bfloat16", "double", "detach", "alias", "data", "T", "H", "mH", "getitem",
     "__getitem__",
 })
 # `x[i] = v`, `x += v` (on a tensor, `+=` writes into x)

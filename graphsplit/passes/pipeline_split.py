@@ -88,10 +88,33 @@ def liveness(gm: fx.GraphModule, blocking: set[fx.Node] | frozenset[fx.Node] = f
         elif ni.value == "container":
             blocked[start] += 1
             blocked[end + 1] -= 1
+    # a buffer written in place in forward (an EMA codebook's `.data.lerp_`, a step counter) is one tensor:
+    # every op reading or writing it stays in one stage, or a stage would read its own copy, never written
+    for first, last in _written_buffer_spans(gm, storages, pos):
+        blocked[first + 1] += 1
+        blocked[last + 1] -= 1
     crossing = np.cumsum(blocked)[: n + 1] > 0
     for count in sharing.values():
         crossing |= np.cumsum(count)[: n + 1] > 1
     return seq, np.cumsum(live)[: n + 1], crossing
+
+
+def _written_buffer_spans(gm: fx.GraphModule, storages: Storages, pos: dict[fx.Node, int]) -> list[tuple[int, int]]:
+    """(first, last) position of the ops touching each buffer some op writes in place (through any of
+    the graph's reads of it: each `self.embed` is a get_attr node of its own)."""
+    attrs = [n for n in gm.graph.nodes if n.op == "get_attr"]
+    written = {str(n.target) for n in attrs if storages.is_written(n)}
+    buffer_of = {storages.find(n): str(n.target) for n in attrs if str(n.target) in written}
+    touched: dict[str, list[int]] = {}
+    if written:
+        for node in gm.graph.nodes:
+            target = buffer_of.get(storages.find(node))
+            if target is not None:
+                places = touched.setdefault(target, [])
+                places.extend(pos[u] for u in node.users if u in pos)
+                if node in pos:
+                    places.append(pos[node])
+    return [(min(p), max(p)) for p in touched.values() if p]
 
 
 def cut_places(gm: fx.GraphModule) -> tuple[int, int]:
