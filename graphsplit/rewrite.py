@@ -258,7 +258,12 @@ def rewrite_program(
     if sequence is not None:  # stages see one cp rank's shard of each sequence
         micro = tuple(shard_values(micro, sequence.input_dims(traced.input_names), 0, plan.cp))
     start = time.perf_counter()
-    annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
+    try:
+        annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
+    except GraphsplitError as exc:
+        if pieces == 1:
+            raise
+        raise GraphsplitError(_piece_failed(str(exc), batch_dims, traced.input_names, flat, pieces)) from exc
     timings["analyze"] = time.perf_counter() - start
     micro_target = (split_microbatches(target, pieces, batch_dims.target_dims(target))[0]
                     if target is not None else None)
@@ -299,6 +304,18 @@ def rewrite_loaded(loaded: Any, plan: Plan, fixed_cuts: tuple[str, ...] | None =
         traced=traced, declared_batch=loaded.batch_dims,
         buffers=loaded.buffer_values,
     )
+
+
+def _piece_failed(why: str, batch: BatchDims, names: list[str], flat: tuple[Any, ...], pieces: int) -> str:
+    """A model that runs on the whole batch and not on a piece of it: the inputs that went whole beside
+    the cut ones are the likely cause (TimeMixer tiles its time marks over the batch)."""
+    why = why.split("; make example_inputs()")[0]
+    whole = [f"{n!r}" for n, t, d in zip(names, flat, batch.input_dims(names))
+             if d is None and isinstance(t, torch.Tensor) and batch.size in tuple(t.shape)]
+    beside = (f"; {', '.join(whole)} {'goes' if len(whole) == 1 else 'go'} whole to every piece (a dim of the batch's "
+              "size the model mixes across samples) beside inputs cut into pieces") if whole else ""
+    return (f"the model runs on the whole batch but not on 1/{pieces} of it: {why}{beside}; run with --dp 1 "
+            "--microbatches 1, or give batch_dims() in the model file")
 
 
 def trace_loaded(loaded: Any) -> Traced:

@@ -205,3 +205,28 @@ def test_batched_ops_that_keep_examples_apart_keep_the_batch(plan):
     assert cmp.ok, cmp.failures
     assert program.batch.inputs == {"x": 0} and program.batch.target == (0,)
     assert program.plan.num_microbatches == 2 and not program.batch.notes
+
+
+class _TiledMarks(nn.Module):
+    """Time-Series-Library's TimeMixer, channel-independent: the series laid out sample by sample and
+    channel by channel (`permute` then `reshape(B * N, T, 1)`), the time marks tiled over the batch
+    (`x_mark.repeat(N, 1, 1)`), so row b * N + n meets the marks of another sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(3, 4)
+
+    def forward(self, x, marks):
+        b, t, n = x.shape
+        rows = x.permute(0, 2, 1).reshape(b * n, t, 1)
+        return self.proj(torch.cat([rows, marks.repeat(n, 1, 1)], dim=-1))
+
+
+def test_a_model_that_runs_whole_but_not_on_a_piece_says_so_in_one_line():
+    x, marks = torch.randn(4, 6, 3), torch.randn(4, 6, 2)
+    with pytest.raises(GraphsplitError) as exc:
+        rewrite_program(_TiledMarks(), (x, marks), {}, Plan(pp=2, dp=2))
+    message = str(exc.value)
+    assert message.startswith("the model runs on the whole batch but not on 1/4 of it: "), message
+    assert "'marks' goes whole to every piece" in message and "make example_inputs()" not in message
+    assert "\n" not in message

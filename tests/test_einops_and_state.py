@@ -15,7 +15,6 @@ from graphsplit.rewrite import rewrite_program
 from .conftest import MODELS
 
 
-
 def test_a_model_written_with_einops_traces_with_fx_and_equals_the_whole_batch():
     loaded = load_model(str(MODELS / "written_state.py"))
     program, cmp = check_locally(loaded, Plan(dp=2, pp=2))

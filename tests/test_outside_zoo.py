@@ -28,7 +28,8 @@ TRAINS = [
     "improved_diffusion", "mistral_moe", "x_transformers", "rasbt_gpt", "rasbt_llama32", "makemore_mlp", "makemore_gru",
     "mlp_mixer", "ncf_neumf", "open_clip_rn", "open_clip",
     "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc", "clip", "hf_clip", "dlrm", "fast_neural_style",
-    "attention_is_all_you_need",
+    "attention_is_all_you_need", "tslib_patchtst", "tslib_itransformer", "tslib_dlinear", "tslib_crossformer",
+    "tslib_segrnn",
 ]
 # their loss couples the samples (open_clip's ClipLoss) or their own tail does (openai's CLIP makes the image x
 # text logits, HF's CLIPModel also its contrastive loss): under dp every replica gathers the replicas' outputs

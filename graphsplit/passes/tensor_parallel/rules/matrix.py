@@ -84,7 +84,8 @@ def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) 
     blocker = view_blocking_shard(node, tp)
     if blocker is not None:
         heads, why = blocker
-        if heads >= view.max_heads:  # the query heads must split; fewer kv heads may stay whole
+        if heads and heads >= view.max_heads:  # the query heads must split; fewer kv heads may stay whole (0: a view
+            # that is no split into heads, a merge: the linear stays whole)
             valid = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
             raise GraphsplitError(
                 f"attention in '{info(node).module or '<root>'}': {heads} heads cannot be split over "
