@@ -261,7 +261,7 @@ def rewrite_program(
     try:
         annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
     except GraphsplitError as exc:
-        if pieces == 1:
+        if pieces == 1 or "device" in str(exc):  # a shape the piece has and the whole batch has not
             raise
         raise GraphsplitError(_piece_failed(str(exc), batch_dims, traced.input_names, flat, pieces)) from exc
     timings["analyze"] = time.perf_counter() - start

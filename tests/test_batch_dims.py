@@ -230,3 +230,44 @@ def test_a_model_that_runs_whole_but_not_on_a_piece_says_so_in_one_line():
     assert message.startswith("the model runs on the whole batch but not on 1/4 of it: "), message
     assert "'marks' goes whole to every piece" in message and "make example_inputs()" not in message
     assert "\n" not in message
+
+
+class _RoutedWithASizeInput(nn.Module):
+    """The samples reordered by a value and put back (a router's sort), beside an input only its size is
+    read from (Time-Series-Library's decoder input, `zeros` of its shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(5, 5)
+
+    def forward(self, x, dec):
+        order = x[:, 0].argsort()
+        routed = self.proj(x[order])[order.argsort()]
+        return routed + routed.new_zeros(dec.shape[0], 5)
+
+
+def test_an_input_only_sized_casts_no_vote_for_the_batch():
+    """Its dims are untouched by any op, so never coupled; it once outvoted the routed batch, and the
+    model's real input went whole to every piece beside a cut `dec` (ETSformer: 9% off at pp 2)."""
+    x, dec = torch.randn(8, 5), torch.randn(8, 3)
+    program = rewrite_program(_RoutedWithASizeInput(), (x, dec), {}, Plan(pp=1, dp=2)).program
+    assert program.batch.inputs == {"x": 0, "dec": 0}, program.batch
+
+
+class _CircularConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 8, 3, padding=1, padding_mode="circular")  # Time-Series-Library's TokenEmbedding
+
+    def forward(self, x):  # [batch, time, channels]
+        return self.conv(x.permute(0, 2, 1)).transpose(1, 2)
+
+
+def test_a_dim_written_into_a_padded_tensor_is_mixed_where_the_padded_one_is():
+    """Circular padding copies x into a slice of a bigger tensor (`empty`, then `copy_` into its middle
+    and ends) that the convolution mixes: x's time steps are mixed too, not independent examples."""
+    model, x = _CircularConv(), torch.randn(4, 12, 4)
+    with pytest.raises(GraphsplitError, match="cuts 'x' along dim 1, but the model does not keep the examples of that "
+                                              "dim apart: written into part of a dim that is mixed"):
+        rewrite_program(model, (x,), {}, Plan(dp=2), declared_batch={"x": 1})
+    assert rewrite_program(model, (x,), {}, Plan(dp=2)).program.batch.inputs == {"x": 0}

@@ -30,6 +30,10 @@ class Atoms:
         # dims stands for them: root -> those atoms
         self.alias: dict[int, tuple[int, ...]] = {}
         self.iota: set[int] = set()  # atoms of an arange(n) from 0 by 1: indexing with it picks every row
+        self.piece_of: dict[int, tuple[int, ...]] = {}  # an atom cut from a dim (a slice) -> that dim's label
+        # root -> the dim a value was written into part of (circular padding copies x into a slice of a
+        # bigger tensor the conv then mixes): x's dim is mixed where that dim is
+        self.written_into: dict[int, tuple[int, ...]] = {}
 
     def new(self, size: int, fixed: bool = False, origin: int | None = None) -> int:
         self.parent.append(len(self.parent))
@@ -49,9 +53,9 @@ class Atoms:
         if ra != rb:
             self.parent[rb] = ra
             self.fixed[ra] = self.fixed[ra] or self.fixed[rb]
-            for reasons in (self.coupled, self.routed):
+            for reasons in (self.coupled, self.routed, self.written_into):
                 if rb in reasons:
-                    reasons.setdefault(ra, reasons.pop(rb))
+                    reasons.setdefault(ra, reasons.pop(rb))  # type: ignore[arg-type]
             if rb in self.mixers:
                 self.mixers.setdefault(ra, []).extend(self.mixers.pop(rb))
 
@@ -84,7 +88,7 @@ class Atoms:
                 return None
             seen = origin
 
-    def why_not(self, a: int) -> str | None:
+    def why_not(self, a: int, visited: frozenset[int] = frozenset()) -> str | None:
         """Why atom `a`'s class cannot be cut (None: it can)."""
         seen = a
         while True:
@@ -93,6 +97,11 @@ class Atoms:
                 return self.coupled[root]
             if self.fixed[root]:
                 return "lines up with a weight's or buffer's dim"
+            if root in self.written_into and root not in visited:
+                for parent in self.written_into[root]:
+                    why = self.why_not(parent, visited | {root})
+                    if why is not None:
+                        return f"written into part of a dim that is mixed ({why})"
             origin = self.origin[seen]
             if origin is None:
                 return None

@@ -195,6 +195,8 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
     tails: dict[int, WholeTail | None] = {}  # root -> the model's tail that pairs or couples it (tail.py)
     first_reason = ""
     for i, name in enumerate(names):
+        if name in unread:  # no op read it: its dims are untouched, no evidence of anything (cut by size below)
+            continue
         for k, a in enumerate(input_atoms.get(name, ())):
             if a < 0 or atoms.find(a) in atoms.alias:  # a dim standing for merged dims is not a class of its own
                 continue
@@ -245,6 +247,7 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
             tail, roots = joined, {batch, *others}
 
     inner: list[str] = []  # values holding the batch inside merged dims, after another: no piece is whole samples
+    twice: list[str] = []  # values holding the batch at two dims: each sample paired with others, no cut keeps both
 
     def dim_of(found: Sequence[int] | None, what: str) -> int | None:
         if not found:
@@ -256,6 +259,8 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
                 dims.append(k)
             elif any(atoms.find(x) in roots for x in held[1:]):
                 inner.append(f"dim {k} of {what} holds the batch merged after another dim")
+        if len(dims) > 1:
+            twice.append(f"{what} holds it at dims {dims[0]} and {dims[1]}")
         return dims[0] if len(dims) == 1 else None
 
     inputs = {n: dim_of(input_atoms.get(n), repr(n)) for n in names}
@@ -263,6 +268,8 @@ def _decide(d: Discovery, names: Sequence[str], input_atoms: dict[str, tuple[int
     if inner and declared is None:
         return no_batch(f"{inner[0]} (flattened from a layout whose outer dim is not the batch's): cut into pieces it "
                         "would not hold whole samples")
+    if twice and declared is None:  # the model lines one dim of it up with another (samples with channels)
+        return no_batch(f"{twice[0]}: the model lines them up, pairing each sample with the rows of another dim")
     if declared is not None:
         inputs.update(declared)
         unread = {}

@@ -317,6 +317,10 @@ def copy(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     """copy_(dst, src): dst keeps its dims, lined up with src's by broadcasting."""
     dst, src = args[0], args[1]
     labels = broadcast(d, [dst, src], dst)
+    for lab in labels:  # src written into a slice of a bigger dim: src's dim is mixed wherever that dim is
+        for a in lab:
+            if a in d.atoms.piece_of:
+                d.atoms.written_into.setdefault(d.atoms.find(a), d.atoms.piece_of[a])
     d.set(dst, labels, d.value(dst).reduced | d.value(src).reduced)
     if isinstance(out, torch.Tensor):
         d.set(out, labels)

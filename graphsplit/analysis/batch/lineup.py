@@ -63,7 +63,11 @@ def cut_piece(d: Discovery, label: Label, size: int, how: str) -> Label:
     the dim itself is coupled (its pieces are not the micro-batches' pieces)."""
     fixed = any(d.atoms.fixed[d.atoms.find(a)] for a in label)
     d.couple_label(label, f"{how} at {d.where()}")
-    return (d.atoms.new(size, fixed=fixed),) if size > 1 else ()
+    if size <= 1:
+        return ()
+    piece = d.atoms.new(size, fixed=fixed)
+    d.atoms.piece_of[piece] = label
+    return (piece,)
 
 
 def keep_others(d: Discovery, x: torch.Tensor, v: Value, mixed: list[int], out: Any) -> None:
