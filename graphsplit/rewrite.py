@@ -261,8 +261,8 @@ def rewrite_program(
     try:
         annotate(traced.gm, tuple(torch.as_tensor(t) for t in micro))
     except GraphsplitError as exc:
-        if pieces == 1 or "device" in str(exc):  # a shape the piece has and the whole batch has not
-            raise
+        if pieces == 1 or "fails on input shape" not in str(exc) or "device" in str(exc):
+            raise  # a decided condition says what it is itself; only a shape error is the piece's
         raise GraphsplitError(_piece_failed(str(exc), batch_dims, traced.input_names, flat, pieces)) from exc
     timings["analyze"] = time.perf_counter() - start
     micro_target = (split_microbatches(target, pieces, batch_dims.target_dims(target))[0]

@@ -41,21 +41,16 @@ from .autograd_functions import (
 )
 from .devices import explicit_devices
 from .grad_regions import (
-    GradModeProxy,
     training_grad_mode,
 )
 from .meta import info
 from .module_state import attributes_as_buffers, left_as_found
 from .size_conditions import (
-    DECIDED,
     SizeValues,
     Unknown,
-    check_message,
-    condition_frame,
     hoist_checks,
-    length_message,
-    where,
 )
+from .trace_decisions import DecidingTracer, Proxy
 from .trace_export import quiet_torch_logs, trace_export
 from .traced_model import Traced, bake, flat_output, mark_constants
 from .user_source import (
@@ -66,8 +61,7 @@ from .user_source import (
     user_frame,
     user_source,
 )
-from .value_checks import VALUE_CHECK, ValueCheck, check_at, kept_checks
-from .value_checks import check_message as value_check_message
+from .value_checks import kept_checks
 from .var_args import named_only, takes_var_args
 
 _SPECIALIZED = ("has been specialized",)
@@ -207,29 +201,7 @@ def _as_nodes(value: Any) -> Any:
     return pytree.tree_map_only(fx.Proxy, lambda p: p.node, value)
 
 
-def grad_is_none(t: torch.Tensor) -> bool:
-    return t.grad is None
-
-
-class _Proxy(GradModeProxy):
-    """fx's Proxy has no length; `len(src)` of an input is often known from the example inputs."""
-
-    def __len__(self) -> int:
-        n = self.tracer.length(self)
-        return super().__len__() if n is None else n  # None: fx's own error, the model goes to export
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "grad":  # `if exists(self.buffer.grad):` in forward: the model's state, not the data
-            return self.tracer.grad_of(self)
-        return super().__getattr__(name)
-
-    def __int__(self) -> int:
-        """`int(x == -1)` of a size condition (einops' unpack counts unknown dims so): decided and
-        checked as `bool()` is; anything else has no int while tracing."""
-        return int(self.tracer.to_bool(self))
-
-
-class _Tracer(fx.Tracer):
+class _Tracer(DecidingTracer):
     # Buffers become graph values, so `self.rope_cos[:T]` with a traced T is traceable.
     proxy_buffer_attributes = True
 
@@ -272,117 +244,6 @@ class _Tracer(fx.Tracer):
 
         return keeping_output_type, args
 
-    def to_bool(self, obj: fx.Proxy) -> bool:
-        """`assert t <= 64`, `if x.size(1) > 1:` on sizes known from the example inputs: decided here and
-        checked in the graph, so a call that decides it the other way fails (size_conditions.py)."""
-        try:
-            if self.sizes is None:
-                raise Unknown(obj.node.name)
-            decided = bool(self.sizes.plain(obj.node))
-        except Unknown:
-            # a condition on tensor values: a check the model makes (`if labels.max() >= V: raise`) is taken
-            # the way that does not raise and kept as a check (value_checks.py); any other branch: fx's error,
-            # and the model goes to torch.export
-            check = check_at(condition_frame(sys._getframe(1)))
-            if check is None:
-                return self._state_branch(obj)
-            node = self.create_proxy("call_function", ValueCheck(check.holds, check.error, value_check_message(check)),
-                                     (obj,), {}).node
-            info(node).extra[VALUE_CHECK] = True
-            self.value_checks.append(check.place)
-            return check.holds
-        place = self._place()
-        holds = obj if decided else self.create_proxy("call_function", operator.not_, (obj,), {})
-        self._check(holds, place, check_message(place, decided))
-        return decided
-
-    def _state_branch(self, obj: fx.Proxy) -> bool:
-        """`if self.freqs_cos[0, 0] == 0:` (recompute a table the constructor may have left empty): a
-        branch on the model's own buffers, decided by their values (`SizeValues.state`) and kept as a
-        check that raises if a run's buffers decide it the other way; any other branch on values is
-        fx's error, and the model goes to torch.export."""
-        try:
-            if self.sizes is None:
-                raise Unknown(obj.node.name)
-            value = self.sizes.state(obj.node)
-            decided = bool(value)
-        except (Unknown, RuntimeError):
-            return super().to_bool(obj)
-        place = self._place()
-        message = (f"{place}: graphsplit traced the branch the model's buffers took when it was built "
-                   f"({decided}), and they now take the other")
-        node = self.create_proxy("call_function", ValueCheck(decided, RuntimeError, message), (obj,), {}).node
-        info(node).extra[VALUE_CHECK] = True
-        self.state_branches.append(place)
-        return decided
-
-    def grad_of(self, obj: fx.Proxy) -> Any:
-        """`.grad` of a buffer or parameter read in forward (vector-quantize-pytorch's EMA adds a gradient
-        it may have been given): None where the model's tensor has none when traced, kept as a check that
-        raises if a run finds one; anything else stays fx's attribute."""
-        node = obj.node
-        if node.op != "get_attr" or self.sizes is None:
-            return fx.Proxy.__getattr__(obj, "grad")
-        try:
-            held = self.sizes._attribute(str(node.target))
-        except Unknown:
-            return fx.Proxy.__getattr__(obj, "grad")
-        if held.grad is not None:
-            return fx.Proxy.__getattr__(obj, "grad")
-        place = self._place()
-        message = f"{place}: graphsplit traced {node.target}.grad as None, as the model held it, and a run finds one"
-        none = self.create_proxy("call_function", grad_is_none, (obj,), {})
-        check = self.create_proxy("call_function", ValueCheck(True, RuntimeError, message), (none,), {}).node
-        info(check).extra[VALUE_CHECK] = True
-        self.state_branches.append(place)
-        return None
-
-    def length(self, obj: fx.Proxy) -> int | None:
-        """`len(src)` of an input whose size is known from the example inputs (None: not known). The
-        length becomes a constant of the graph; a call with another length fails its check."""
-        try:
-            if self.sizes is None:
-                raise Unknown(obj.node.name)
-            value = self.sizes(obj.node)
-        except Unknown:
-            return None
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            n, measured = value.shape[0], self.create_proxy("call_method", "size", (obj, 0), {})
-        elif isinstance(value, tuple):  # `len(x.shape)`: the number of dims
-            n, measured = len(value), self.create_proxy("call_function", len, (obj,), {})
-        else:
-            return None
-        holds = self.create_proxy("call_function", operator.eq, (measured, n), {})
-        place = self._place()
-        self._check(holds, place, length_message(place, n))
-        return n
-
-    def iter(self, obj: fx.Proxy) -> Any:
-        """`*x.shape[:-1]`, `for d in x.shape`: a shape's entries one by one, its number of dims known
-        from the example inputs and checked (a tensor's rows are not unrolled: fx's error stands)."""
-        try:
-            value = self.sizes(obj.node) if self.sizes is not None else None
-        except Unknown:
-            value = None
-        if not isinstance(value, tuple):
-            return super().iter(obj)
-        n = self.length(obj)
-        if n is None:
-            return super().iter(obj)
-        return iter([obj[i] for i in range(n)])
-
-    def _place(self) -> str:
-        # frames: _place <- to_bool/length <- the proxy's __bool__/__len__ (or iter <- __iter__) <- the code
-        frame = sys._getframe(2)
-        if frame.f_code is _Tracer.iter.__code__:
-            frame = frame.f_back.f_back
-        return where(condition_frame(frame), user_source(frame))
-
-    def _check(self, holds: fx.Proxy, place: str, message: str) -> None:
-        check = self.create_proxy("call_function", torch._assert, (holds, message), {})
-        info(check.node).extra[DECIDED] = True
-        self.conditions.append(place)
-
     def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._untraced:
             return forward(*args, **kwargs)
@@ -394,7 +255,7 @@ class _Tracer(fx.Tracer):
         return out
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
-        return _Proxy(node, self)
+        return Proxy(node, self)
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
         if isinstance(root, nn.Module):

@@ -124,6 +124,36 @@ def expand(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     d.set(out, labels, v.reduced)
 
 
+def repeat(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """x.repeat(sizes): x tiled, each dim repeated `count` times end to end. A count of 1 keeps the dim; a
+    larger one makes (count, the dim) merged, the copies outer (row r * n + i is row i of copy r): a batch
+    tiled so meets another layout's (batch, channels) only where the sizes line up as the rows do."""
+    x, sizes = args[0], list(arg(func, args, kwargs, "repeats", ()))
+    v = d.value(x)
+    lead = len(sizes) - x.dim()
+    labels: list[Label] = [(d.atoms.new(s),) if s > 1 else () for s in sizes[:lead]]
+    for k in range(x.dim()):
+        count = sizes[lead + k]
+        if count == 1:
+            labels.append(v.labels[k])
+        else:
+            labels.append(((d.atoms.new(count),) if count > 1 else ()) + tuple(v.labels[k]))
+    d.set(out, labels, v.reduced)
+
+
+def unfold(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """x.unfold(dim, size, step): windows of `dim` (patches of a series): that dim is mixed into windows
+    and their positions, the others kept."""
+    x = args[0]
+    v = d.value(x)
+    dim = arg(func, args, kwargs, "dimension", 0) % max(x.dim(), 1)
+    d.couple_label(v.labels[dim], f"cut into windows at {d.where()}")
+    labels = [lab if k != dim else ((d.atoms.new(out.shape[k]),) if out.shape[k] > 1 else ())
+              for k, lab in enumerate(v.labels)]
+    labels.append((d.atoms.new(out.shape[-1]),) if out.shape[-1] > 1 else ())
+    d.set(out, labels, v.reduced)
+
+
 def slice_rule(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     x = args[0]
     v = d.value(x)

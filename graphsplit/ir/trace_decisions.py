@@ -1,0 +1,182 @@
+"""What the fx tracer decides while it traces, each kept as a check in the graph: conditions on sizes
+(size_conditions.py), checks on values that only raise (value_checks.py), branches on the model's own
+buffers, `len()` and iteration of sizes, `int()` of a size condition, and a buffer's `.grad` read in
+forward. The tracer's proxy asks the tracer for each."""
+
+from __future__ import annotations
+
+import operator
+import sys
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .grad_regions import GradModeProxy
+from .meta import info
+from .size_conditions import DECIDED, Unknown, check_message, condition_frame, length_message, where
+from .user_source import user_source
+from .value_checks import VALUE_CHECK, ValueCheck, check_at
+from .value_checks import check_message as value_check_message
+
+
+def grad_is_none(t: torch.Tensor) -> bool:
+    return t.grad is None
+
+
+class Proxy(GradModeProxy):
+    """fx's Proxy has no length; `len(src)` of an input is often known from the example inputs."""
+
+    def __len__(self) -> int:
+        n = self.tracer.length(self)
+        return super().__len__() if n is None else n  # None: fx's own error, the model goes to export
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "grad":  # `if exists(self.buffer.grad):` in forward: the model's state, not the data
+            return self.tracer.grad_of(self)
+        return super().__getattr__(name)
+
+    def __int__(self) -> int:
+        """`int(x == -1)` of a size condition (einops' unpack counts unknown dims so): decided and
+        checked as `bool()` is. `int()` of a size stays fx's failure: torch.export keeps it symbolic,
+        where a constant would hold the example's batch."""
+        decided = self.tracer.condition_int(self)
+        if decided is None:
+            raise TypeError(f"int() of {self.node.name} while tracing")
+        return decided
+
+
+class DecidingTracer(fx.Tracer):
+    """The decisions of graphsplit's tracer (trace.py's `_Tracer`, which sets `sizes`, `conditions`,
+    `value_checks` and `state_branches`)."""
+
+    sizes: Any
+    conditions: list[str]
+    value_checks: list[str]
+    state_branches: list[str]
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        """`assert t <= 64`, `if x.size(1) > 1:` on sizes known from the example inputs: decided here and
+        checked in the graph, so a call that decides it the other way fails (size_conditions.py)."""
+        try:
+            if self.sizes is None:
+                raise Unknown(obj.node.name)
+            decided = bool(self.sizes.plain(obj.node))
+        except Unknown:
+            # a condition on tensor values: a check the model makes (`if labels.max() >= V: raise`) is taken
+            # the way that does not raise and kept as a check (value_checks.py); any other branch: fx's error,
+            # and the model goes to torch.export
+            check = check_at(condition_frame(sys._getframe(1)))
+            if check is None:
+                return self._state_branch(obj)
+            node = self.create_proxy("call_function", ValueCheck(check.holds, check.error, value_check_message(check)),
+                                     (obj,), {}).node
+            info(node).extra[VALUE_CHECK] = True
+            self.value_checks.append(check.place)
+            return check.holds
+        place = self._place()
+        holds = obj if decided else self.create_proxy("call_function", operator.not_, (obj,), {})
+        self._check(holds, place, check_message(place, decided))
+        return decided
+
+    def _state_branch(self, obj: fx.Proxy) -> bool:
+        """`if self.freqs_cos[0, 0] == 0:` (recompute a table the constructor may have left empty): a
+        branch on the model's own buffers, decided by their values (`SizeValues.state`) and kept as a
+        check that raises if a run's buffers decide it the other way; any other branch on values is
+        fx's error, and the model goes to torch.export."""
+        try:
+            if self.sizes is None:
+                raise Unknown(obj.node.name)
+            value = self.sizes.state(obj.node)
+            decided = bool(value)
+        except (Unknown, RuntimeError):
+            return super().to_bool(obj)
+        place = self._place()
+        message = (f"{place}: graphsplit traced the branch the model's buffers took when it was built "
+                   f"({decided}), and they now take the other")
+        node = self.create_proxy("call_function", ValueCheck(decided, RuntimeError, message), (obj,), {}).node
+        info(node).extra[VALUE_CHECK] = True
+        self.state_branches.append(place)
+        return decided
+
+    def condition_int(self, obj: fx.Proxy) -> int | None:
+        """`int()` of a size condition: 0 or 1, decided and checked (None: not a condition on sizes)."""
+        try:
+            if self.sizes is None:
+                raise Unknown(obj.node.name)
+            value = self.sizes.plain(obj.node)
+        except Unknown:
+            return None
+        if not isinstance(value, bool):
+            return None
+        place = self._place()
+        holds = obj if value else self.create_proxy("call_function", operator.not_, (obj,), {})
+        self._check(holds, place, check_message(place, value))
+        return int(value)
+
+    def grad_of(self, obj: fx.Proxy) -> Any:
+        """`.grad` of a buffer or parameter read in forward (vector-quantize-pytorch's EMA adds a gradient
+        it may have been given): None where the model's tensor has none when traced, kept as a check that
+        raises if a run finds one; anything else stays fx's attribute."""
+        node = obj.node
+        if node.op != "get_attr" or self.sizes is None:
+            return fx.Proxy.__getattr__(obj, "grad")
+        try:
+            held = self.sizes._attribute(str(node.target))
+        except Unknown:
+            return fx.Proxy.__getattr__(obj, "grad")
+        if held.grad is not None:
+            return fx.Proxy.__getattr__(obj, "grad")
+        place = self._place()
+        message = f"{place}: graphsplit traced {node.target}.grad as None, as the model held it, and a run finds one"
+        none = self.create_proxy("call_function", grad_is_none, (obj,), {})
+        check = self.create_proxy("call_function", ValueCheck(True, RuntimeError, message), (none,), {}).node
+        info(check).extra[VALUE_CHECK] = True
+        self.state_branches.append(place)
+        return None
+
+    def length(self, obj: fx.Proxy) -> int | None:
+        """`len(src)` of an input whose size is known from the example inputs (None: not known). The
+        length becomes a constant of the graph; a call with another length fails its check."""
+        try:
+            if self.sizes is None:
+                raise Unknown(obj.node.name)
+            value = self.sizes(obj.node)
+        except Unknown:
+            return None
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            n, measured = value.shape[0], self.create_proxy("call_method", "size", (obj, 0), {})
+        elif isinstance(value, tuple):  # `len(x.shape)`: the number of dims
+            n, measured = len(value), self.create_proxy("call_function", len, (obj,), {})
+        else:
+            return None
+        holds = self.create_proxy("call_function", operator.eq, (measured, n), {})
+        place = self._place()
+        self._check(holds, place, length_message(place, n))
+        return n
+
+    def iter(self, obj: fx.Proxy) -> Any:
+        """`*x.shape[:-1]`, `for d in x.shape`: a shape's entries one by one, its number of dims known
+        from the example inputs and checked (a tensor's rows are not unrolled: fx's error stands)."""
+        try:
+            value = self.sizes(obj.node) if self.sizes is not None else None
+        except Unknown:
+            value = None
+        if not isinstance(value, tuple):
+            return super().iter(obj)
+        n = self.length(obj)
+        if n is None:
+            return super().iter(obj)
+        return iter([obj[i] for i in range(n)])
+
+    def _place(self) -> str:
+        # frames: _place <- to_bool/length <- the proxy's __bool__/__len__ (or iter <- __iter__) <- the code
+        frame = sys._getframe(2)
+        if frame.f_code is DecidingTracer.iter.__code__:
+            frame = frame.f_back.f_back
+        return where(condition_frame(frame), user_source(frame))
+
+    def _check(self, holds: fx.Proxy, place: str, message: str) -> None:
+        check = self.create_proxy("call_function", torch._assert, (holds, message), {})
+        info(check.node).extra[DECIDED] = True
+        self.conditions.append(place)
