@@ -29,6 +29,7 @@ LOSSES = {
     "a mask's selection summed": (lambda o, y: (o - y).pow(2).masked_select(y > 0).sum(), SUMMED),
     "per-sample sums averaged": (lambda o, y: (o - y).pow(2).sum(dim=(1, 2)).mean(), []),
     "sum over the batch's size": (lambda o, y: ((o - y) ** 2).sum() / o.size(0), []),
+    "sum times one over the batch's size": (lambda o, y: ((o - y) ** 2).sum() * (1 / o.size(0)), []),
     "a sum of means": (lambda o, y: torch.stack([F.mse_loss(o, y), o.abs().mean()]).sum(), []),
 }
 

@@ -167,11 +167,21 @@ def _normalized_by_size(node: fx.Node) -> bool:
         for user in n.users:
             if user in seen or user.op == "output":
                 continue
-            if op_name(user) in ("div", "mul", "true_divide", "floor_divide") and any(
-                    a is not n and from_sizes(a) for a in user.all_input_nodes):
+            if _divides_by_size(user, n):
                 return True
             seen.add(user)
             stack.append(user)
+    return False
+
+
+def _divides_by_size(user: fx.Node, value: fx.Node) -> bool:
+    """`value / n` or `value * (1 / n)`, n made from sizes (`x.size(0)`, `x.numel()`)."""
+    name = op_name(user) if user.op in ("call_function", "call_method") else ""
+    if name in ("div", "true_divide") and len(user.args) > 1 and user.args[0] is value:
+        return from_sizes(user.args[1])
+    if name == "mul":
+        return any(isinstance(a, fx.Node) and a is not value and op_name(a) in ("div", "true_divide") and
+                   len(a.args) > 1 and not isinstance(a.args[0], fx.Node) and from_sizes(a.args[1]) for a in user.args)
     return False
 
 
