@@ -117,6 +117,25 @@ def _written_buffer_spans(gm: fx.GraphModule, storages: Storages, pos: dict[fx.N
     return [(min(p), max(p)) for p in touched.values() if p]
 
 
+def _holding_parameters(gm: fx.GraphModule, seq: list[fx.Node]) -> list[int]:
+    """Positions of the ops that read a parameter (a module holding one, or a parameter read as a value)."""
+    def is_parameter(node: fx.Node) -> bool:
+        try:
+            gm.get_parameter(str(node.target))
+        except AttributeError:
+            return False
+        return True
+
+    found = []
+    for k, node in enumerate(seq):
+        if node.op == "call_module":
+            if any(True for _ in gm.get_submodule(str(node.target)).parameters()):
+                found.append(k)
+        elif any(a.op == "get_attr" and is_parameter(a) for a in node.all_input_nodes):
+            found.append(k)
+    return found
+
+
 def cut_places(gm: fx.GraphModule) -> tuple[int, int]:
     """(places where a stage may start, operations): the most stages a graph takes is places + 1.
 
@@ -198,6 +217,13 @@ def pipeline_split_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -
     elif inp.plan.split_at:
         cuts = _explicit_cuts(gm, seq, blocked, inp.plan.split_at, by_node=False)
     elif stages > 1:
+        held = _holding_parameters(gm, seq)
+        if len(held) >= 2:  # the first stage holds a layer, and so does the last (a rank with none cannot train)
+            narrowed = valid.copy()
+            narrowed[: held[0] + 1] = False
+            narrowed[held[-1] + 1:] = False
+            if int(narrowed.sum()) >= stages - 1:
+                valid = narrowed
         possible = int(valid.sum())
         if possible < stages - 1:
             raise too_few_cuts(stages, inp.plan.stages_per_rank, possible, n)
