@@ -185,3 +185,28 @@ def test_saved_split_reproduces_the_same_stages(examples_dir):
     again = rewrite_loaded(loaded, Plan(pp=4), starts).program
     assert [s.inputs for s in again.stages] == [s.inputs for s in first.stages]
     assert [s.modules for s in again.stages] == [s.modules for s in first.stages]
+
+
+class _DecomposeThenProject(nn.Module):
+    """Time-Series-Library's DLinear: a moving-average decomposition (pooling, padding, no parameters)
+    costlier than the two linears after it, which a split by cost alone leaves with the last stage."""
+
+    def __init__(self):
+        super().__init__()
+        self.seasonal = nn.Linear(32, 8)
+        self.trend = nn.Linear(32, 8)
+
+    def forward(self, x):  # [batch, channels, time]
+        trend = x
+        for _ in range(6):
+            padded = torch.cat([trend[..., :1].repeat(1, 1, 2), trend, trend[..., -1:].repeat(1, 1, 2)], dim=-1)
+            trend = nn.functional.avg_pool1d(padded, kernel_size=5, stride=1)
+        return self.seasonal(x - trend) + self.trend(trend)
+
+
+def test_the_first_and_last_stage_each_hold_a_layer():
+    from graphsplit.rewrite import rewrite_program
+
+    program = rewrite_program(_DecomposeThenProject(), (torch.randn(4, 3, 32),), {}, Plan(pp=2)).program
+    held = [sorted({p for p in s.param_sources.values()}) for s in program.stages]
+    assert all(held), held  # a rank with no parameters has nothing to train (run refuses it)
