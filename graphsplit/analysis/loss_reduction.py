@@ -113,7 +113,9 @@ def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None
     numerators = {_full_sum(m[0], gm) for n in gm.graph.nodes if (m := _masked_mean(n, gm, data)) is not None}
     found = []
     for node in gm.graph.nodes:
-        if node.name in sums and node not in numerators and _loss_mean(node, gm) is None:
+        # a sum the discovery found (or, where it did not run, a summed cross-entropy / NLL)
+        if (node.name in sums and node not in numerators and _loss_mean(node, gm) is None) or \
+                _loss_sum(node, gm) is not None:
             summed = _sum_over_samples(node, gm, data, placeholders, batched)
             if summed is not None:
                 found.append(summed)
@@ -127,11 +129,6 @@ def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None
             why = why or _not_data(target, gm, data) or _not_additive(node, gm, batched)
             count = None if why else _extract(gm, target, placeholders, _not_ignored(ignore_index))
             found.append(TokenMean(node, _where(node), what, count, why))
-            continue
-        if _loss_sum(node, gm) is not None:  # where the discovery did not run: a summed cross-entropy / NLL
-            summed = _sum_over_samples(node, gm, data, placeholders, batched)
-            if summed is not None:
-                found.append(summed)
             continue
         masked = _masked_mean(node, gm, data)
         if masked is not None:

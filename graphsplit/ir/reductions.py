@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from .op_kinds import OpKind, classify, op_name
+from .op_kinds import OpKind, family, op_name
 
 _SUMS = frozenset({"sum", "nansum"})
 _SUM = 2  # ATen's reduction enum: 0 none, 1 mean, 2 sum
@@ -61,12 +61,8 @@ def from_sizes(node: object) -> bool:
 
 
 def _size_query(node: fx.Node) -> bool:
-    if node.op == "call_function" and node.target is getattr and len(node.args) > 1:
-        return node.args[1] == "shape"
-    if node.op not in ("call_function", "call_method"):
-        return False
-    return classify(node, node.graph.owning_module) == OpKind.SHAPE or op_name(node) in (
-        "size", "sym_size", "numel", "sym_numel", "len")
+    """`x.size(0)`, `x.shape`, `x.numel()`, ATen's sym_size, in any spelling (op_kinds' SHAPE family)."""
+    return node.op in ("call_function", "call_method") and family(node, node.graph.owning_module) == OpKind.SHAPE
 
 
 def _first(node: fx.Node) -> fx.Node | None:

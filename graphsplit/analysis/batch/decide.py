@@ -12,13 +12,11 @@ import torch.utils._pytree as pytree
 
 from ...errors import GraphsplitError
 from ...ir.batch import BatchDims, SequenceDims
-from ...ir.devices import meta_sizes, on_meta
-from ...ir.fast_meta import FastMetaPointwise
+from ...ir.devices import on_meta
 from ...ir.op_kinds import OpKind, classify
-from ..fused_attention import FusedAttention
 from .mode import Discovery
 from .rules import RULES, pointwise
-from .runner import GraphRunner
+from .runner import GraphRunner, discovering
 from .sums import batch_sums
 from .tail import WholeTail, whole_tail
 
@@ -75,8 +73,7 @@ def discover(
     unread: dict[str, torch.Tensor] = {}
     target_atoms: list[tuple[int, ...] | None] = []
     runner = GraphRunner(runnable, d)
-    # attention one op, at once; plain pointwise ops answered below the discovery, which sees every op
-    with torch.enable_grad(), FastMetaPointwise(), d, meta_sizes(), FusedAttention(on_meta=True):
+    with discovering(d):
         for name, t in zip(input_names, meta_inputs):
             if isinstance(t, torch.Tensor):
                 input_atoms[name] = d.label_input(t)

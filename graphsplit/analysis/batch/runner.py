@@ -3,14 +3,19 @@ the dim labels of every node's output (read where a tail pairs the samples, or a
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from ...ir.devices import meta_sizes
+from ...ir.fast_meta import FastMetaPointwise
 from ...ir.meta import SourceLine, info
+from ..fused_attention import FusedAttention
 from ..repeated_blocks import BlockSkipper, canonical, repeated_blocks
 from .atoms import Label
 from .mode import Discovery
@@ -103,3 +108,11 @@ def _frame_source() -> str | None:
             return str(SourceLine(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return None
+
+
+@contextlib.contextmanager
+def discovering(d: Discovery) -> Iterator[None]:
+    """`with discovering(d):` ops run on meta under the discovery `d`, as the analysis runs them: attention
+    one op, at once; plain pointwise ops answered below the discovery, which still sees every op."""
+    with torch.enable_grad(), FastMetaPointwise(), d, meta_sizes(), FusedAttention(on_meta=True):
+        yield

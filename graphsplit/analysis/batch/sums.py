@@ -17,15 +17,12 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from ...ir.devices import meta_sizes
-from ...ir.fast_meta import FastMetaPointwise
 from ...ir.op_kinds import OpKind, family, op_name
 from ...ir.reductions import summed_value
-from ..fused_attention import FusedAttention
 from .atoms import Label
 from .mode import Discovery
 from .rules import RULES, pointwise
-from .runner import GraphRunner
+from .runner import GraphRunner, discovering
 
 # ops whose output's elements are their first input's, one for one or picked (a boolean mask's selection)
 _KEEPS = frozenset({OpKind.POINTWISE, OpKind.IDENTITY, OpKind.VIEW, OpKind.TRANSPOSE, OpKind.GETITEM, OpKind.EXPAND,
@@ -66,7 +63,7 @@ def loss_batch_sums(loss_gm: fx.GraphModule, values: Sequence[Any], dims: Sequen
     d = Discovery(RULES, pointwise)
     runner = GraphRunner(loss_gm, d)
     batch: list[int] = []
-    with torch.enable_grad(), FastMetaPointwise(), d, meta_sizes(), FusedAttention(on_meta=True):
+    with discovering(d):
         for value, leaf_dims in zip(values, dims):
             leaves = [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
             for t, k in zip(leaves, leaf_dims):
