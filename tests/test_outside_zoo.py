@@ -30,7 +30,7 @@ TRAINS = [
     "minimind", "improved_diffusion_ckpt", "wav2vec2_ctc", "clip", "hf_clip", "dlrm", "fast_neural_style",
     "attention_is_all_you_need", "tslib_patchtst", "tslib_itransformer", "tslib_dlinear", "tslib_crossformer",
     "tslib_segrnn", "tslib_film", "tslib_lightts", "tslib_pattn", "tslib_scinet", "tslib_tide", "tslib_transformer",
-    "tslib_tsmixer", "tslib_frets", "tslib_nonstationary_transformer", "tslib_timexer",
+    "tslib_tsmixer", "tslib_frets", "tslib_nonstationary_transformer", "tslib_timexer", "lucidrains_moe",
 ]
 # their loss couples the samples (open_clip's ClipLoss) or their own tail does (openai's CLIP makes the image x
 # text logits, HF's CLIPModel also its contrastive loss): under dp every replica gathers the replicas' outputs
@@ -44,17 +44,18 @@ REFUSED_AT = {
     # its codebook's EMA sums the whole batch's code assignments in forward, as BatchNorm's statistics do
     ("vq_autoencoder", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of "
                                    "'x': sum over it at vector_quantize_pytorch.py:602 in track_cluster_size_and_embed_avg",
+    # its balancing loss is a mean over every token of the batch, computed inside the experts' layer, which
+    # runs as written (`if mask.any():`): one micro-batch, no dp
+    ("minimind_moe", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of "
+                                 "'input_ids': one index of it taken at model_minimind.py:170 in forward",
+    # picks its periods from the whole batch's mean spectrum, into NumPy: its blocks run as written, and
+    # every sample's periods follow the others'
+    ("tslib_timesnet", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 "
+                                   "of 'x_enc': mean over it at TimesNet.py:13 in FFT_for_Period",
 }
 PARTLY = sorted({name for name, _ in REFUSED_AT})
 # refused whole, in one line naming the code
 REFUSED = {
-    # picks its periods from the data into NumPy
-    "tslib_timesnet": "cannot trace Model at TimesNet.py:16 in FFT_for_Period: `top_list = top_list.detach()",
-    # skips an expert no token chose (`if mask.any():`), a branch on routing values; its RoPE buffer branch
-    # (`if self.freqs_cos[0, 0] == 0:`) is decided by the constructor's values
-    "minimind_moe": "cannot trace MiniMindForCausalLM at model_minimind.py:165 in forward: `if mask.any():`",
-    # sizes one_hot by a tensor's maximum, read into Python
-    "lucidrains_moe": "cannot trace MoE at mixture_of_experts.py:40 in safe_one_hot:",
     # a sparse adjacency: torch has no meta kernel for sparse mm (traces, refused at every plan)
     "pygcn": "mm in module 'gc1' at layers.py:33 in forward takes a sparse tensor",
 }

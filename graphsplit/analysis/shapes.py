@@ -16,9 +16,11 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
+from ..ir.cpu_zeros import on_cpu_zeros, runs_on_cpu_zeros
 from ..ir.devices import meta_sizes
 from ..ir.fast_meta import FastMetaPointwise
 from ..ir.meta import TensorSpec, info, module_path
+from ..ir.module_state import left_as_found
 from ..ir.op_kinds import OpKind, classify, family, sizes_from_data, writes_into
 from ..ir.size_conditions import DECIDED
 from .flop_count import FlopCount
@@ -129,11 +131,11 @@ class _MetaAnnotator(fx.Interpreter):
     def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return super().call_module(target, args, kwargs)
-        except RuntimeError as exc:
+        except Exception as exc:
             module = self.fetch_attr(str(target))
-            if "on meta tensors" not in str(exc) or _nbytes(module, args, kwargs) > _CPU_LIMIT:
+            if not runs_on_cpu_zeros(module, args, kwargs, exc):
                 raise
-            return _on_cpu(module, args, kwargs)  # a torch module that reads values: its shapes on CPU
+            return on_cpu_zeros(module, args, kwargs)  # a module that reads values: its shapes on CPU
 
     def _follows_data(self, n: fx.Node, value: Any) -> bool:
         """Whether `n`'s output shape follows the data: made so (a nonzero, a boolean mask's selection), or
@@ -172,34 +174,6 @@ class _MetaAnnotator(fx.Interpreter):
         )
 
 
-# A module of torch's that reads its inputs' values (nn.TransformerEncoder looks whether its mask is
-# causal with `bool((mask == causal).all())`) cannot run on meta. Its output's shape does not depend
-# on them: it runs once on zeros on the CPU instead, if that is small.
-_CPU_LIMIT = 1 << 28
-
-
-def _nbytes(module: torch.nn.Module, args: Any, kwargs: Any) -> int:
-    tensors = [*module.parameters(), *module.buffers(), *pytree.tree_leaves((args, kwargs))]
-    return _tensor_bytes([t for t in tensors if isinstance(t, torch.Tensor)])
-
-
-def _on_cpu(module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
-    def zeros(t: torch.Tensor) -> torch.Tensor:
-        z = torch.zeros(t.shape, dtype=t.dtype)
-        return z.requires_grad_() if t.requires_grad else z
-
-    with torch.device("cpu"):  # its own factory calls beside its zeros, not on meta
-        state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
-        cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
-        out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
-
-    def to_meta(t: torch.Tensor) -> torch.Tensor:
-        m = torch.empty(t.shape, dtype=t.dtype, device="meta")
-        return m.requires_grad_() if t.requires_grad else m
-
-    return pytree.tree_map_only(torch.Tensor, to_meta, out)
-
-
 def annotate(
     gm: fx.GraphModule,
     inputs: tuple[torch.Tensor, ...],
@@ -222,7 +196,8 @@ def annotate(
     # repeated blocks answered by the third one's twins where they are a fixed point (analysis/repeated_blocks.py);
     # not on one tp rank's graph, whose blocks may hold their weights sharded differently
     skipper = None if param_shardings else _block_skipper(on_meta)
-    with FastMetaPointwise(), meta_sizes(), FusedAttention(on_meta=True):
+    # left_as_found: what a module run as written wrote to itself on CPU zeros (ir/cpu_zeros.py) goes
+    with FastMetaPointwise(), meta_sizes(), FusedAttention(on_meta=True), left_as_found(on_meta):
         _MetaAnnotator(on_meta, FlopCount(), skipper).run(*meta_inputs)  # on gm's own nodes
 
 
@@ -235,22 +210,22 @@ def _block_skipper(gm: fx.GraphModule) -> BlockSkipper | None:
 
 
 class _MetaRunner(fx.Interpreter):
-    """Runs a graph on meta tensors as the analysis does: a torch module that reads its inputs' values
-    (nn.TransformerEncoder's causal-mask test) runs on CPU zeros of the same shapes."""
+    """Runs a graph on meta tensors as the analysis does: a module that reads its inputs' values runs on
+    CPU zeros of the same shapes (ir/cpu_zeros.py)."""
 
     def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return super().call_module(target, args, kwargs)
-        except RuntimeError as exc:
+        except Exception as exc:
             module = self.fetch_attr(str(target))
-            if "on meta tensors" not in str(exc) or _nbytes(module, args, kwargs) > _CPU_LIMIT:
+            if not runs_on_cpu_zeros(module, args, kwargs, exc):
                 raise
-            return _on_cpu(module, args, kwargs)
+            return on_cpu_zeros(module, args, kwargs)
 
 
 def run_on_meta(gm: fx.GraphModule, *inputs: Any) -> Any:
     """`gm(*inputs)` on meta tensors (gm's own, on meta already), as the analysis runs it."""
-    with meta_sizes():
+    with meta_sizes(), left_as_found(gm):
         return _MetaRunner(gm).run(*inputs)
 
 

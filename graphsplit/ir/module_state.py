@@ -9,7 +9,7 @@ module's attributes and registries back as they were before the trace.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch.nn as nn
 
@@ -37,13 +37,16 @@ def left_as_found(model: nn.Module) -> Iterator[None]:
                 table.update(entries)
 
 
-def attributes_as_buffers(model: nn.Module) -> list[str]:
+def attributes_as_buffers(model: nn.Module, state: Callable[[str, str], bool] = lambda owner, attr: False) -> list[str]:
     """Register each plain tensor attribute of `model`'s modules as a buffer, for torch.fx to read it as
     a graph value (`self.freqs_cis[input_pos]`, `self.mask[:T, :T]` with a traced index: a plain tensor
     would be indexed by a proxy); their qualified names. Only inside `left_as_found`, which puts them
-    back as they were."""
+    back as they were. `state(owner, attr)`: what a module run as written writes in forward (the trace
+    reads what each call leaves, eager_modules.py), left as it is."""
     names = []
     for owner, attr in tensor_attributes(model):
+        if state(owner, attr):
+            continue
         module = model.get_submodule(owner)
         module._buffers[attr] = vars(module).pop(attr)
         names.append(f"{owner}.{attr}" if owner else attr)

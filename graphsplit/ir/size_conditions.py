@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from .cpu_zeros import on_cpu_zeros, runs_on_cpu_zeros
 from .meta import SourceLine, info
 from .param_grads import in_place
 
@@ -140,7 +141,8 @@ class SizeValues:
         if node.target is getattr and isinstance(args[0], torch.Tensor) and args[1] in _SIZE_ATTRS:
             return _plain(getattr(args[0], args[1]))
         if node.target in _OPERATORS and not any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
-            return _plain(node.target(*args, **kwargs))
+            value = node.target(*args, **kwargs)  # a size, or one tensor of a module's tuple
+            return value if isinstance(value, torch.Tensor) else _plain(value)
         return self._on_meta(node, args, kwargs)
 
     def _on_meta(self, node: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -177,10 +179,15 @@ def _run(root: torch.nn.Module, node: fx.Node, args: tuple[Any, ...], kwargs: di
     if node.op == "call_module":
         module = root.get_submodule(str(node.target))
         state = dict(module.named_parameters()) | dict(module.named_buffers())
-        if all(t.device.type == "meta" for t in state.values()):
-            return module(*args, **kwargs)
-        # a model with real weights (parallelize() of a built model): run on meta copies of them
-        return torch.func.functional_call(module, {k: _as_meta(t) for k, t in state.items()}, args, kwargs)
+        try:
+            if all(t.device.type == "meta" for t in state.values()):
+                return module(*args, **kwargs)
+            # a model with real weights (parallelize() of a built model): run on meta copies of them
+            return torch.func.functional_call(module, {k: _as_meta(t) for k, t in state.items()}, args, kwargs)
+        except Exception as exc:  # a module that reads values (ir/cpu_zeros.py): its shapes on CPU zeros
+            if not runs_on_cpu_zeros(module, args, kwargs, exc):
+                raise
+            return on_cpu_zeros(module, args, kwargs)
     if node.op == "call_method":
         return getattr(args[0], str(node.target))(*args[1:], **kwargs)
     return node.target(*args, **kwargs)  # type: ignore[operator]

@@ -40,6 +40,14 @@ from .autograd_functions import (
     recomputing_traced_through,
 )
 from .devices import explicit_devices
+from .eager_modules import (
+    FAILED_IN,
+    carry_written,
+    drop_unread,
+    failed_in,
+    run_as_written,
+    written_names,
+)
 from .grad_regions import (
     training_grad_mode,
 )
@@ -101,6 +109,7 @@ def trace_model(
         raise
     except Exception as export_exc:
         fx_further = False
+        named = False
         if takes_var_args(model) and not isinstance(fx_error, GraphsplitError):
             # `forward(self, input_ids, ..., **kwargs)` called with named inputs only (minimind, many
             # HF-style models): fx on the named parameters alone, the var-args empty, as the call has them.
@@ -113,9 +122,16 @@ def trace_model(
             except GraphsplitError:
                 raise
             except Exception as named_exc:
-                fx_error = named_exc
+                fx_error, named = named_exc, True
                 # fx went past export's stop (a branch on the model's buffers) to a branch on the data: its line
                 fx_further = first_line(named_exc).startswith(_FX_BRANCH) and user_frame(named_exc, source) is not None
+        if failed_in(fx_error) is not None:  # fx failed in a submodule: that module runs as written
+            def attempt(eager: frozenset[str]) -> Traced:
+                with training_grad_mode(), left_as_found(model):
+                    return _trace_fx(model, args, kwargs, leaves, watch, buffers, empty_var_args=named, eager=eager)
+
+            with contextlib.suppress(Exception):
+                return run_as_written(model, fx_error, attempt, lambda e: user_frame(e, source) or model_frame(e) or "")
         own = raised_by_model(export_exc)
         if own is not None:  # the model's own raise or assert, on these inputs: not a tracing limit
             raise GraphsplitError(
@@ -143,8 +159,10 @@ def trace_model(
 
 def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset(),
-              buffers: Callable[[], Mapping[str, torch.Tensor]] | None = None, empty_var_args: bool = False) -> Traced:
-    """`empty_var_args`: trace forward's named parameters only, its *args/**kwargs empty (they must be)."""
+              buffers: Callable[[], Mapping[str, torch.Tensor]] | None = None, empty_var_args: bool = False,
+              eager: frozenset[str] = frozenset()) -> Traced:
+    """`empty_var_args`: trace forward's named parameters only, its *args/**kwargs empty (they must be);
+    `eager`: modules run as written (eager_modules.py)."""
     sig = inspect.signature(model.forward)
     var = [k for k, p in sig.parameters.items() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if var and not empty_var_args:
@@ -160,13 +178,16 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     for k, v in concrete.items():
         if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v):
             raise TypeError(f"input {k!r} is a container of tensors")
-    attributes = attributes_as_buffers(model)  # graph values, as buffers are; put back by left_as_found
+    # graph values, as buffers are; put back by left_as_found
+    attributes = attributes_as_buffers(model, lambda owner, attr: owner in eager and attr in
+                                       written_names(type(model.get_submodule(owner))))
     if "einops" in sys.modules:  # the model uses einops: its calls on proxies traced as torch ops
         import_module(".einops_proxies", __package__)
-    tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}, buffers))
+    tracer = _Tracer(leaves, watch, SizeValues(model, {k: bound.arguments[k] for k in tensor_names}, buffers), eager)
     if var:
         tracer.root_forward = named_only(type(model).forward, list(bound.arguments))
     graph = tracer.trace(model, concrete_args=concrete or None)
+    drop_unread(graph)
     _bake_constants(graph, {name: concrete[name] for name in concrete})
     explicit_devices(graph)  # `torch.arange(T)`: on the rank's device, not the default one
     hoist_checks(graph)
@@ -206,9 +227,10 @@ class _Tracer(DecidingTracer):
     proxy_buffer_attributes = True
 
     def __init__(self, leaves: frozenset[str] = frozenset(), watch: frozenset[str] = frozenset(),
-                 sizes: SizeValues | None = None) -> None:
+                 sizes: SizeValues | None = None, eager: frozenset[str] = frozenset()) -> None:
         super().__init__()
-        self.leaves = leaves
+        self.leaves = leaves | eager
+        self.eager = eager
         self.watch = watch
         self.calls: dict[str, tuple[Any, Any, Any]] = {}
         self.sizes = sizes
@@ -247,7 +269,15 @@ class _Tracer(DecidingTracer):
     def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._untraced:
             return forward(*args, **kwargs)
-        out = super().call_module(m, forward, args, kwargs)
+        try:
+            out = super().call_module(m, forward, args, kwargs)
+        except Exception as exc:
+            if not hasattr(exc, FAILED_IN):  # the innermost module fx failed in (eager_modules.py)
+                with contextlib.suppress(AttributeError):
+                    setattr(exc, FAILED_IN, self.path_of_module(m))
+            raise
+        if self.eager and (path := self.path_of_module(m)) in self.eager:
+            carry_written(self, m, path, out)
         if self.watch:
             name = self.path_of_module(m)
             if name in self.watch:

@@ -34,7 +34,15 @@ class Proxy(GradModeProxy):
     def __getattr__(self, name: str) -> Any:
         if name == "grad":  # `if exists(self.buffer.grad):` in forward: the model's state, not the data
             return self.tracer.grad_of(self)
-        return super().__getattr__(name)
+        return _Attribute(self, name)
+
+    def __getitem__(self, key: Any) -> Any:
+        sliced = self.tracer.shape_slice(self, key)
+        return super().__getitem__(key) if sliced is None else sliced
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """`frequency_list[0] = 0`, `y[idx] += out`: recorded as written (ir/aliasing.py follows the write)."""
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
 
     def __int__(self) -> int:
         """`int(x == -1)` of a size condition (einops' unpack counts unknown dims so): decided and
@@ -44,6 +52,19 @@ class Proxy(GradModeProxy):
         if decided is None:
             raise TypeError(f"int() of {self.node.name} while tracing")
         return decided
+
+
+class _Attribute(fx.proxy.Attribute):
+    """`x.shape` as fx makes it, with the length a shape has: `b, n, d, e = *x.shape, self.num_experts`
+    asks `len()` of the shape before it iterates it."""
+
+    def __len__(self) -> int:
+        n = self.tracer.length(self)  # type: ignore[attr-defined]
+        return super().__len__() if n is None else n
+
+    def __getitem__(self, key: Any) -> Any:
+        sliced = self.tracer.shape_slice(self, key)  # type: ignore[attr-defined]
+        return super().__getitem__(key) if sliced is None else sliced
 
 
 class DecidingTracer(fx.Tracer):
@@ -154,6 +175,21 @@ class DecidingTracer(fx.Tracer):
         place = self._place()
         self._check(holds, place, length_message(place, n))
         return n
+
+    def shape_slice(self, obj: fx.Proxy, key: Any) -> tuple[Any, ...] | None:
+        """`x.shape[:-1]` of a shape whose length is known from the example inputs: its entries one by one,
+        so `x.reshape(x.shape[:-1] + (-1, 2))` is a reshape to listed sizes, as `x.view(b, t, h, d)` is,
+        the length checked (None: not a slice of a shape; fx's getitem stands)."""
+        if not isinstance(key, slice) or any(isinstance(k, fx.Proxy) for k in (key.start, key.stop, key.step)):
+            return None
+        try:
+            value = self.sizes(obj.node) if self.sizes is not None else None
+        except Unknown:
+            return None
+        if not isinstance(value, tuple):
+            return None
+        n = self.length(obj)
+        return None if n is None else tuple(obj[i] for i in range(n)[key])
 
     def iter(self, obj: fx.Proxy) -> Any:
         """`*x.shape[:-1]`, `for d in x.shape`: a shape's entries one by one, its number of dims known

@@ -35,6 +35,9 @@ class Traced:
     # which tracer and why, for the summary: "torch.fx", with the size conditions it decided, or
     # "torch.export: torch.fx failed at model.py:33: ..."
     reason: str = ""
+    # modules kept as one call_module node each because their forward branches on tensor values
+    # (trace.run_as_written): they run as written on each micro-batch
+    eager: tuple[str, ...] = ()
 
     def flatten_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
         return tuple(self._flatten(args, kwargs))

@@ -26,6 +26,7 @@ from ..analysis.cost import boundary_cost, node_cost
 from ..analysis.recompute import from_weights_alone, recomputable
 from ..errors import GraphsplitError
 from ..ir.aliasing import Storages
+from ..ir.eager_modules import state_spans
 from ..ir.meta import info
 from ..plan import SPLIT_BACKWARD_SCHEDULES
 from .manager import PassInput, PassResults
@@ -93,6 +94,11 @@ def liveness(gm: fx.GraphModule, blocking: set[fx.Node] | frozenset[fx.Node] = f
     for first, last in _written_buffer_spans(gm, storages, pos):
         blocked[first + 1] += 1
         blocked[last + 1] -= 1
+    # what a module run as written left in itself is read on the rank whose copy ran (ir/eager_modules.py)
+    for call, read in state_spans(gm.graph):
+        if call in pos and read in pos:
+            blocked[pos[call] + 1] += 1
+            blocked[pos[read] + 1] -= 1
     crossing = np.cumsum(blocked)[: n + 1] > 0
     for count in sharing.values():
         crossing |= np.cumsum(count)[: n + 1] > 1

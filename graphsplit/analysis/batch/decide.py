@@ -13,6 +13,7 @@ import torch.utils._pytree as pytree
 from ...errors import GraphsplitError
 from ...ir.batch import BatchDims, SequenceDims
 from ...ir.devices import on_meta
+from ...ir.module_state import left_as_found
 from ...ir.op_kinds import OpKind, classify
 from .mode import Discovery
 from .rules import RULES, pointwise
@@ -73,7 +74,7 @@ def discover(
     unread: dict[str, torch.Tensor] = {}
     target_atoms: list[tuple[int, ...] | None] = []
     runner = GraphRunner(runnable, d)
-    with discovering(d):
+    with discovering(d), left_as_found(runnable):
         for name, t in zip(input_names, meta_inputs):
             if isinstance(t, torch.Tensor):
                 input_atoms[name] = d.label_input(t)

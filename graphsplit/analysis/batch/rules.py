@@ -79,7 +79,7 @@ for rule, names in (
     (repeat, ("repeat",)),
     (unfold, ("unfold",)),
     (last(2), ("tril", "triu", "diagonal", "diag_embed", "trace")),
-    (reduce, ("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std", "var_mean", "std_mean",
+    (reduce, ("sum", "mean", "amax", "amin", "aminmax", "max", "min", "argmax", "argmin", "var", "std", "var_mean", "std_mean",
                "logsumexp", "norm", "linalg_vector_norm", "prod", "all", "any", "count_nonzero", "nansum", "nanmean")),
     (loss_rule(1), ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
                 "binary_cross_entropy_with_logits", "soft_margin_loss", "kl_div")),

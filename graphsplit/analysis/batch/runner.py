@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
+from ...ir.cpu_zeros import on_cpu_zeros, runs_on_cpu_zeros
 from ...ir.devices import meta_sizes
 from ...ir.fast_meta import FastMetaPointwise
 from ...ir.meta import SourceLine, info
@@ -39,36 +39,26 @@ class GraphRunner(fx.Interpreter):
         node = self.node
         if node is None:
             return _frame_source() or "the loss"
+        if node.op == "call_module" and (inside := _frame_source()) is not None:
+            return inside  # a module run as written (ir/eager_modules.py): the line in its forward
         source = info(node).source
         return str(source) if source is not None else f"node {node.name}"
 
     def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return super().call_module(target, args, kwargs)
-        except RuntimeError as exc:
-            if "on meta tensors" not in str(exc):
+        except Exception as exc:
+            module = self.fetch_attr(str(target))
+            if not runs_on_cpu_zeros(module, args, kwargs, exc):
                 raise
-        # a torch module that reads values (nn.TransformerEncoder's causal-mask test): on CPU zeros,
-        # as analysis/shapes.py runs it, each zero tensor labelled as the meta tensor it stands for
+        # a module that reads values (ir/cpu_zeros.py) on CPU zeros, each labelled as the tensor it stands
+        # for; the discovery sees its ops there
         d = self.discovery
-        module = self.fetch_attr(str(target))
 
-        def zeros(t: torch.Tensor) -> torch.Tensor:
-            z = torch.zeros(t.shape, dtype=t.dtype)
-            d.set(z, d.value(t).labels, d.value(t).reduced)
-            return z
+        def relabel(new: torch.Tensor, old: torch.Tensor) -> None:
+            d.set(new, d.value(old).labels, d.value(old).reduced)
 
-        with torch.device("cpu"):  # its own factory calls beside its zeros, not on meta
-            state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
-            cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
-            out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
-
-        def to_meta(t: torch.Tensor) -> torch.Tensor:
-            m = torch.empty(t.shape, dtype=t.dtype, device="meta")
-            d.set(m, d.value(t).labels, d.value(t).reduced)
-            return m
-
-        return pytree.tree_map_only(torch.Tensor, to_meta, out)
+        return on_cpu_zeros(module, args, kwargs, relabel)
 
     def _canon(self, value: Any) -> Any:
         atoms = self.discovery.atoms

@@ -83,8 +83,8 @@ def whole_tail(gm: fx.GraphModule, atoms: Atoms, node_labels: Mapping[str, tuple
             if made == "data":  # a constant (arange(8) at the traced batch) is the whole batch's as it is
                 gather[source.name] = dims[0]
                 readers.setdefault(source.name, []).append(name)
-    if not gather:
-        return None
+    if not gather or all(nodes[name].op == "placeholder" for name in gather):
+        return None  # nothing computed apart before the tail (it reads the inputs as they came): no batch
     coupled = [atoms.coupled[r] for r in sorted(roots) if r in atoms.coupled]
     if coupled:
         why = coupled[0]
