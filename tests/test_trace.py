@@ -198,3 +198,29 @@ def test_export_of_a_meta_model_leaves_a_shared_block_as_built(models_dir, monke
     assert traced.tracer == "export"
     assert all(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
     assert "device(type='cpu')" not in traced.gm.code
+
+
+def test_a_loop_over_a_size_and_a_dict_keyed_by_ndim_are_traced_by_fx():
+    """`for i in range(t)` over the sequence (makemore's GRU) is unrolled to the example's count and the
+    count checked; `x.ndim` is a number (einops' layers key their recipes by it); both sent the model
+    to torch.export before."""
+
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = nn.GRUCell(4, 4)
+            self.by_rank = {3: "b t c", 2: "b c"}
+
+        def forward(self, x):
+            assert self.by_rank[x.ndim] == "b t c"
+            h = x.new_zeros(x.size(0), 4)
+            for i in range(x.size(1)):
+                h = self.cell(x[:, i], h)
+            return h
+
+    model, x = Recurrent(), torch.randn(2, 5, 4)
+    traced = trace_model(model, (x,), {})
+    assert traced.tracer == "fx", traced.reason
+    torch.testing.assert_close(traced.gm(x)[0], model(x))
+    with pytest.raises(AssertionError, match=r"test_trace\.py:\d+ in forward `for i in range\(x.size\(1\)\):` counted 5 on"):
+        traced.gm(torch.randn(2, 6, 4))

@@ -242,6 +242,12 @@ def length_message(place: str, length: int) -> str:
             f"the model at that length; {_KEEP.split('; ', 1)[1]}")
 
 
+def count_message(place: str, count: int) -> str:
+    """What the recorded check of a size used as a count (`range(t)`) says when a later call has another."""
+    return (f"{place} counted {count} on the example inputs and another count here: graphsplit traced the "
+            f"loop {count} times; {_KEEP.split('; ', 1)[1]}")
+
+
 _HOISTED_AT_MOST = 64  # ops of a size expression moved with its check (sizes of inputs take a few)
 
 

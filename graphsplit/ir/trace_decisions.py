@@ -14,7 +14,15 @@ import torch.fx as fx
 
 from .grad_regions import GradModeProxy
 from .meta import info
-from .size_conditions import DECIDED, Unknown, check_message, condition_frame, length_message, where
+from .size_conditions import (
+    DECIDED,
+    Unknown,
+    check_message,
+    condition_frame,
+    count_message,
+    length_message,
+    where,
+)
 from .user_source import user_source
 from .value_checks import VALUE_CHECK, ValueCheck, check_at
 from .value_checks import check_message as value_check_message
@@ -34,7 +42,17 @@ class Proxy(GradModeProxy):
     def __getattr__(self, name: str) -> Any:
         if name == "grad":  # `if exists(self.buffer.grad):` in forward: the model's state, not the data
             return self.tracer.grad_of(self)
+        if name == "ndim" and (n := self.tracer.ndim(self)) is not None:
+            return n  # a graph's tensors keep their number of dims (einops' layers key a dict by it)
         return _Attribute(self, name)
+
+    def __index__(self) -> int:
+        """`for i in range(t)` with t a size known from the example inputs (a recurrence over the sequence):
+        unrolled to that count, the count checked (torch.export unrolls it alike)."""
+        n = self.tracer.count(self)
+        if n is None:
+            raise TypeError(f"'{self.node.name}' is no size known from the example inputs")
+        return n
 
     def __getitem__(self, key: Any) -> Any:
         sliced = self.tracer.shape_slice(self, key)
@@ -175,6 +193,27 @@ class DecidingTracer(fx.Tracer):
         place = self._place()
         self._check(holds, place, length_message(place, n))
         return n
+
+    def ndim(self, obj: fx.Proxy) -> int | None:
+        """The number of dims of a traced tensor, from its value on meta (None: not known)."""
+        try:
+            value = self.sizes(obj.node) if self.sizes is not None else None
+        except Unknown:
+            return None
+        return value.dim() if isinstance(value, torch.Tensor) else None
+
+    def count(self, obj: fx.Proxy) -> int | None:
+        """A size used as a count (`range(t)`): its value on the example inputs, checked in the graph."""
+        try:
+            value = self.sizes.plain(obj.node) if self.sizes is not None else None
+        except Unknown:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        place = self._place()
+        holds = self.create_proxy("call_function", operator.eq, (obj, value), {})
+        self._check(holds, place, count_message(place, value))
+        return value
 
     def shape_slice(self, obj: fx.Proxy, key: Any) -> tuple[Any, ...] | None:
         """`x.shape[:-1]` of a shape whose length is known from the example inputs: its entries one by one,
