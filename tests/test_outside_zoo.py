@@ -45,9 +45,10 @@ REFUSED_AT = {
     ("vq_autoencoder", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of "
                                    "'x': sum over it at vector_quantize_pytorch.py:602 in track_cluster_size_and_embed_avg",
     # its balancing loss is a mean over every token of the batch, computed inside the experts' layer, which
-    # runs as written (`if mask.any():`): one micro-batch, no dp
+    # runs as written (`if mask.any():`), and it picks each expert's weights with a mask over the flattened
+    # tokens and their top-k slots (`topk_weight[mask]`), the first such op the discovery names: no dp
     ("minimind_moe", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 of "
-                                 "'input_ids': one index of it taken at model_minimind.py:170 in forward",
+                                 "'input_ids': index.Tensor at model_minimind.py:167 in forward",
     # picks its periods from the whole batch's mean spectrum, into NumPy: its blocks run as written, and
     # every sample's periods follow the others'
     ("tslib_timesnet", "dp2-pp2"): "the inputs cannot be cut into 2 replica(s) x 2 micro-batch(es): no batch: dim 0 "

@@ -44,8 +44,13 @@ def on_cpu_zeros(module: torch.nn.Module, args: Any, kwargs: Any,
     """`module(*args, **kwargs)` on CPU zeros of the same shapes and dtypes (its parameters and buffers
     too); its output as meta tensors."""
 
-    def zeros(t: torch.Tensor) -> torch.Tensor:
-        z = torch.zeros(t.shape, dtype=t.dtype)
+    draws = torch.Generator().manual_seed(0)
+
+    def zeros(t: torch.Tensor, scale: float = 0.0) -> torch.Tensor:
+        if scale and t.is_floating_point():  # values that route as data does (a router's top-k of zeros ties)
+            z = torch.randn(t.shape, generator=draws).to(t.dtype) * scale
+        else:
+            z = torch.zeros(t.shape, dtype=t.dtype)
         z = z.requires_grad_() if t.requires_grad and t.is_floating_point() else z
         if relabel is not None:
             relabel(z, t)
@@ -53,8 +58,9 @@ def on_cpu_zeros(module: torch.nn.Module, args: Any, kwargs: Any,
 
     held = [(m, dict(vars(m))) for m in module.modules()]
     with torch.device("cpu"):  # its own factory calls beside its zeros, not on meta
-        state = {name: zeros(t) for name, t in (*module.named_parameters(), *module.named_buffers())}
-        cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, zeros, (args, kwargs))
+        state = {name: zeros(t, 0.1) for name, t in module.named_parameters()}
+        state |= {name: zeros(t) for name, t in module.named_buffers()}  # masks, tables: zeros, not noise
+        cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: zeros(t, 1.0), (args, kwargs))
         out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
 
     def to_meta(t: torch.Tensor) -> torch.Tensor:
