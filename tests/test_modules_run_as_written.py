@@ -1,6 +1,6 @@
 """A submodule whose forward branches on the data (`if mask.any():` around an expert, a one-hot sized by
 `int(indexes.max()) + 1`) is kept as one call_module node and runs as its author wrote it on each
-micro-batch (ir/eager_modules.py); the analyses run it on CPU zeros (ir/cpu_zeros.py). What it writes
+micro-batch (ir/eager_modules.py); the analyses run it on CPU stand-ins (ir/cpu_stand_ins.py). What it writes
 to itself in forward (a balancing loss in `self.aux_loss`) is read by the graph after each call, on
 the rank whose copy ran. Against the untouched model on the whole batch; minimind's, lucidrains' and
 TimesNet's own code, unchanged, are in the outside zoo (tests/test_outside_zoo.py)."""
@@ -37,7 +37,7 @@ def test_per_token_experts_keep_the_samples_apart_and_train_as_the_untouched_mod
     loaded, traced = traced_once(MOE)
     program, cmp = check_locally(loaded, plan, traced=traced.copy())
     assert cmp.ok, cmp.failures
-    assert program.batch.inputs == {"idx": 0}  # found through the experts' own ops, run on CPU zeros
+    assert program.batch.inputs == {"idx": 0}  # found through the experts' own ops, run on CPU stand-ins
     assert program.plan.num_microbatches == plan.pp
 
 

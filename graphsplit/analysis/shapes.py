@@ -16,7 +16,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..errors import GraphsplitError
-from ..ir.cpu_zeros import on_cpu_zeros, runs_on_cpu_zeros
+from ..ir.cpu_stand_ins import on_cpu_stand_ins, runs_on_cpu
 from ..ir.devices import meta_sizes
 from ..ir.fast_meta import FastMetaPointwise
 from ..ir.meta import TensorSpec, info, module_path
@@ -133,9 +133,9 @@ class _MetaAnnotator(fx.Interpreter):
             return super().call_module(target, args, kwargs)
         except Exception as exc:
             module = self.fetch_attr(str(target))
-            if not runs_on_cpu_zeros(module, args, kwargs, exc):
+            if not runs_on_cpu(module, args, kwargs, exc):
                 raise
-            return on_cpu_zeros(module, args, kwargs)  # a module that reads values: its shapes on CPU
+            return on_cpu_stand_ins(module, args, kwargs)  # a module that reads values: its shapes on CPU
 
     def _follows_data(self, n: fx.Node, value: Any) -> bool:
         """Whether `n`'s output shape follows the data: made so (a nonzero, a boolean mask's selection), or
@@ -196,7 +196,7 @@ def annotate(
     # repeated blocks answered by the third one's twins where they are a fixed point (analysis/repeated_blocks.py);
     # not on one tp rank's graph, whose blocks may hold their weights sharded differently
     skipper = None if param_shardings else _block_skipper(on_meta)
-    # left_as_found: what a module run as written wrote to itself on CPU zeros (ir/cpu_zeros.py) goes
+    # left_as_found: what a module run as written wrote to itself on CPU stand-ins (ir/cpu_stand_ins.py) goes
     with FastMetaPointwise(), meta_sizes(), FusedAttention(on_meta=True), left_as_found(on_meta):
         _MetaAnnotator(on_meta, FlopCount(), skipper).run(*meta_inputs)  # on gm's own nodes
 
@@ -211,16 +211,16 @@ def _block_skipper(gm: fx.GraphModule) -> BlockSkipper | None:
 
 class _MetaRunner(fx.Interpreter):
     """Runs a graph on meta tensors as the analysis does: a module that reads its inputs' values runs on
-    CPU zeros of the same shapes (ir/cpu_zeros.py)."""
+    CPU stand-ins of the same shapes (ir/cpu_stand_ins.py)."""
 
     def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return super().call_module(target, args, kwargs)
         except Exception as exc:
             module = self.fetch_attr(str(target))
-            if not runs_on_cpu_zeros(module, args, kwargs, exc):
+            if not runs_on_cpu(module, args, kwargs, exc):
                 raise
-            return on_cpu_zeros(module, args, kwargs)
+            return on_cpu_stand_ins(module, args, kwargs)
 
 
 def run_on_meta(gm: fx.GraphModule, *inputs: Any) -> Any:

@@ -4,7 +4,7 @@ has no one graph, so torch.fx cannot trace it and torch.export refuses it. Where
 fx failed inside a submodule, graphsplit keeps that module as one `call_module` node (`run_as_written`),
 which runs the module's own forward on each micro-batch, whatever it branches on; the rest of the model
 is traced as usual. The analyses run such a
-module on CPU zeros of its inputs' shapes (cpu_zeros.py); a pipeline stage holds it whole; tensor
+module on CPU stand-ins of its inputs' shapes (cpu_stand_ins.py); a pipeline stage holds it whole; tensor
 parallelism leaves its weights whole.
 
 What such a module writes to itself in forward (`self.aux_loss = ...`, a load-balancing loss the model
@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from .cpu_zeros import wrote_on_zeros
+from .cpu_stand_ins import wrote_on_cpu
 
 if TYPE_CHECKING:
     from .traced_model import Traced
@@ -65,9 +65,9 @@ def run_as_written(model: nn.Module, error: BaseException, attempt: Callable[[fr
 
 def written_attribute(module: nn.Module, name: str, after: Any) -> Any:
     """What `module`'s forward, run as written just before (`after` is its output), left in `module.name`
-    (where the analyses ran it on CPU zeros, what that run left: cpu_zeros.py)."""
-    on_zeros = wrote_on_zeros(after, module, name)
-    return getattr(module, name) if on_zeros is None else on_zeros
+    (where the analyses ran it on CPU stand-ins, what that run left: cpu_stand_ins.py)."""
+    on_cpu = wrote_on_cpu(after, module, name)
+    return getattr(module, name) if on_cpu is None else on_cpu
 
 
 def is_written_read(node: fx.Node) -> bool:

@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from .cpu_zeros import on_cpu_zeros, runs_on_cpu_zeros
+from .cpu_stand_ins import on_cpu_stand_ins, runs_on_cpu
 from .meta import SourceLine, info
 from .param_grads import in_place
 
@@ -184,10 +184,10 @@ def _run(root: torch.nn.Module, node: fx.Node, args: tuple[Any, ...], kwargs: di
                 return module(*args, **kwargs)
             # a model with real weights (parallelize() of a built model): run on meta copies of them
             return torch.func.functional_call(module, {k: _as_meta(t) for k, t in state.items()}, args, kwargs)
-        except Exception as exc:  # a module that reads values (ir/cpu_zeros.py): its shapes on CPU zeros
-            if not runs_on_cpu_zeros(module, args, kwargs, exc):
+        except Exception as exc:  # a module that reads values (ir/cpu_stand_ins.py): its shapes on CPU zeros
+            if not runs_on_cpu(module, args, kwargs, exc):
                 raise
-            return on_cpu_zeros(module, args, kwargs)
+            return on_cpu_stand_ins(module, args, kwargs)
     if node.op == "call_method":
         return getattr(args[0], str(node.target))(*args[1:], **kwargs)
     return node.target(*args, **kwargs)  # type: ignore[operator]

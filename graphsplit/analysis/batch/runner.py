@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ...ir.cpu_zeros import on_cpu_zeros, runs_on_cpu_zeros
+from ...ir.cpu_stand_ins import on_cpu_stand_ins, runs_on_cpu
 from ...ir.devices import meta_sizes
 from ...ir.fast_meta import FastMetaPointwise
 from ...ir.meta import SourceLine, info
@@ -49,16 +49,16 @@ class GraphRunner(fx.Interpreter):
             return super().call_module(target, args, kwargs)
         except Exception as exc:
             module = self.fetch_attr(str(target))
-            if not runs_on_cpu_zeros(module, args, kwargs, exc):
+            if not runs_on_cpu(module, args, kwargs, exc):
                 raise
-        # a module that reads values (ir/cpu_zeros.py) on CPU zeros, each labelled as the tensor it stands
+        # a module that reads values (ir/cpu_stand_ins.py) on CPU stand-ins, each labelled as the tensor it stands
         # for; the discovery sees its ops there
         d = self.discovery
 
         def relabel(new: torch.Tensor, old: torch.Tensor) -> None:
             d.set(new, d.value(old).labels, d.value(old).reduced)
 
-        return on_cpu_zeros(module, args, kwargs, relabel)
+        return on_cpu_stand_ins(module, args, kwargs, relabel)
 
     def _canon(self, value: Any) -> Any:
         atoms = self.discovery.atoms

@@ -2,9 +2,11 @@
 looks whether its mask is causal with `bool((mask == causal).all())`), or a module of the model's kept
 whole because its forward branches on the data (trace.run_as_written: `if mask.any():` in a hand-written
 mixture of experts, a one-hot sized by a maximum). Its output's shapes do not depend on the values: the
-analyses run it once on CPU zeros of the same shapes instead, if that is small, and read the shapes back
-as meta tensors. `relabel(meta_or_zeros, stands_for)` lets a caller carry what it knows of a tensor (the
-batch discovery's dim labels) to the tensor that stands for it.
+analyses run it once on CPU stand-ins of the same shapes instead, if that is small, and read the shapes
+back as meta tensors. The stand-ins are seeded draws for floating inputs and weights (a router's top-k of
+zeros ties, and one expert would take every token), zeros for integer inputs (valid indices) and for
+buffers (masks, tables). `relabel(stand_in, stands_for)` lets a caller carry what it knows of a tensor
+(the batch discovery's dim labels) to the tensor that stands for it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-# zeros of more than this (parameters, buffers and inputs together) are not made
+# stand-ins of more than this (parameters, buffers and inputs together) are not made
 CPU_LIMIT = 1 << 28
 
 # what torch says where an op needs values a meta tensor has not got
@@ -34,19 +36,19 @@ def nbytes(module: torch.nn.Module, args: Any, kwargs: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
-def runs_on_cpu_zeros(module: torch.nn.Module, args: Any, kwargs: Any, exc: BaseException) -> bool:
-    """Whether a module that failed on meta with `exc` is run on CPU zeros instead."""
+def runs_on_cpu(module: torch.nn.Module, args: Any, kwargs: Any, exc: BaseException) -> bool:
+    """Whether a module that failed on meta with `exc` is run on CPU stand-ins instead."""
     return needs_values(exc) and nbytes(module, args, kwargs) <= CPU_LIMIT
 
 
-def on_cpu_zeros(module: torch.nn.Module, args: Any, kwargs: Any,
+def on_cpu_stand_ins(module: torch.nn.Module, args: Any, kwargs: Any,
                  relabel: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> Any:
-    """`module(*args, **kwargs)` on CPU zeros of the same shapes and dtypes (its parameters and buffers
-    too); its output as meta tensors."""
+    """`module(*args, **kwargs)` on CPU stand-ins of the same shapes and dtypes (its parameters and
+    buffers too); its output as meta tensors."""
 
     draws = torch.Generator().manual_seed(0)
 
-    def zeros(t: torch.Tensor, scale: float = 0.0) -> torch.Tensor:
+    def stand_in(t: torch.Tensor, scale: float = 0.0) -> torch.Tensor:
         if scale and t.is_floating_point():  # values that route as data does (a router's top-k of zeros ties)
             z = torch.randn(t.shape, generator=draws).to(t.dtype) * scale
         else:
@@ -57,10 +59,10 @@ def on_cpu_zeros(module: torch.nn.Module, args: Any, kwargs: Any,
         return z
 
     held = [(m, dict(vars(m))) for m in module.modules()]
-    with torch.device("cpu"):  # its own factory calls beside its zeros, not on meta
-        state = {name: zeros(t, 0.1) for name, t in module.named_parameters()}
-        state |= {name: zeros(t) for name, t in module.named_buffers()}  # masks, tables: zeros, not noise
-        cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: zeros(t, 1.0), (args, kwargs))
+    with torch.device("cpu"):  # its own factory calls beside its stand-ins, not on meta
+        state = {name: stand_in(t, 0.1) for name, t in module.named_parameters()}
+        state |= {name: stand_in(t) for name, t in module.named_buffers()}  # masks, tables: zeros, not noise
+        cpu_args, cpu_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: stand_in(t, 1.0), (args, kwargs))
         out = torch.func.functional_call(module, state, cpu_args, cpu_kwargs)
 
     def to_meta(t: torch.Tensor) -> torch.Tensor:
@@ -87,13 +89,13 @@ def on_cpu_zeros(module: torch.nn.Module, args: Any, kwargs: Any,
     return result
 
 
-# an output of `on_cpu_zeros` -> what the call wrote to its modules: (id of the module, attribute) -> value
+# an output of `on_cpu_stand_ins` -> what the call wrote to its modules: (id of the module, attribute) -> value
 # (keyed by id: a tensor's `==` is elementwise; the entry goes with the tensor)
 _WROTE: dict[int, tuple[weakref.ref[torch.Tensor], dict[tuple[int, str], torch.Tensor]]] = {}
 
 
-def wrote_on_zeros(out: Any, module: torch.nn.Module, name: str) -> torch.Tensor | None:
-    """What the run on zeros whose output is `out` wrote to `module.name` (None: no such run)."""
+def wrote_on_cpu(out: Any, module: torch.nn.Module, name: str) -> torch.Tensor | None:
+    """What the run on stand-ins whose output is `out` wrote to `module.name` (None: no such run)."""
     first = next((t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
     held = _WROTE.get(id(first)) if first is not None else None
     if held is None or held[0]() is not first:
