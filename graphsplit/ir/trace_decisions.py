@@ -5,8 +5,10 @@ forward. The tracer's proxy asks the tracer for each."""
 
 from __future__ import annotations
 
+import linecache
 import operator
 import sys
+from types import FrameType
 from typing import Any
 
 import torch
@@ -48,8 +50,9 @@ class Proxy(GradModeProxy):
 
     def __index__(self) -> int:
         """`for i in range(t)` with t a size known from the example inputs (a recurrence over the sequence):
-        unrolled to that count, the count checked (torch.export unrolls it alike)."""
-        n = self.tracer.count(self)
+        unrolled to that count, the count checked (torch.export unrolls it alike). Only for `range()`:
+        torch's argument parser asks `__index__` too (`torch.arange(T)`), where the size stays traced."""
+        n = self.tracer.count(self) if _calling_range(sys._getframe(1)) else None
         if n is None:
             raise TypeError(f"'{self.node.name}' is no size known from the example inputs")
         return n
@@ -70,6 +73,18 @@ class Proxy(GradModeProxy):
         if decided is None:
             raise TypeError(f"int() of {self.node.name} while tracing")
         return decided
+
+
+def _calling_range(frame: FrameType) -> bool:
+    """Whether the call `frame` is making is `range(...)` (its source at the instruction's position)."""
+    positions = getattr(frame.f_code, "co_positions", None)
+    if positions is None:
+        return False
+    line, end, col, _ = list(positions())[frame.f_lasti // 2]
+    if line is None or col is None:
+        return False
+    text = linecache.getline(frame.f_code.co_filename, line)[col:]
+    return text.startswith("range(")
 
 
 class _Attribute(fx.proxy.Attribute):
