@@ -55,10 +55,12 @@ def run_as_written(model: nn.Module, error: BaseException, attempt: Callable[[fr
         except Exception as again:  # noqa: BLE001 - the next module fx cannot trace, or the same failure
             error, path = again, failed_in(again)
             continue
-        places = {f"{type(model.get_submodule(name)).__name__} at {place}" for name, place in eager.items()}
-        traced.reason += f" ({len(eager)} module(s) run as written, one op each, where neither tracer follows " \
+        # a module kept inside another one kept is never called by the trace: the outer one stands for it
+        outer = {name: at for name, at in eager.items() if not any(name.startswith(f"{o}.") for o in eager)}
+        places = {f"{type(model.get_submodule(name)).__name__} at {at}" for name, at in outer.items()}
+        traced.reason += f" ({len(outer)} module(s) run as written, one op each, where neither tracer follows " \
                          f"their forward: {'; '.join(sorted(places))})"
-        traced.eager = tuple(eager)
+        traced.eager = tuple(outer)
         return traced
     raise error
 
