@@ -11,10 +11,11 @@ import torch.nn as nn
 
 from graphsplit import Plan
 from graphsplit.errors import GraphsplitError
-from graphsplit.ir.eager_modules import is_written_read
+from graphsplit.ir.eager_modules import is_written_read, state_spans
 from graphsplit.ir.trace import trace_model
 from graphsplit.launch.parity import check_locally
 from graphsplit.loader import load_model
+from graphsplit.passes.pipeline_split import liveness
 from graphsplit.rewrite import rewrite_program
 
 from .conftest import MODELS, traced_once
@@ -55,6 +56,12 @@ def test_what_a_module_writes_in_forward_is_read_after_each_call_in_the_stage_th
         ran = {str(n.target) for n in stage.gm.graph.nodes if n.op == "call_module"}
         read = {str(n.args[0].target) for n in stage.gm.graph.nodes if is_written_read(n)}
         assert read <= ran, (stage.index, read, ran)
+    # no cut may fall between a call and the read of what it wrote (the cut before seq[k] is k)
+    seq, _, crossing = liveness(program.traced.gm)
+    spans = list(state_spans(program.traced.gm.graph))
+    assert len(spans) == 2
+    for call, read in spans:
+        assert all(crossing[seq.index(call) + 1: seq.index(read) + 1]), (call.name, read.name)
 
 
 def test_a_balancing_loss_over_the_whole_batch_is_no_batch_refused_at_dp_in_one_line():

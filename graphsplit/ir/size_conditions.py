@@ -184,7 +184,7 @@ def _run(root: torch.nn.Module, node: fx.Node, args: tuple[Any, ...], kwargs: di
                 return module(*args, **kwargs)
             # a model with real weights (parallelize() of a built model): run on meta copies of them
             return torch.func.functional_call(module, {k: _as_meta(t) for k, t in state.items()}, args, kwargs)
-        except Exception as exc:  # a module that reads values (ir/cpu_stand_ins.py): its shapes on CPU zeros
+        except Exception as exc:  # a module that reads values: its shapes on CPU stand-ins (ir/cpu_stand_ins.py)
             if not runs_on_cpu(module, args, kwargs, exc):
                 raise
             return on_cpu_stand_ins(module, args, kwargs)

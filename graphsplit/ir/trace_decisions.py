@@ -34,12 +34,23 @@ def grad_is_none(t: torch.Tensor) -> bool:
     return t.grad is None
 
 
-class Proxy(GradModeProxy):
-    """fx's Proxy has no length; `len(src)` of an input is often known from the example inputs."""
+class _Sizes:
+    """What a traced value answers from the example inputs' sizes: `len()` (None: fx's own error, the model
+    goes to export) and a slice of a shape (`x.shape[:-1]`: its entries, fx's getitem otherwise)."""
+
+    tracer: Any
 
     def __len__(self) -> int:
         n = self.tracer.length(self)
-        return super().__len__() if n is None else n  # None: fx's own error, the model goes to export
+        return super().__len__() if n is None else n  # type: ignore[misc]
+
+    def __getitem__(self, key: Any) -> Any:
+        sliced = self.tracer.shape_slice(self, key)
+        return super().__getitem__(key) if sliced is None else sliced  # type: ignore[misc]
+
+
+class Proxy(_Sizes, GradModeProxy):
+    """fx's Proxy has no length; `len(src)` of an input is often known from the example inputs."""
 
     def __getattr__(self, name: str) -> Any:
         if name == "grad":  # `if exists(self.buffer.grad):` in forward: the model's state, not the data
@@ -56,10 +67,6 @@ class Proxy(GradModeProxy):
         if n is None:
             raise TypeError(f"'{self.node.name}' is no size known from the example inputs")
         return n
-
-    def __getitem__(self, key: Any) -> Any:
-        sliced = self.tracer.shape_slice(self, key)
-        return super().__getitem__(key) if sliced is None else sliced
 
     def __setitem__(self, key: Any, value: Any) -> None:
         """`frequency_list[0] = 0`, `y[idx] += out`: recorded as written (ir/aliasing.py follows the write)."""
@@ -80,24 +87,16 @@ def _calling_range(frame: FrameType) -> bool:
     positions = getattr(frame.f_code, "co_positions", None)
     if positions is None:
         return False
-    line, end, col, _ = list(positions())[frame.f_lasti // 2]
+    line, _, col, _ = list(positions())[frame.f_lasti // 2]
     if line is None or col is None:
         return False
     text = linecache.getline(frame.f_code.co_filename, line)[col:]
     return text.startswith("range(")
 
 
-class _Attribute(fx.proxy.Attribute):
+class _Attribute(_Sizes, fx.proxy.Attribute):
     """`x.shape` as fx makes it, with the length a shape has: `b, n, d, e = *x.shape, self.num_experts`
     asks `len()` of the shape before it iterates it."""
-
-    def __len__(self) -> int:
-        n = self.tracer.length(self)  # type: ignore[attr-defined]
-        return super().__len__() if n is None else n
-
-    def __getitem__(self, key: Any) -> Any:
-        sliced = self.tracer.shape_slice(self, key)  # type: ignore[attr-defined]
-        return super().__getitem__(key) if sliced is None else sliced
 
 
 class DecidingTracer(fx.Tracer):
@@ -235,6 +234,10 @@ class DecidingTracer(fx.Tracer):
         so `x.reshape(x.shape[:-1] + (-1, 2))` is a reshape to listed sizes, as `x.view(b, t, h, d)` is,
         the length checked (None: not a slice of a shape; fx's getitem stands)."""
         if not isinstance(key, slice) or any(isinstance(k, fx.Proxy) for k in (key.start, key.stop, key.step)):
+            return None
+        node = obj.node  # only a shape is looked at: a tensor's slice is evaluated nowhere here
+        if not ((node.target is getattr and node.args[1:] == ("shape",))
+                or (node.op == "call_method" and node.target == "size" and len(node.args) == 1 and not node.kwargs)):
             return None
         try:
             value = self.sizes(obj.node) if self.sizes is not None else None
