@@ -289,6 +289,7 @@ def rewrite_program(
         expert_params=dict(experts.expert_params) if experts else None,
         expert_layers=experts.layers if experts else (),
     )
+    program.expert_slots = dict(experts.expert_slots) if experts else {}
     fp8 = run.results.get(Float8Result)
     program.fp8_modules = fp8.modules if fp8 else ()
     timings["build"] = time.perf_counter() - start

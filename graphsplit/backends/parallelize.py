@@ -110,7 +110,7 @@ def expert_parameters(program: Program, modules: Mapping[int, nn.Module]) -> lis
     found: dict[int, nn.Parameter] = {}
     for index, module in modules.items():
         for local, canonical in program.stages[index].param_sources.items():
-            if canonical in program.expert_params:
+            if program.is_expert(canonical):
                 p = module.get_parameter(local)
                 found.setdefault(id(p), p)
     return list(found.values())

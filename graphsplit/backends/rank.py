@@ -141,8 +141,9 @@ def assemble_rank(
         observer.join_diagnosis_group()
     mesh = make_mesh(program.plan, device, collective_timeout_s)
     stages = program.plan.stages_of_rank(mesh.get_local_rank("pp"))
-    source = tensors(stages)
     ep_rank = mesh.get_local_rank("dp") % program.plan.ep  # each ep consecutive dp ranks form a group
+    program = program.on_ep_rank(ep_rank)  # a loop's expert slots by the names of the experts held here
+    source = tensors(stages)
     modules = materialize_stages(program, stages, device, source, mesh.get_local_rank("tp"), ep_rank)
     del source  # a mapped weights file or the exact build: only this rank's tensors stay
     if observer is not None:

@@ -8,6 +8,7 @@ stage annotations the passes wrote; this module only holds the data.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -105,6 +106,9 @@ class Program:
     # dim, held in plan.ep slices over the expert-parallel ranks; and the layers placed
     expert_params: dict[str, int] = field(default_factory=dict)
     expert_layers: tuple[Any, ...] = ()
+    # experts written as a loop over a list (passes/expert_loops.py): each slot weight the graph reads (by
+    # expert j's name) -> the weight expert-parallel rank r holds there (expert r * E / ep + j's), by rank
+    expert_slots: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # --fp8 (passes/float8.py): the nn.Linear modules, by the model's names, whose calls run in float8
     fp8_modules: tuple[str, ...] = ()
 
@@ -116,6 +120,33 @@ class Program:
 
     def param_sharding(self, canonical: str) -> Layout:
         return self.param_shardings.get(canonical, Replicate())
+
+    def is_expert(self, canonical: str) -> bool:
+        """Whether expert parallelism places this weight: each ep rank holds its own experts' (on a rank's
+        program, `on_ep_rank`, a slot's weight goes by the name of the expert it holds)."""
+        return canonical in self.expert_params or canonical in self._slot_weights
+
+    @functools.cached_property
+    def _slot_weights(self) -> frozenset[str]:
+        return frozenset(n for held in self.expert_slots.values() for n in held)
+
+    def on_ep_rank(self, ep_rank: int) -> Program:
+        """This program as expert-parallel rank `ep_rank` runs it: each slot weight of a loop of experts
+        under the name of the expert the rank holds there, so what reads names (materializing, checkpoints,
+        gradients by name, the check) reads that expert's. The program itself where there are no slots."""
+        if not self.expert_slots:
+            return self
+        held = {slot: names[ep_rank] for slot, names in self.expert_slots.items()}
+
+        def rename(mapping: dict[str, Any]) -> dict[str, Any]:
+            return {held.get(k, k): v for k, v in mapping.items()}
+        stages = [dataclasses.replace(st, param_sources={local: held.get(c, c) for local, c in st.param_sources.items()},
+                                      regions=tuple(dataclasses.replace(r, reads=frozenset(held.get(c, c) for c in r.reads))
+                                                    for r in st.regions),
+                                      read_outside_regions=frozenset(held.get(c, c) for c in st.read_outside_regions))
+                  for st in self.stages]
+        return dataclasses.replace(self, stages=stages, param_stages=rename(self.param_stages),
+                                   param_shardings=rename(self.param_shardings))
 
     def expert_slice(self, canonical: str, value: torch.Tensor, ep_rank: int) -> torch.Tensor:
         """What expert-parallel rank `ep_rank` holds of `value` (an expert weight: its experts' slice

@@ -203,13 +203,16 @@ def check_ranks(program: Program, ranks: Sequence[RankStep], first: StepResult, 
         cmp.merge(one, suffix=f" (tp rank {tp_rank})" if tp_rank else "",
                   prefix=f"tp rank {tp_rank}: " if tp_rank else "")
     for r in ranks if grads else ():
-        def shard(name: str, full: torch.Tensor, tp_rank: int = r.tp_rank, ep_rank: int = r.dp_rank % plan.ep) -> torch.Tensor:
-            return program.expert_slice(name, shard_tensor(full, program.param_sharding(name), tp_rank, plan.tp, pad=False),
-                                        ep_rank)
+        mine = program.on_ep_rank(r.dp_rank % plan.ep)  # a loop's expert slots by the experts this rank holds
+
+        def shard(name: str, full: torch.Tensor, tp_rank: int = r.tp_rank, ep_rank: int = r.dp_rank % plan.ep,
+                  mine: Program = mine) -> torch.Tensor:
+            return mine.expert_slice(name, shard_tensor(full, mine.param_sharding(name), tp_rank, plan.tp, pad=False),
+                                     ep_rank)
 
         # a padded vocabulary's padding rows are no part of the model: only the real rows are compared
-        got = {k: unpad(g, program.param_sharding(k), r.tp_rank, plan.tp) for k, g in r.grads.items()}
-        held = {c for s in r.stages for c in program.stages[s].param_sources.values()}
+        got = {k: unpad(g, mine.param_sharding(k), r.tp_rank, plan.tp) for k, g in r.grads.items()}
+        held = {c for s in r.stages for c in mine.stages[s].param_sources.values()}
         one = compare(None, None, got, first, precision, expected=shard, held=held, precise=precise,
                       reordered=reordered)
         cmp.merge(one, suffix=f" (rank {r.rank})", prefix=f"rank {r.rank}: ")

@@ -64,9 +64,11 @@ def check_weights_after(program: Program, folder: Path, model: nn.Module, initia
         tp_rank = r % plan.tp  # the mesh is (dp, pp, tp), tp fastest
         ep_rank = (r // (plan.pp * plan.tp)) % plan.ep
 
-        def mine(full: torch.Tensor, name: str, tp_rank: int = tp_rank, ep_rank: int = ep_rank) -> torch.Tensor:
-            return program.expert_slice(name, shard_tensor(full, program.param_sharding(name), tp_rank, plan.tp),
-                                        ep_rank)
+        held = program.on_ep_rank(ep_rank)  # a loop's expert slots by the experts this rank holds
+
+        def mine(full: torch.Tensor, name: str, tp_rank: int = tp_rank, ep_rank: int = ep_rank,
+                 held: Program = held) -> torch.Tensor:
+            return held.expert_slice(name, shard_tensor(full, held.param_sharding(name), tp_rank, plan.tp), ep_rank)
 
         for name, got in torch.load(path, weights_only=True).items():
             if name not in updates:

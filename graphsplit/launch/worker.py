@@ -104,6 +104,7 @@ def _tensor_source(spec: RunSpec, loaded: LoadedModel, program: Program) -> Tens
             from ..runtime.exact_init import exact_build
 
             keep = {c for s in stages for c in program.stages[s].param_sources.values()}
+            keep |= {n for c in keep for n in program.expert_slots.get(c, ())}  # a loop's experts: any rank's
             return exact_build(loaded, program.plan.seed, keep)
         assert spec.weights is not None, spec.tensors
         from ..runtime.weights import open_weights

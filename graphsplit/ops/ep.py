@@ -13,6 +13,12 @@ experts (rank r: experts r*E/N .. (r+1)*E/N - 1) and these two calls surround th
 - `ep_combine(y, routed, offsets, comm)`: the experts' outputs back to the ranks and the rows
   they came from (the inverse regrouping, the inverse all-to-all), in the order `x` had.
 
+Experts written as a Python loop over an `nn.ModuleList` (mistral-inference's reference MoE, older HF
+Mixtral: each expert called on the rows it picked) use the same exchange through two calls around the
+loop (passes/expert_loops.py): `ep_send(comm, layer, *pieces)` takes each expert's rows as the model
+picked them and returns the rows of each expert this rank holds; `ep_return(comm, received, pieces,
+outputs)` the outputs of this rank's experts back to the pieces they came from, one per expert.
+
 Backward of each all-to-all is the all-to-all of the gradients the other way. No token is
 dropped: every row goes where the model's own routing sent it (the model's capacity policy,
 if any, stays in its graph). The communicator (`EPComm`, `self.ep_comm`) holds the group;
@@ -113,6 +119,25 @@ def _route(offsets: torch.Tensor, rows: int, comm: EPComm) -> tuple[torch.Tensor
     return received, sent, received.sum(1).tolist()
 
 
+def _send(x: torch.Tensor, offsets: torch.Tensor, comm: EPComm, layer: int,
+          extras: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    received, sent, got = _route(offsets, x.shape[0], comm)
+    comm.count(received, layer)
+    order = _by_expert(received)
+    local_offsets = torch.cumsum(received.sum(0), 0).to(offsets.dtype)
+    moved = [_AllToAll.apply(t, got, sent, comm)[order] for t in (x, *extras)]
+    return (moved[0], local_offsets, received, *moved[1:])
+
+
+def _back(y: torch.Tensor, received: torch.Tensor, offsets: torch.Tensor, comm: EPComm) -> torch.Tensor:
+    order = _by_expert(received)
+    by_source = torch.empty_like(order)
+    by_source[order] = torch.arange(order.numel(), device=order.device)
+    back = y[by_source]
+    sent = _counts(offsets).view(comm.ep, -1).sum(1).tolist()
+    return _AllToAll.apply(back, sent, received.sum(1).tolist(), comm)
+
+
 @torch.fx.wrap
 @_eager
 def ep_dispatch(x: torch.Tensor, offsets: torch.Tensor, comm: EPComm, layer: int = 0,
@@ -123,12 +148,7 @@ def ep_dispatch(x: torch.Tensor, offsets: torch.Tensor, comm: EPComm, layer: int
     (gpt-oss's per-row bias), exchanged with the same splits."""
     if not comm.bound:
         return (x, offsets, _counts(offsets).view(1, -1), *extras)
-    received, sent, got = _route(offsets, x.shape[0], comm)
-    comm.count(received, layer)
-    order = _by_expert(received)
-    local_offsets = torch.cumsum(received.sum(0), 0).to(offsets.dtype)
-    moved = [_AllToAll.apply(t, got, sent, comm)[order] for t in (x, *extras)]
-    return (moved[0], local_offsets, received, *moved[1:])
+    return _send(x, offsets, comm, layer, extras)
 
 
 @torch.fx.wrap
@@ -138,11 +158,36 @@ def ep_combine(y: torch.Tensor, routed: tuple[torch.Tensor, torch.Tensor, torch.
     """The experts' output rows `y` (as `ep_dispatch` grouped them) back in the order of its `x`."""
     if not comm.bound:
         return y
-    received = routed[2]
-    order = _by_expert(received)
-    by_source = torch.empty_like(order)
-    by_source[order] = torch.arange(order.numel(), device=order.device)
-    back = y[by_source]
-    counts = _counts(offsets)
-    sent = counts.view(comm.ep, -1).sum(1).tolist()
-    return _AllToAll.apply(back, sent, received.sum(1).tolist(), comm)
+    return _back(y, routed[2], offsets, comm)
+
+
+def _offsets(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The running count of rows of `pieces` laid end to end (each expert's, in expert order)."""
+    return torch.tensor([p.shape[0] for p in pieces], dtype=torch.long, device=pieces[0].device).cumsum(0)
+
+
+@torch.fx.wrap
+@_eager
+def ep_send(comm: EPComm, layer: int, *pieces: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each expert's rows (`pieces`, one per expert of a layer written as a loop, in expert order) to the
+    rank holding that expert: (the rows of each of this rank's E / ep experts, from every source in rank
+    order, ..., then rows per (source, local expert)). Unbound (the analysis): this rank's experts are the
+    first E / ep and keep their own rows; the others' rows stay behind (`ep_return` stands in for them)."""
+    local = len(pieces) // comm.ep
+    if not comm.bound:
+        return (*pieces[:local], torch.zeros((1, local), dtype=torch.long, device=pieces[0].device))
+    rows, local_offsets, received = _send(torch.cat(pieces), _offsets(pieces), comm, layer, ())
+    return (*rows.split(received.sum(0).tolist()), received)
+
+
+@torch.fx.wrap
+@_eager
+def ep_return(comm: EPComm, received: torch.Tensor, pieces: tuple[torch.Tensor, ...],
+              outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The outputs of this rank's experts (`outputs`, on the rows `ep_send` gave them) back to where each
+    expert's rows came from: one output per piece of `pieces`, row for row (only their sizes are read).
+    Unbound: the experts held elsewhere give zeros of their pieces' sizes (shapes for the analysis)."""
+    sizes = [p.shape[0] for p in pieces]
+    if not comm.bound:
+        return (*outputs, *(outputs[0].new_zeros((n, *outputs[0].shape[1:])) for n in sizes[len(outputs):]))
+    return _back(torch.cat(outputs), received, _offsets(pieces), comm).split(sizes)

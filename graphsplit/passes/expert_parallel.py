@@ -17,23 +17,26 @@ experts read with one row per routed row (gpt-oss's per-expert bias, gathered pe
 expert ids) are moved with the rows in the same all-to-all. The router,
 the sort, the weighting and the sum back to tokens stay the model's own, on each rank's tokens.
 `routed` is a tuple: the pipeline split never cuts between the two calls (a tuple cannot be
-sent), so a stage holds a layer's exchange whole.
+sent), so a stage holds a layer's exchange whole. Experts written as a loop over an `nn.ModuleList`
+(each called on the rows it picked) are found and placed by passes/expert_loops.py.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import torch.fx as fx
+import torch.nn as nn
 
 from ..analysis.shapes import annotate
 from ..errors import GraphsplitError
 from ..ir.meta import STAMP_KEYS, canonical_names, info, insert_node
 from ..ir.op_kinds import OpKind, classify, family
 from ..ops.ep import EP_COMM_ATTR, EPComm, ep_combine, ep_dispatch
+from .expert_loops import expert_loops, place_loop
 from .manager import PassInput, PassResults
 from .tensor_parallel.spellings import grouped_linear_form
 
@@ -60,6 +63,8 @@ class ExpertLayer:
 class ExpertParallelResult:
     layers: tuple[ExpertLayer, ...]
     expert_params: Mapping[str, int]  # canonical weight name -> its expert dim (0)
+    # experts written as a loop (passes/expert_loops.py): a slot's weight -> the one each ep rank holds there
+    expert_slots: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def _layers(gm: fx.GraphModule) -> dict[fx.Node, list[fx.Node]]:
@@ -75,6 +80,12 @@ def _layers(gm: fx.GraphModule) -> dict[fx.Node, list[fx.Node]]:
                                       "experts); drop --ep")
             found.setdefault(offsets, []).append(node)
     return found
+
+
+def _holds_a_list(gm: fx.GraphModule, target: str) -> bool:
+    """Whether the module a call_module node runs holds a list of alike modules (experts, perhaps)."""
+    return any(isinstance(m, nn.ModuleList) and len(m) > 1 and len({type(c) for c in m}) == 1
+               for m in gm.get_submodule(target).modules())
 
 
 def _between(first: fx.Node, last: fx.Node) -> list[fx.Node]:
@@ -161,9 +172,14 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
     if ep == 1:
         return gm, None
     layers = _layers(gm)
-    if not layers:
+    loops, why = expert_loops(gm)
+    if not layers and not loops:
+        said = [w for w in why if "one after another" not in w and "once per child" not in w]
+        said += [f"{n.target} runs as written (neither tracer follows its forward), so the experts in it cannot "
+                 "be placed" for n in gm.graph.nodes if n.op == "call_module" and _holds_a_list(gm, str(n.target))]
         raise GraphsplitError(f"--ep {ep}: the model has no mixture-of-experts layer graphsplit finds (grouped "
-                              "linears over an [experts, ..] weight, as HF's grouped experts run); drop --ep")
+                              "linears over an [experts, ..] weight, as HF's grouped experts run, or a list of "
+                              "experts each called on its rows)" + (f": {said[0]}" if said else "") + "; drop --ep")
     gm.add_submodule(EP_COMM_ATTR, EPComm(ep))
     graph = gm.graph
     with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
@@ -202,8 +218,14 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
         last.replace_all_uses_with(combined, delete_user_cb=lambda user, new=combined: user is not new)
         placed.append(ExpertLayer(info(first).module or first.name, experts, tuple(weights)))
         expert_params.update({w: 0 for w in weights})
+    slots: dict[str, tuple[str, ...]] = {}
+    for loop in loops:
+        held = place_loop(gm, loop, ep, comm, len(placed))
+        placed.append(ExpertLayer(loop.module, len(loop.regions), tuple(held)))
+        slots.update(held)
+    gm.delete_all_unused_submodules()
     graph.lint()
     gm.recompile()
     annotate(gm, inp.example_inputs)
-    return gm, ExpertParallelResult(tuple(placed), MappingProxyType(expert_params))
+    return gm, ExpertParallelResult(tuple(placed), MappingProxyType(expert_params), MappingProxyType(slots))
 

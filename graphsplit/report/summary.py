@@ -163,30 +163,44 @@ def expert_placement(program: Program) -> list[dict[str, Any]]:
     import torch.fx as fx
 
     from ..ir.meta import info
-    from ..ops.ep import ep_combine, ep_dispatch
+    from ..ops.ep import ep_combine, ep_dispatch, ep_return, ep_send
 
     ep = program.plan.ep
     sent: dict[int, dict[str, int]] = {}
+
+    def leaving(*values: object) -> int:  # a balanced routing: (ep - 1) / ep of the rows leave the rank
+        specs = [info(v).tensor for v in values if isinstance(v, fx.Node)]
+        return sum(s.nbytes for s in specs if s is not None) * (ep - 1) // ep
+
     for st in program.stages:
         for m in st.gm.modules():
             if not isinstance(m, fx.GraphModule):
                 continue
             for node in m.graph.nodes:
-                if node.op != "call_function" or node.target not in (ep_dispatch, ep_combine):
+                if node.op != "call_function":
                     continue
-                rows = node.args[0]
-                spec = info(rows).tensor if isinstance(rows, fx.Node) else None
-                nbytes = spec.nbytes * (ep - 1) // ep if spec is not None else 0
                 if node.target is ep_dispatch:
-                    sent.setdefault(int(node.args[3]), {})["dispatch"] = nbytes
-                else:
-                    sent.setdefault(int(node.args[1].args[3]), {})["combine"] = nbytes
+                    sent.setdefault(int(node.args[3]), {})["dispatch"] = leaving(node.args[0])
+                elif node.target is ep_combine:
+                    sent.setdefault(int(node.args[1].args[3]), {})["combine"] = leaving(node.args[0])
+                elif node.target is ep_send:  # a loop of experts: each expert's rows, sized by the data
+                    sent.setdefault(int(node.args[1]), {})["dispatch"] = leaving(*node.args[2:])
+                    if any(info(p).sizes_follow_data for p in node.args[2:] if isinstance(p, fx.Node)):
+                        sent[int(node.args[1])]["at_most"] = 1
+                elif node.target is ep_return:  # its experts' outputs, one row per routed row
+                    pieces, outputs = node.args[2], node.args[3]
+                    x, y = info(pieces[0]).tensor, info(outputs[0]).tensor
+                    scale = (y.nbytes / max(y.shape[0], 1)) / (x.nbytes / max(x.shape[0], 1)) if x and y and x.nbytes else 1
+                    layer = int(node.args[1].args[0].args[1])
+                    sent.setdefault(layer, {})["combine"] = int(leaving(*pieces) * scale)
     out = []
     for index, layer in enumerate(program.expert_layers):
         volume = sent.get(index, {})
         out.append({"module": layer.module, "experts": layer.experts,
                     "ranks": [{"ep_rank": r, "first": a, "last": b} for r, (a, b) in enumerate(layer.ranks_hold(ep))],
-                    "all_to_all_bytes": {"dispatch": volume.get("dispatch", 0), "combine": volume.get("combine", 0)}})
+                    "all_to_all_bytes": {"dispatch": volume.get("dispatch", 0), "combine": volume.get("combine", 0)},
+                    # each expert's rows picked by value: sized as if every row went to every expert
+                    "at_most": bool(volume.get("at_most"))})
     return out
 
 
@@ -352,7 +366,8 @@ def _render_experts(summary: dict[str, Any], console: Console) -> None:
         holds = ", ".join(f"rank {r['ep_rank']}: {r['first']}-{r['last']}" if r["first"] != r["last"]
                           else f"rank {r['ep_rank']}: {r['first']}" for r in layer["ranks"])
         volume = layer["all_to_all_bytes"]
-        text = (f"{layer['experts']} experts ({holds}); sent per rank (balanced routing): "
+        bound = " at most (each expert's rows sized as all the rows: they follow the data)" if layer.get("at_most") else ""
+        text = (f"{layer['experts']} experts ({holds}); sent per rank (balanced routing){bound}: "
                 f"dispatch {_mib(volume['dispatch'])}, combine {_mib(volume['combine'])}")
         groups.setdefault(text, []).append(layer["module"])
     for text, modules in groups.items():

@@ -41,7 +41,7 @@ def owned_grads(program: Program, stages: Mapping[int, nn.Module], tp_rank: int,
                 dp_sharded: bool) -> list[torch.Tensor]:
     """The gradients (local tensors) this rank adds to the global norm, each parameter's once in the world."""
     # an expert weight under ep: each of the first ep replicas holds its own experts (their slice)
-    experts_here = bool(program.expert_params) and dp_rank < program.plan.ep
+    experts_here = bool(program.expert_params or program.expert_slots) and dp_rank < program.plan.ep
     if dp_rank != 0 and not dp_sharded and not experts_here:
         return []  # DDP: replica 0 speaks for every replica
     owned: dict[str, torch.Tensor] = {}
@@ -49,7 +49,7 @@ def owned_grads(program: Program, stages: Mapping[int, nn.Module], tp_rank: int,
         for local, canonical in program.stages[index].param_sources.items():
             if canonical in owned or min(program.param_stages[canonical]) != index:
                 continue
-            expert = canonical in program.expert_params  # never FSDP-sharded: its slice whole on its ep rank
+            expert = program.is_expert(canonical)  # never FSDP-sharded: its slice whole on its ep rank
             if expert and not experts_here:
                 continue
             if not expert and dp_rank != 0 and not dp_sharded:
