@@ -224,3 +224,30 @@ def test_a_loop_over_a_size_and_a_dict_keyed_by_ndim_are_traced_by_fx():
     torch.testing.assert_close(traced.gm(x)[0], model(x))
     with pytest.raises(AssertionError, match=r"test_trace\.py:\d+ in forward `for i in range\(x.size\(1\)\):` counted 5 on"):
         traced.gm(torch.randn(2, 6, 4))
+
+
+def test_a_module_made_in_forward_is_traced_through_and_a_default_named_with_digits_is_baked():
+    """litgpt's GPT makes `nn.Identity()` in forward as its head's clamp (a module with no weights, no
+    submodule of the model: fx cannot call it by name), and takes `input_pos_maxp1=None`, a default whose
+    name ends in digits (fx renames its placeholder `input_pos_maxp1_1`): both sent it to torch.export."""
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 3)
+
+        def forward(self, x, input_pos_maxp1=None, chunk2=0):
+            clamp = nn.Identity() if input_pos_maxp1 is None else nn.Tanh()
+            return nn.Softmax(dim=-1)(clamp(self.proj(x))) + chunk2
+
+    model, x = Head(), torch.randn(2, 4)
+    traced = trace_model(model, (x,), {})
+    assert traced.tracer == "fx", traced.reason
+    assert not any(n.op == "call_module" and n.target != "proj" for n in traced.gm.graph.nodes)
+    torch.testing.assert_close(traced.gm(x)[0], model(x))
+
+    class MadeWithWeights(nn.Module):  # new weights each call: not traced through
+        def forward(self, x):
+            return nn.Linear(4, 3)(x)
+
+    assert trace_model(MadeWithWeights(), (x,), {}).tracer != "fx"

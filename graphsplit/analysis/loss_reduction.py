@@ -65,6 +65,7 @@ class TokenMean:
     numerator: fx.Node | None = None  # a masked mean's sum
     offset: float = 0.0  # a constant the count is offset by (`/ (mask.sum() + 1e-4)`), added once
     summed: bool = False  # a loss with reduction 'sum': its count is none, offset one
+    at_least: float = 0.0  # the count's floor (`/ count.maximum(ones_like(count))`, `clamp(min=1)`), once
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Count:
     reads: str
     graph: CountGraph
     offset: float = 0.0  # added once to the count over the global batch (a masked mean's `+ eps`)
+    at_least: float = 0.0  # the count over the global batch, at least this (a masked mean's `.clamp(min=1)`)
 
 
 @dataclass(frozen=True)
@@ -109,13 +111,14 @@ def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     data = set(placeholders if data is None else data)
     batched = _depends_on(gm, set(placeholders))
-    # a masked mean's numerator sums the samples too: the mean is what is normalized
-    numerators = {_full_sum(m[0], gm) for n in gm.graph.nodes if (m := _masked_mean(n, gm, data)) is not None}
+    # a masked mean's numerator and count sum the samples too: the mean is what is normalized
+    masked_means = [m for n in gm.graph.nodes if (m := _masked_mean(n, gm, data)) is not None]
+    numerators = {t for m in masked_means for t in (*(_sum_terms(m[0], gm) or ()), _full_sum(m[1], gm))}
     found = []
     for node in gm.graph.nodes:
         # a sum the discovery found (or, where it did not run, a summed cross-entropy / NLL)
         if (node.name in sums and node not in numerators and _loss_mean(node, gm) is None) or \
-                _loss_sum(node, gm) is not None:
+                (_loss_sum(node, gm) is not None and node not in numerators):
             summed = _sum_over_samples(node, gm, data, placeholders, batched)
             if summed is not None:
                 found.append(summed)
@@ -132,10 +135,10 @@ def find_token_means(gm: fx.GraphModule, data: Collection[fx.Node] | None = None
             continue
         masked = _masked_mean(node, gm, data)
         if masked is not None:
-            numerator, denominator, offset = masked
+            numerator, denominator, offset, floor = masked
             why = _not_additive(node, gm, batched)
             count = None if why else _extract(gm, denominator, placeholders, None)
-            found.append(TokenMean(node, _where(node), "masked mean", count, why, numerator, offset))
+            found.append(TokenMean(node, _where(node), "masked mean", count, why, numerator, offset, at_least=floor))
     return found
 
 
@@ -257,14 +260,56 @@ def _full_sum(node: object, gm: fx.GraphModule) -> fx.Node | None:
     return node if dims is None or isinstance(dims, torch.dtype) else None
 
 
+def _sum_terms(node: object, gm: fx.GraphModule) -> list[fx.Node] | None:
+    """The full sums (`x.sum()`, a cross-entropy with reduction 'sum') whose total `node` is, through casts
+    and views: a chunked loss adds one per chunk (`total += F.cross_entropy(chunk, ..., reduction="sum")`,
+    from `0.0`); None where it is anything else."""
+    while isinstance(node, fx.Node) and classify(node, gm) in _KEEPS and node.args:
+        node = node.args[0]
+    if not isinstance(node, fx.Node):
+        return None
+    if _full_sum(node, gm) is not None or _loss_sum(node, gm) is not None:
+        return [node]
+    if node.op in ("call_function", "call_method") and op_name(node) in ("add", "iadd") and len(node.args) == 2:
+        terms: list[fx.Node] = []
+        for a in node.args:
+            if isinstance(a, int | float) and not isinstance(a, bool) and a == 0:
+                continue  # the running total's start
+            found = _sum_terms(a, gm)
+            if found is None:
+                return None
+            terms += found
+        return terms or None
+    return None
+
+
+def _floor(denominator: object) -> tuple[object, float]:
+    """`count.maximum(ones_like(count))`, `count.clamp(min=c)`, `count.clamp_min(c)` (litgpt's guard against
+    an empty mask): (count, c); anything else: (itself, 0)."""
+    if not isinstance(denominator, fx.Node) or denominator.op not in ("call_function", "call_method"):
+        return denominator, 0.0
+    name, args = op_name(denominator), denominator.args
+    if name == "maximum" and len(args) == 2:
+        for counted, other in (args, args[::-1]):
+            if isinstance(other, fx.Node) and op_name(other) == "ones_like" and other.args[:1] == (counted,):
+                return counted, 1.0
+    if name in ("clamp", "clamp_min") and args:
+        low = _arg(denominator, 1, "min", None)
+        high = _arg(denominator, 2, "max", None) if name == "clamp" else None
+        if isinstance(low, int | float) and not isinstance(low, bool) and high is None:
+            return args[0], float(low)
+    return denominator, 0.0
+
+
 def _masked_mean(node: fx.Node, gm: fx.GraphModule,
-                 data: set[fx.Node]) -> tuple[fx.Node, fx.Node, float] | None:
-    """(numerator, denominator, offset) of `sum(x) / sum(d)` where d is computed from the data alone and
-    x is not: a mean weighted by a mask; `sum(x) / (sum(d) + c)` (an epsilon against an empty mask,
-    loralib's GPT-2 loss) divides by the count plus a constant, which the whole batch adds once."""
+                 data: set[fx.Node]) -> tuple[fx.Node, fx.Node, float, float] | None:
+    """(numerator, denominator, offset, floor) of `sum(x) / sum(d)` where d is computed from the data alone
+    and x is not: a mean weighted by a mask; `sum(x) / (sum(d) + c)` (an epsilon against an empty mask,
+    loralib's GPT-2 loss) divides by the count plus a constant, which the whole batch adds once; `sum(x) /
+    sum(d).clamp(min=c)` by the count or c where it is less (litgpt's chunked cross-entropy), once."""
     if node.op not in ("call_function", "call_method") or op_name(node) != "div" or len(node.args) < 2:
         return None
-    numerator, denominator, offset = _full_sum(node.args[0], gm), node.args[1], 0.0
+    numerator, (denominator, floor), offset = _sum_terms(node.args[0], gm), _floor(node.args[1]), 0.0
     if isinstance(denominator, fx.Node) and op_name(denominator) == "add" and len(denominator.args) == 2:
         terms = denominator.args
         constant = next((a for a in terms if isinstance(a, int | float) and not isinstance(a, bool)), None)
@@ -273,9 +318,9 @@ def _masked_mean(node: fx.Node, gm: fx.GraphModule,
             denominator, offset = counted, float(constant)
     if numerator is None or _full_sum(denominator, gm) is None or not isinstance(denominator, fx.Node):
         return None
-    if _not_data(denominator, gm, data) or not _not_data(numerator, gm, data):
+    if _not_data(denominator, gm, data) or not _not_data(node.args[0], gm, data):
         return None
-    return node.args[0], denominator, offset  # type: ignore[return-value]
+    return node.args[0], denominator, offset, floor  # type: ignore[return-value]
 
 
 def _not_data(node: object, gm: fx.GraphModule, data: set[fx.Node]) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import operator
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from importlib import import_module
@@ -267,7 +268,7 @@ class _Tracer(DecidingTracer):
         return keeping_output_type, args
 
     def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self._untraced:
+        if self._untraced or self._made_in_forward(m):
             return forward(*args, **kwargs)
         try:
             out = super().call_module(m, forward, args, kwargs)
@@ -283,6 +284,16 @@ class _Tracer(DecidingTracer):
             if name in self.watch:
                 self.calls[name] = (_as_nodes(args), _as_nodes(kwargs), _as_nodes(out))
         return out
+
+    def _made_in_forward(self, m: nn.Module) -> bool:
+        """A module forward makes and calls (litgpt's `nn.Identity()` as its head's clamp, `nn.Softmax(-1)(x)`):
+        no submodule of the model, so fx cannot call it by name; with no weights of its own it is traced
+        through. One with weights stays fx's error (they would be new each call)."""
+        try:
+            self.path_of_module(m)
+            return False
+        except NameError:
+            return next(iter(m.parameters()), None) is None and next(iter(m.buffers()), None) is None
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return Proxy(node, self)
@@ -353,7 +364,8 @@ def _bake_constants(graph: fx.Graph, constants: dict[str, Any]) -> None:
     for node in list(graph.nodes):
         if node.op == "placeholder":
             # symbolic_trace renames placeholders of concrete args (`mask` -> `mask_1`)
-            base = str(node.target).rstrip("_0123456789") if node.target not in constants else node.target
+            # (one suffix: `input_pos_maxp1` -> `input_pos_maxp1_1`, whose own digits stay)
+            base = re.sub(r"_\d+$", "", str(node.target)) if node.target not in constants else node.target
             name = node.target if node.target in constants else (base if base in constants else None)
             if name is not None:
                 by_name[node.name] = constants[name]

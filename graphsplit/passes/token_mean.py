@@ -60,8 +60,8 @@ def token_mean_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tu
         else:
             proven_model.append(m)
     proven_loss = [m for m in loss if m.count is not None]
-    counts = [Count(_at(m), m.what, "inputs", m.count, m.offset) for m in proven_model]  # type: ignore[arg-type]
-    counts += [Count("in loss_fn", m.what, "target", m.count, m.offset) for m in proven_loss]  # type: ignore[arg-type]
+    counts = [Count(_at(m), m.what, "inputs", m.count, m.offset, m.at_least) for m in proven_model]  # type: ignore[arg-type]
+    counts += [Count("in loss_fn", m.what, "target", m.count, m.offset, m.at_least) for m in proven_loss]  # type: ignore[arg-type]
     _rewrite(gm, proven_model, 0, len(counts))
     _rewrite(loss_gm, proven_loss, len(proven_model), len(counts))
     if not counts and not unproven and not untraced:
@@ -81,7 +81,6 @@ def _trace_user_loss(gm: fx.GraphModule, inp: PassInput) -> tuple[fx.GraphModule
         return None, False, ()
     leaves, kinds = split_leaves(gm.graph.output_node().args[0])
     try:
-        loss_gm = trace_loss(loss.fn, loss.out_spec, kinds, len(leaves))
         examples = [torch.empty(tuple(info(t).tensor.shape), dtype=info(t).tensor.dtype, device="meta")
                     for t in leaves]
         target = loss.target
@@ -90,6 +89,7 @@ def _trace_user_loss(gm: fx.GraphModule, inp: PassInput) -> tuple[fx.GraphModule
 
             target = default_target(inp.example_inputs)
         meta_target = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), target)
+        loss_gm = trace_loss(loss.fn, loss.out_spec, kinds, len(leaves), (*examples, meta_target))
         annotate(loss_gm, (*examples, meta_target))
     except Exception:  # any tracer failure: the means in loss_fn cannot be seen
         return None, True, ()

@@ -55,15 +55,15 @@ def vocab_parallel_loss_pass(
     if not candidates:
         return gm, None
     normalized = done.get(TokenMeans)
+    examples = [torch.empty(tuple(info(t).tensor.shape), dtype=info(t).tensor.dtype, device="meta") for t in tensor_leaves]
+    target = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), loss.target)
     try:
         if normalized is not None and normalized.loss_gm is not None:  # its means already rewritten
             loss_gm = fresh_copy(normalized.loss_gm)
         else:
-            loss_gm = trace_loss(loss.fn, loss.out_spec, kinds, len(tensor_leaves))
+            loss_gm = trace_loss(loss.fn, loss.out_spec, kinds, len(tensor_leaves), (*examples, target))
     except Exception:  # an untraceable loss keeps the gathered logits: correct, just slower
         return gm, None
-    examples = [torch.empty(tuple(info(t).tensor.shape), dtype=info(t).tensor.dtype, device="meta") for t in tensor_leaves]
-    target = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), loss.target)
     annotate(loss_gm, (*examples, target))
     # the logits' layout, padding included (a vocabulary tp does not divide: S(-1, size=V))
     layouts = {i: S(len(info(leaf).tensor.shape) - 1, size=leaf.kwargs.get("size")) for i, leaf in candidates.items()}

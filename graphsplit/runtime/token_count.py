@@ -58,9 +58,11 @@ def token_factors(program: Program, batches: Sequence[tuple[tuple[Any, ...], Any
     counts = torch.stack(found).sum(0)  # type: ignore[arg-type]
     if reduce is not None:
         reduce(counts)
-    offsets = torch.tensor([c.offset for c in program.token_means.counts], dtype=counts.dtype, device=counts.device)
+    means = program.token_means.counts
+    offsets = torch.tensor([c.offset for c in means], dtype=counts.dtype, device=counts.device)
+    floors = torch.tensor([c.at_least for c in means], dtype=counts.dtype, device=counts.device)
     plan = program.plan
-    return (plan.num_microbatches * plan.dp / (counts + offsets)).to(torch.float32)
+    return (plan.num_microbatches * plan.dp / torch.maximum(counts + offsets, floors)).to(torch.float32)
 
 
 def set_factors(modules: Iterable[nn.Module], factors: torch.Tensor | None) -> None:

@@ -9,6 +9,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .atoms import Label
+from .chunks import summed
 from .layout import unknown
 from .lineup import Rule, arg, broadcast, dims_of, keep_others
 
@@ -64,6 +65,8 @@ def reduce(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
     kept = [lab for k, lab in enumerate(v.labels) if k not in dims]
     full = not any(kept)
     name = func.overloadpacket.__name__
+    if full:  # a chunk of a dim summed is a share of its sum; a mean or a max of one is not (chunks.py)
+        summed(d, removed, name, adds=name in ("sum", "nansum"))
     if not full:
         for a in removed:
             d.atoms.couple(a, f"{name} over it at {d.where()}")
@@ -88,6 +91,8 @@ def loss_rule(target_index: int) -> Rule:
 def reduced_loss(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any, labels: list[Label]) -> None:
     reduction = arg(func, args, kwargs, "reduction", 1)
     first = out[0] if isinstance(out, tuple | list) else out
+    if reduction != 0:
+        summed(d, [a for lab in labels for a in lab], f"{func.overloadpacket.__name__}'s mean", adds=reduction == 2)
     if reduction == 0:
         d.set(first, labels, d.reduced_in(args, kwargs))
     else:

@@ -15,6 +15,7 @@ from ...ir.batch import BatchDims, SequenceDims
 from ...ir.devices import on_meta
 from ...ir.module_state import left_as_found
 from ...ir.op_kinds import OpKind, classify
+from .chunks import lineage, settle
 from .mode import Discovery
 from .rules import RULES, pointwise
 from .runner import GraphRunner, discovering
@@ -100,6 +101,7 @@ def discover(
             except Exception as exc:  # noqa: BLE001 - a loss that reads values (.item()) or mixes devices
                 loss_failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                 target_atoms = [None] * len(target_atoms)
+    settle(d)  # a dim cut into chunks: coupled unless they add up to it again
     skipped = frozenset(n.name for n in runner.skipper.skipped) if runner.skipper is not None else frozenset()
 
     def tail_of(roots: frozenset[int]) -> WholeTail | None:
@@ -117,7 +119,7 @@ def discover(
         roots = {d.atoms.find(input_atoms[n][k]) for n, k in decision.inputs.items()
                  if k is not None and n in input_atoms and input_atoms[n][k] >= 0}
         decision.sums = batch_sums(gm, runner.labels,
-                                   lambda label: any(d.atoms.find(a) in roots for a in d.expand(label)))
+                                   lambda label: any(d.atoms.find(a) in roots for a in lineage(d, label)))
     if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
         leaves = pytree.tree_leaves(meta_target)
         decision.target = tuple(next((k for k, s in enumerate(t.shape) if s == decision.size), None)

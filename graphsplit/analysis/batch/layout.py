@@ -10,6 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .atoms import Label
+from .chunks import cut, rejoin
 from .lineup import arg, broadcast, broadcast_same, cut_piece
 
 if TYPE_CHECKING:
@@ -177,6 +178,13 @@ def split_rule(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> Non
     v = d.value(x)
     dim = arg(func, args, kwargs, "dim", 0) % x.dim()
     name = func.overloadpacket.__name__
+    label = v.labels[dim]
+    if name != "unbind" and len(out) > 1 and label and not all(d.atoms.fixed[d.atoms.find(a)] for a in label):
+        # chunks of a dim not a weight's alone (the tokens, batch x positions): coupled or not once all has run
+        # (chunks.py)
+        for t, piece in zip(out, cut(d, label, [t.shape[dim] for t in out], d.where())):
+            d.set(t, [piece if k == dim else lab for k, lab in enumerate(v.labels)], v.reduced)
+        return
     for t in out:
         labels = list(v.labels)
         if name == "unbind":
@@ -195,7 +203,11 @@ def cat(d: Discovery, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         d.set(out, d.value(held[0]).labels, d.reduced_in(args, kwargs))
         return
     labels: list[Label] = []
+    whole = rejoin(d, [d.value(t).labels[dim] for t in held])  # chunks put back in order: the dim they came from
     for k in range(out.dim()):
+        if k == dim and whole is not None:
+            labels.append(whole)
+            continue
         if k == dim:
             for t in tensors:
                 d.couple_label(d.value(t).labels[k], f"concatenated along it at {d.where()}")

@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .atoms import Atoms, Label, Value
+from .chunks import Chunks
 
 
 class Discovery(TorchDispatchMode):
@@ -28,6 +29,8 @@ class Discovery(TorchDispatchMode):
         self.unproven: dict[str, None] = {}
         self.read: set[int] = set()  # ids of the tensors some op took
         self.bags: list[str] = []  # graph nodes of embedding_bag calls with one index per bag (layout.py)
+        self.chunks: list[Chunks] = []  # dims cut into chunks, coupled or not when all has run (chunks.py)
+        self.summed_pieces: set[int] = set()  # roots of chunks summed whole
 
     # -- labels of tensors ----------------------------------------------------------------------
 

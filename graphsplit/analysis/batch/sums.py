@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 from ...ir.op_kinds import OpKind, family, op_name
 from ...ir.reductions import summed_value
 from .atoms import Label
+from .chunks import lineage, settle
 from .mode import Discovery
 from .rules import RULES, pointwise
 from .runner import GraphRunner, discovering
@@ -75,9 +76,10 @@ def loss_batch_sums(loss_gm: fx.GraphModule, values: Sequence[Any], dims: Sequen
         if not batch:
             return ()
         runner.run(*values)
+    settle(d)
     root = d.atoms.find(batch[0])
 
     def holds(label: Label) -> bool:
-        return any(d.atoms.find(a) == root for a in d.expand(label))
+        return any(d.atoms.find(a) == root for a in lineage(d, label))
 
     return batch_sums(loss_gm, runner.labels, holds)
