@@ -19,6 +19,13 @@ loop (passes/expert_loops.py): `ep_send(comm, layer, *pieces)` takes each expert
 picked them and returns the rows of each expert this rank holds; `ep_return(comm, received, pieces,
 outputs)` the outputs of this rank's experts back to the pieces they came from, one per expert.
 
+Experts written as a stacked weight gathered per row (`self.w1[expert_ids]`, one `[d, h]` matrix per
+token, then `torch.bmm` or an einsum over the rows: passes/expert_gathers.py) move their rows around
+each op that reads such a gather: `ep_route_rows(index, E, comm, layer, *rows)` sorts the rows by their
+expert and sends them (their expert ids with them, made local) to the experts' ranks, where the op reads
+the rank's slice of the weight; `ep_unroute_rows(y, routed, comm)` brings the op's output rows back in
+their own order.
+
 Backward of each all-to-all is the all-to-all of the gradients the other way. No token is
 dropped: every row goes where the model's own routing sent it (the model's capacity policy,
 if any, stays in its graph). The communicator (`EPComm`, `self.ep_comm`) holds the group;
@@ -60,6 +67,11 @@ class EPComm(Communicator):
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=self.group)
         return out
+
+    @property
+    def rank(self) -> int:
+        """This rank's place in its expert-parallel group (it holds experts rank*E/ep ..)."""
+        return dist.get_rank(group=self.group)
 
     def count(self, received: torch.Tensor, layer: int) -> None:
         per_expert = received.sum(0).detach().cpu()
@@ -122,7 +134,8 @@ def _route(offsets: torch.Tensor, rows: int, comm: EPComm) -> tuple[torch.Tensor
 def _send(x: torch.Tensor, offsets: torch.Tensor, comm: EPComm, layer: int,
           extras: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     received, sent, got = _route(offsets, x.shape[0], comm)
-    comm.count(received, layer)
+    if layer >= 0:  # (a layer's later exchanges move the same rows: counted once)
+        comm.count(received, layer)
     order = _by_expert(received)
     local_offsets = torch.cumsum(received.sum(0), 0).to(offsets.dtype)
     moved = [_AllToAll.apply(t, got, sent, comm)[order] for t in (x, *extras)]
@@ -191,3 +204,32 @@ def ep_return(comm: EPComm, received: torch.Tensor, pieces: tuple[torch.Tensor, 
     if not comm.bound:
         return (*outputs, *(outputs[0].new_zeros((n, *outputs[0].shape[1:])) for n in sizes[len(outputs):]))
     return _back(torch.cat(outputs), received, _offsets(pieces), comm).split(sizes)
+
+
+@torch.fx.wrap
+@_eager
+def ep_route_rows(index: torch.Tensor, experts: int, comm: EPComm, layer: int,
+                  *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Rows that read a per-row gather of an `[experts, ..]` weight (`index`: each row's expert) to the
+    ranks holding their experts: (each of `rows` as this rank received them, their experts' indices into
+    this rank's slice of the weight, rows per (source, local expert), the order that sorted them, the
+    running count of rows per expert). Unbound: the rows and the index as they are (the whole weight)."""
+    if not comm.bound:
+        spare = index.new_zeros(1)
+        return (*rows, index, spare, spare, spare)
+    order = torch.argsort(index, stable=True)
+    offsets = torch.bincount(index, minlength=experts).cumsum(0)
+    moved = _send(rows[0][order], offsets, comm, layer, (*(r[order] for r in rows[1:]), index[order]))
+    received, extras = moved[2], moved[3:]
+    local = extras[-1] - comm.rank * (experts // comm.ep)
+    return (moved[0], *extras[:-1], local, received, order, offsets)
+
+
+@torch.fx.wrap
+@_eager
+def ep_unroute_rows(y: torch.Tensor, routed: tuple[torch.Tensor, ...], comm: EPComm) -> torch.Tensor:
+    """An op's output rows, computed where `ep_route_rows` sent its rows, back in their own order."""
+    if not comm.bound:
+        return y
+    received, order, offsets = routed[-3], routed[-2], routed[-1]
+    return _back(y, received, offsets, comm).index_select(0, torch.argsort(order))

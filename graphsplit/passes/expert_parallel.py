@@ -18,7 +18,8 @@ expert ids) are moved with the rows in the same all-to-all. The router,
 the sort, the weighting and the sum back to tokens stay the model's own, on each rank's tokens.
 `routed` is a tuple: the pipeline split never cuts between the two calls (a tuple cannot be
 sent), so a stage holds a layer's exchange whole. Experts written as a loop over an `nn.ModuleList`
-(each called on the rows it picked) are found and placed by passes/expert_loops.py.
+(each called on the rows it picked) are found and placed by passes/expert_loops.py, a stacked weight
+gathered per row (`self.w1[expert_ids]`) by passes/expert_gathers.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..errors import GraphsplitError
 from ..ir.meta import STAMP_KEYS, canonical_names, info, insert_node
 from ..ir.op_kinds import OpKind, classify, family
 from ..ops.ep import EP_COMM_ATTR, EPComm, ep_combine, ep_dispatch
+from .expert_gathers import find_gathers, place_gathers
 from .expert_loops import expert_loops, place_loop
 from .manager import PassInput, PassResults
 from .tensor_parallel.spellings import grouped_linear_form
@@ -173,13 +175,14 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
         return gm, None
     layers = _layers(gm)
     loops, why = expert_loops(gm)
-    if not layers and not loops:
+    gathers = find_gathers(gm)
+    if not layers and not loops and not gathers:
         said = [w for w in why if "one after another" not in w and "once per child" not in w]
         said += [f"{n.target} runs as written (neither tracer follows its forward), so the experts in it cannot "
                  "be placed" for n in gm.graph.nodes if n.op == "call_module" and _holds_a_list(gm, str(n.target))]
         raise GraphsplitError(f"--ep {ep}: the model has no mixture-of-experts layer graphsplit finds (grouped "
-                              "linears over an [experts, ..] weight, as HF's grouped experts run, or a list of "
-                              "experts each called on its rows)" + (f": {said[0]}" if said else "") + "; drop --ep")
+                              "linears over an [experts, ..] weight, as HF's grouped experts run, a list of "
+                              "experts each called on its rows, or a stacked weight gathered per row)" + (f": {said[0]}" if said else "") + "; drop --ep")
     gm.add_submodule(EP_COMM_ATTR, EPComm(ep))
     graph = gm.graph
     with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
@@ -223,6 +226,10 @@ def expert_parallel_pass(gm: fx.GraphModule, inp: PassInput,
         held = place_loop(gm, loop, ep, comm, len(placed))
         placed.append(ExpertLayer(loop.module, len(loop.regions), tuple(held)))
         slots.update(held)
+    if gathers:
+        gathered, found = place_gathers(gm, gathers, ep, comm, len(placed), names)
+        expert_params.update(gathered)
+        placed += [ExpertLayer(where, experts, weights) for where, experts, weights in found]
     gm.delete_all_unused_submodules()
     graph.lint()
     gm.recompile()

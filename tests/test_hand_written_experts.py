@@ -1,9 +1,14 @@
-"""Expert parallelism for experts written as a loop over an `nn.ModuleList` (passes/expert_loops.py):
+"""Expert parallelism for experts written by hand. A loop over an `nn.ModuleList` (passes/expert_loops.py):
 each expert called on the rows it picked, as mistral-inference's reference MoE (unchanged, from the
 outside zoo) and tests/models/expert_loop_moe.py (`nonzero`, `index_add_`, experts as nn.Sequential, a
-shared expert) write it. The calls become one exchange (ops/ep.py's `ep_send`/`ep_return`), each
+shared expert) write it: the calls become one exchange (ops/ep.py's `ep_send`/`ep_return`), each
 expert-parallel rank running E / ep of them, its slots holding the weights of the experts it holds
-(`Program.on_ep_rank`). Against the untouched model on the whole batch, on real processes."""
+(`Program.on_ep_rank`). A stacked weight gathered per row (passes/expert_gathers.py,
+tests/models/gathered_experts.py: `self.w1[ids]` through `torch.bmm`, a per-expert bias, an einsum): each
+op reading a gather runs where its rows' experts are held. Against the untouched model on the whole
+batch, on real processes."""
+
+import operator
 
 import pytest
 import torch
@@ -17,6 +22,7 @@ from .conftest import MODELS, traced_once
 
 MISTRAL = MODELS / "outside" / "mistral_moe_tiny.py"
 LOOP = MODELS / "expert_loop_moe.py"
+GATHERED = MODELS / "gathered_experts.py"
 
 
 def _compile(path, plan):
@@ -102,25 +108,53 @@ def test_a_list_of_layers_run_one_after_another_is_no_loop_of_experts():
     assert any(w.startswith("blocks's children run one after another") for w in why), why
 
 
+def test_each_op_reading_a_per_row_gather_runs_where_its_rows_experts_are():
+    from graphsplit.ops.ep import ep_route_rows, ep_unroute_rows
+
+    program = _compile(GATHERED, Plan(dp=2, ep=2, pp=2))
+    assert sorted(program.expert_params) == sorted(f"moes.{i}.{w}" for i in (0, 1) for w in ("w1", "b1", "w2"))
+    assert set(program.expert_params.values()) == {0}  # held in slices of their expert dim
+    assert [(layer.module, layer.experts) for layer in program.expert_layers] == [("moes.0", 4), ("moes.1", 4)]
+    nodes = [n for st in program.stages for n in st.gm.graph.nodes]
+    routes = [n for n in nodes if n.target is ep_route_rows]
+    assert len(routes) == 6 == sum(n.target is ep_unroute_rows for n in nodes)  # bmm, + bias, einsum; 2 layers
+    assert [n.args[3] for n in routes] == [0, -1, -1, 1, -1, -1], "each layer's rows counted once"
+    # the ops that read a gather, each between its exchange and the way back
+    assert [n.args[0].target for n in nodes if n.target is ep_unroute_rows] == [torch.bmm, operator.add, torch.einsum] * 2
+    assert "moes.0.router.weight" not in program.expert_params
+
+
+def test_a_stacked_weight_also_read_whole_is_refused_in_one_line():
+    from graphsplit.loader import load_model
+
+    with pytest.raises(GraphsplitError, match=r"--ep: moes.0.w1 is gathered per row at gathered_experts.py:\d+ in "
+                                              r"forward and also read whole by pow at gathered_experts.py:\d+ in forward"):
+        rewrite_loaded(load_model(f"{GATHERED}:build_whole_read_model"), Plan(dp=2, ep=2))
+
+
 REAL = [
     (MISTRAL, Plan(dp=2, ep=2, tp=2)),  # each rank's two experts also column/row-parallel over tp
     (LOOP, Plan(dp=2, ep=2, pp=2)),
+    (GATHERED, Plan(dp=2, ep=2, pp=2)),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("path, plan", REAL, ids=["mistral-ep2-tp2", "loop-ep2-pp2-save-resume"])
+@pytest.mark.parametrize("path, plan", REAL, ids=["mistral-ep2-tp2", "loop-ep2-pp2-save-resume", "gathered-ep2-pp2"])
 def test_a_loop_of_experts_on_real_processes_matches_the_untouched_model(path, plan, tmp_path):
     from graphsplit.launch.launcher import RunOptions, run_training
 
-    save = plan.pp > 1
+    save = path == LOOP
     lines: list[str] = []
     cmp = run_training(str(path), plan, RunOptions(steps=2, check=True, timeout_s=300,
                                                    save=str(tmp_path / "ck") if save else None), echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
-    graded = {k for k in cmp.max_diff if k.startswith("grad") and ".experts." in k}
-    assert any(".experts.3." in k and "(rank " in k for k in graded), "experts 2 and 3 checked on their ranks"
+    graded = {k for k in cmp.max_diff if k.startswith("grad")}
+    if path == GATHERED:  # each ep rank's slice of the stacked weights, against that slice of the gradient
+        assert {k for k in graded if k.startswith("grad moes.1.w2 (rank ")} == {f"grad moes.1.w2 (rank {r})" for r in (1, 3)}
+    else:
+        assert any(".experts.3." in k and "(rank " in k for k in graded), "experts 2 and 3 checked on their ranks"
     if save:  # each rank saved its experts under their own names: resumed without ep, every rank holds all
         lines = []
         cmp = run_training(str(path), Plan(pp=2), RunOptions(steps=1, check=True, timeout_s=300,
