@@ -160,3 +160,13 @@ def test_a_loop_of_experts_on_real_processes_matches_the_untouched_model(path, p
         cmp = run_training(str(path), Plan(pp=2), RunOptions(steps=1, check=True, timeout_s=300,
                                                              resume=str(tmp_path / "ck")), echo=lines.append)
         assert cmp is not None and cmp.ok, "\n".join(lines)
+
+
+def test_the_planner_refuses_to_price_ep_it_cannot_see():
+    """The planner prices grouped experts only: ep over experts written by hand is refused, not priced as
+    plain dp (it would hide the expert memory it saves and the all-to-alls it costs)."""
+    from graphsplit import price
+
+    with pytest.raises(GraphsplitError, match=r"--ep 2: the planner prices grouped experts .* finds none in this "
+                                              "model; .* price the plan without --ep"):
+        price(str(GATHERED), Plan(dp=2, ep=2), compare=False)

@@ -101,6 +101,11 @@ def price_plan(profile: ModelProfile, plan: Plan, hw: Hardware, gpu_memory: int,
                gpus_per_node: int | None = None, optimizer: str = "adamw", compare: bool = True) -> Priced:
     """`plan` priced from `profile` (fits or not); `compare`: search the same devices for the best."""
     devices = check_priceable(plan, gpus, hw)
+    if plan.ep > 1 and not profile.experts:
+        raise GraphsplitError(f"--ep {plan.ep}: the planner prices grouped experts (one [experts, ..] weight, as HF's "
+                              "run them) and finds none in this model; experts written by hand (a loop over a list, "
+                              "a weight gathered per row) are placed by the program but not priced: price the plan "
+                              "without --ep")
     profile.hardware = hw
     est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
                    profile.model_flops_per_sample, optimizer)
