@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# the suite runs two workers (pytest-xdist) on as many cores, each starting ranks of its own: torch's
+# default of one compute thread per core in every process oversubscribes them, and OpenMP's idle threads
+# spin. One each (set before torch is imported; the ranks inherit it, as torchrun sets it for its own)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

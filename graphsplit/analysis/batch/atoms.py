@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Label = tuple[int, ...]  # one dim: the atoms it holds, outermost first; () for a size-1 dim
 
@@ -106,6 +106,17 @@ class Atoms:
             if origin is None:
                 return None
             seen = origin
+
+
+@dataclass
+class Chunks:
+    """A dim cut into chunks (a split of the flattened tokens): coupled or not once all has run (chunks.py)."""
+
+    label: Label  # the dim that was cut
+    pieces: tuple[int, ...]  # an atom per chunk, in order
+    where: str
+    rejoined: bool = False
+    mixed: list[str] = field(default_factory=list)  # why the rows of a chunk were mixed
 
 
 @dataclass

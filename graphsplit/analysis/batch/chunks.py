@@ -14,22 +14,13 @@ chunks were not all put back (`rejoin`) or summed (`summed`), or if an op mixed 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .atoms import Label
+from .atoms import Chunks, Label
 
 if TYPE_CHECKING:
     from .mode import Discovery
-
-
-@dataclass
-class Chunks:
-    label: Label  # the dim that was cut
-    pieces: tuple[int, ...]  # an atom per chunk, in order
-    where: str
-    rejoined: bool = False
-    mixed: list[str] = field(default_factory=list)  # why the rows of a chunk were mixed
 
 
 def cut(d: Discovery, label: Label, sizes: list[int], where: str) -> list[Label]:
@@ -68,7 +59,7 @@ def summed(d: Discovery, atoms: list[int], how: str, adds: bool) -> None:
         if group is None:
             continue
         if adds:
-            d.summed_pieces.add(d.atoms.find(a))
+            d.summed_pieces.add(a)  # (its class's root is looked up when all has run: unions come later)
         else:
             group.mixed.append(f"{how} over one chunk of it at {d.where()}")
 
@@ -81,20 +72,26 @@ def settle(d: Discovery) -> None:
         first = by_roots.setdefault(tuple(d.atoms.find(p) for p in group.pieces), group)
         if first is not group:
             d.unify(first.label, group.label)
+    summed_roots = {d.atoms.find(a) for a in d.summed_pieces}
     for group in d.chunks:
         roots = [d.atoms.find(p) for p in group.pieces]
         coupled = next((d.atoms.coupled[r] for r in roots if r in d.atoms.coupled), None)
         why = group.mixed[0] if group.mixed else coupled
-        if why is None and not group.rejoined and not all(r in d.summed_pieces for r in roots):
+        if why is None and not group.rejoined and not all(r in summed_roots for r in roots):
             why = f"split at {group.where}"
         if why is not None:
             d.couple_label(group.label, why)
 
 
-def lineage(d: Discovery, label: Label) -> Label:
-    """`label`'s atoms, a chunk's standing for the dim it was cut from (that dim holds what it holds)."""
-    out: list[int] = []
-    for a in d.expand(label):
-        group = _group(d, a) if d.chunks else None
-        out.extend(lineage(d, group.label) if group is not None else (a,))
-    return tuple(out)
+def lineage(d: Discovery) -> Callable[[Label], Label]:
+    """label -> its atoms, a chunk's standing for the dim it was cut from (that dim holds what it holds);
+    for when all has run (the chunks' classes looked up once)."""
+    cut_from = {d.atoms.find(p): group.label for group in d.chunks for p in group.pieces}
+
+    def atoms_of(label: Label) -> Label:
+        out: list[int] = []
+        for a in d.expand(label):
+            parent = cut_from.get(d.atoms.find(a))
+            out.extend(atoms_of(parent) if parent is not None and parent != label else (a,))
+        return tuple(out)
+    return atoms_of

@@ -118,8 +118,8 @@ def discover(
     if decision.size:  # the sums that add the samples up (a loss summed over the batch): its pieces' losses add
         roots = {d.atoms.find(input_atoms[n][k]) for n, k in decision.inputs.items()
                  if k is not None and n in input_atoms and input_atoms[n][k] >= 0}
-        decision.sums = batch_sums(gm, runner.labels,
-                                   lambda label: any(d.atoms.find(a) in roots for a in lineage(d, label)))
+        atoms_of = lineage(d)
+        decision.sums = batch_sums(gm, runner.labels, lambda label: any(d.atoms.find(a) in roots for a in atoms_of(label)))
     if loss_failed is not None and decision.size:  # the target's dims unseen: each target's first dim of the batch's size
         leaves = pytree.tree_leaves(meta_target)
         decision.target = tuple(next((k for k, s in enumerate(t.shape) if s == decision.size), None)

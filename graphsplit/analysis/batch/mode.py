@@ -9,8 +9,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .atoms import Atoms, Label, Value
-from .chunks import Chunks
+from .atoms import Atoms, Chunks, Label, Value
 
 
 class Discovery(TorchDispatchMode):

@@ -78,8 +78,9 @@ def loss_batch_sums(loss_gm: fx.GraphModule, values: Sequence[Any], dims: Sequen
         runner.run(*values)
     settle(d)
     root = d.atoms.find(batch[0])
+    atoms_of = lineage(d)
 
     def holds(label: Label) -> bool:
-        return any(d.atoms.find(a) == root for a in lineage(d, label))
+        return any(d.atoms.find(a) == root for a in atoms_of(label))
 
     return batch_sums(loss_gm, runner.labels, holds)
