@@ -23,6 +23,7 @@ from .conftest import MODELS, traced_once
 MISTRAL = MODELS / "outside" / "mistral_moe_tiny.py"
 LOOP = MODELS / "expert_loop_moe.py"
 GATHERED = MODELS / "gathered_experts.py"
+ARGMAX = MODELS / "argmax_routed_experts.py"
 
 
 def _compile(path, plan):
@@ -136,12 +137,13 @@ REAL = [
     (MISTRAL, Plan(dp=2, ep=2, tp=2)),  # each rank's two experts also column/row-parallel over tp
     (LOOP, Plan(dp=2, ep=2, pp=2)),
     (GATHERED, Plan(dp=2, ep=2, pp=2)),
+    (ARGMAX, Plan(dp=2, ep=2)),  # experts read by get_attr; a router no gradient reaches (DDP waits for none)
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("path, plan", REAL, ids=["mistral-ep2-tp2", "loop-ep2-pp2-save-resume", "gathered-ep2-pp2"])
+@pytest.mark.parametrize("path, plan", REAL, ids=["mistral-ep2-tp2", "loop-ep2-pp2-save-resume", "gathered-ep2-pp2", "argmax-ep2"])
 def test_a_loop_of_experts_on_real_processes_matches_the_untouched_model(path, plan, tmp_path):
     from graphsplit.launch.launcher import RunOptions, run_training
 
@@ -151,7 +153,9 @@ def test_a_loop_of_experts_on_real_processes_matches_the_untouched_model(path, p
                                                    save=str(tmp_path / "ck") if save else None), echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     graded = {k for k in cmp.max_diff if k.startswith("grad")}
-    if path == GATHERED:  # each ep rank's slice of the stacked weights, against that slice of the gradient
+    if path == ARGMAX:
+        assert any(k.startswith("grad experts.3.w (rank ") for k in graded), graded
+    elif path == GATHERED:  # each ep rank's slice of the stacked weights, against that slice of the gradient
         assert {k for k in graded if k.startswith("grad moes.1.w2 (rank ")} == {f"grad moes.1.w2 (rank {r})" for r in (1, 3)}
     else:
         assert any(".experts.3." in k and "(rank " in k for k in graded), "experts 2 and 3 checked on their ranks"
@@ -170,3 +174,9 @@ def test_the_planner_refuses_to_price_ep_it_cannot_see():
     with pytest.raises(GraphsplitError, match=r"--ep 2: the planner prices grouped experts .* finds none in this "
                                               "model; .* price the plan without --ep"):
         price(str(GATHERED), Plan(dp=2, ep=2), compare=False)
+
+
+def test_a_router_read_only_through_argmax_gets_no_gradient_and_no_rank_waits_for_one():
+    program = _compile(ARGMAX, Plan(dp=2, ep=2))
+    assert {"router.weight", "router.bias"} <= program.params_without_grad
+    assert not any(name.startswith(("experts.", "head.", "embed.")) for name in program.params_without_grad)

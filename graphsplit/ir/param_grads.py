@@ -12,6 +12,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from .meta import info
 from .walk import reachable
 
 CALLS = ("call_function", "call_method", "call_module")
@@ -36,8 +37,8 @@ _DETACH_FUNCTIONS = {torch.Tensor.detach, torch.detach, torch.ops.aten.detach, t
 
 def params_without_grad(gm: fx.GraphModule) -> list[str]:
     """Names of `gm`'s parameters no op of it can give a gradient: frozen ones, and those
-    whose every way to an output goes through a detach (read only under no_grad, or feeding
-    only a detached branch). All names of a tied parameter, or none.
+    whose every way to an output goes through a detach or a value of integers (read only under no_grad,
+    feeding only a detached branch, or only an argmax). All names of a tied parameter, or none.
 
     A stage marks these requires_grad=False (DDP would otherwise wait for their gradients)
     and tied copies that are all such get no summed zero gradient. Conservative: an op run
@@ -75,10 +76,21 @@ def _reaching_params(gm: fx.GraphModule, referenced: set[int], reached: set[int]
         return []
 
     ends = [n for n in gm.graph.nodes if n.op == "output" or (n.op in CALLS and (not n.users or in_place(n)))]
-    for node in reachable(ends, lambda n: () if is_detach(n) else n.all_input_nodes):
-        reached.update(id(p) for p in params_of(node))
+    for node in reachable(ends, lambda n: () if is_detach(n) or carries_no_grad(n) else n.all_input_nodes):
+        if not carries_no_grad(node):
+            reached.update(id(p) for p in params_of(node))
     for node in gm.graph.nodes:
         referenced.update(id(p) for p in params_of(node))
+
+
+def carries_no_grad(node: fx.Node) -> bool:
+    """A value of integers or truth values (an argmax, a comparison, a top-k's indices): no gradient flows
+    back through it, so a router read only through `argmax` gets none (known from the analysis's dtypes;
+    unknown: it may carry one)."""
+    if node.op not in CALLS or info(node).value != "tensor" or info(node).tensor is None:
+        return False
+    dtype = info(node).tensor.dtype
+    return not (dtype.is_floating_point or dtype.is_complex)
 
 
 def in_place(node: fx.Node) -> bool:

@@ -191,8 +191,8 @@ def _held(gm: fx.GraphModule, loop: ExpertLoop, ep: int, names: dict[int, str]) 
         for node in region:
             if node.op == "call_module":
                 out += [names[id(p)] for _, p in gm.get_submodule(str(node.target)).named_parameters()]
-            elif node.op == "get_attr" and isinstance(getattr_path(gm, str(node.target)), nn.Parameter):
-                out.append(names[id(getattr_path(gm, str(node.target)))])
+            elif node.op == "get_attr" and _is_parameter(gm, str(node.target)):
+                out.append(names[id(gm.get_parameter(str(node.target)))])
         return out
 
     each = [params(region) for region in loop.regions]
@@ -207,11 +207,12 @@ def _held(gm: fx.GraphModule, loop: ExpertLoop, ep: int, names: dict[int, str]) 
     return slots
 
 
-def getattr_path(root: nn.Module, target: str) -> object:
-    value: object = root
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
+def _is_parameter(gm: fx.GraphModule, target: str) -> bool:
+    try:
+        gm.get_parameter(target)
+    except AttributeError:
+        return False
+    return True
 
 
 def _swapped(storages: Storages, gm: fx.GraphModule, a: fx.Node, b: fx.Node) -> bool:
