@@ -123,14 +123,24 @@ def test_each_op_reading_a_per_row_gather_runs_where_its_rows_experts_are():
     # the ops that read a gather, each between its exchange and the way back
     assert [n.args[0].target for n in nodes if n.target is ep_unroute_rows] == [torch.bmm, operator.add, torch.einsum] * 2
     assert "moes.0.router.weight" not in program.expert_params
+    from graphsplit.report.summary import summarize
+
+    # every op's exchange counted to its layer: a replica's micro-batch of 6 tokens (2 sequences of 6, 2
+    # micro-batches), fp32, half leaving the rank; in: bmm's [6, 1, 16], the bias add's [6, 24], the
+    # einsum's [6, 24]; out: [6, 1, 24], [6, 24], [6, 16]
+    layer = summarize(program)["experts"][0]
+    assert layer["all_to_all_bytes"] == {"dispatch": 6 * (16 + 24 + 24) * 4 // 2, "combine": 6 * (24 + 24 + 16) * 4 // 2}
 
 
-def test_a_stacked_weight_also_read_whole_is_refused_in_one_line():
+@pytest.mark.parametrize("factory, reader", [("build_whole_read_model", "pow"), ("build_first_read_model", "getitem")])
+def test_a_stacked_weight_also_read_otherwise_is_refused_in_one_line(factory, reader):
+    """Read whole (a penalty on it) or one expert's matrix by a constant index (`w1[0]`): a rank's slice
+    would stand for the whole, or for another expert."""
     from graphsplit.loader import load_model
 
-    with pytest.raises(GraphsplitError, match=r"--ep: moes.0.w1 is gathered per row at gathered_experts.py:\d+ in "
-                                              r"forward and also read whole by pow at gathered_experts.py:\d+ in forward"):
-        rewrite_loaded(load_model(f"{GATHERED}:build_whole_read_model"), Plan(dp=2, ep=2))
+    with pytest.raises(GraphsplitError, match=rf"--ep: moes.0.w1 is gathered per row at gathered_experts.py:\d+ in "
+                                              rf"forward and also read otherwise by {reader} at gathered_experts.py:\d+"):
+        rewrite_loaded(load_model(f"{GATHERED}:{factory}"), Plan(dp=2, ep=2))
 
 
 REAL = [

@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import GraphsplitError
-from ..ir.meta import STAMP_KEYS, info, module_path
+from ..ir.meta import info, insert_node, module_path
 from ..ir.op_kinds import OpKind, classify, family, op_name
 from ..ops.ep import ep_route_rows, ep_unroute_rows
 
@@ -90,17 +90,10 @@ def place_gathers(gm: fx.GraphModule, gathers: list[Gather], ep: int, comm: fx.N
     placed: dict[str, int] = {}
     layers: dict[fx.Node, tuple[str, int, list[str]]] = {}
     counted: set[fx.Node] = set()
+    _check_held_in_slices(gm, gathers, ep, names)
     for g in gathers:
         where = info(g.node).source or g.node.name
         name = names[id(gm.get_parameter(str(g.weight.target)))]
-        if g.experts % ep:
-            raise GraphsplitError(f"--ep {ep}: {name} stacks {g.experts} experts, which {ep} ranks cannot hold "
-                                  f"equally; use an --ep that divides {g.experts}")
-        others = [u for u in g.weight.users if u is not g.node and u.op != "output" and not _is_gather(u, gathers)]
-        if others:
-            reader = f"{op_name(others[0])} at {info(others[0]).source or others[0].name}"
-            raise GraphsplitError(f"--ep: {name} is gathered per row at {where} and also read whole by {reader}; "
-                                  "expert parallelism places it in slices; drop --ep")
         rows = int(info(g.index).tensor.shape[0])
         layer = layers.setdefault(g.index, (module_path(g.node) or str(where), g.experts, []))
         layer[2].append(name)
@@ -116,16 +109,17 @@ def place_gathers(gm: fx.GraphModule, gathers: list[Gather], ep: int, comm: fx.N
                                       "row but no rows of its own; drop --ep")
             first = g.index not in counted  # an index's later exchanges move the same rows: counted once
             counted.add(g.index)
-            routed = _insert(graph, op, ep_route_rows, (g.index, g.experts, comm, index if first else -1, *moved), op)
+            routed = insert_node(graph, ep_route_rows, (g.index, g.experts, comm, index if first else -1, *moved),
+                                 owner=op, kind=OpKind.OTHER, before=op, value="container")
             for i, row in enumerate(moved):
-                op.replace_input_with(row, _insert(graph, op, operator.getitem, (routed, i), op))
-            local = _insert(graph, op, operator.getitem, (routed, len(moved)), op)
-            regathered = _insert(graph, op, g.node.target, (g.weight, local) if op_name(g.node) == "getitem"
-                                 else (g.weight, 0, local), g.node)
+                op.replace_input_with(row, insert_node(graph, operator.getitem, (routed, i), owner=op,
+                                                       kind=OpKind.GETITEM, before=op))
+            local = insert_node(graph, operator.getitem, (routed, len(moved)), owner=op, kind=OpKind.GETITEM, before=op)
+            regathered = insert_node(graph, g.node.target, (g.weight, local) if op_name(g.node) == "getitem"
+                                     else (g.weight, 0, local), owner=g.node, kind=OpKind.GETITEM, before=op,
+                                     op=g.node.op)
             op.replace_input_with(g.node, regathered)
-            with graph.inserting_after(op):
-                back = graph.call_function(ep_unroute_rows, (op, routed, comm))
-            back.meta.update({k: v for k, v in op.meta.items() if k in STAMP_KEYS})
+            back = insert_node(graph, ep_unroute_rows, (op, routed, comm), owner=op, kind=OpKind.OTHER, after=op)
             op.replace_all_uses_with(back, delete_user_cb=lambda user, new=back: user is not new)
         if not g.node.users:
             graph.erase_node(g.node)
@@ -133,17 +127,24 @@ def place_gathers(gm: fx.GraphModule, gathers: list[Gather], ep: int, comm: fx.N
     return placed, [(w, e, tuple(ws)) for w, e, ws in layers.values()]
 
 
-def _is_gather(node: fx.Node, gathers: list[Gather]) -> bool:
-    return any(node is g.node for g in gathers) or op_name(node) in ("getitem", "index_select")
+def _check_held_in_slices(gm: fx.GraphModule, gathers: list[Gather], ep: int, names: dict[int, str]) -> None:
+    """Each gathered weight divides over the ranks and is read by its gathers alone (by any of its get_attr
+    nodes): read otherwise (`w1[0]`, a penalty on `w1`), a rank's slice would answer for the whole."""
+    gathered = {g.node for g in gathers}
+    for g in gathers:
+        where = info(g.node).source or g.node.name
+        name = names[id(gm.get_parameter(str(g.weight.target)))]
+        if g.experts % ep:
+            raise GraphsplitError(f"--ep {ep}: {name} stacks {g.experts} experts, which {ep} ranks cannot hold "
+                                  f"equally; use an --ep that divides {g.experts}")
+        reads = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target == g.weight.target]
+        others = [u for n in reads for u in n.users if u.op != "output" and u not in gathered]
+        if others:
+            reader = f"{op_name(others[0])} at {info(others[0]).source or others[0].name}"
+            raise GraphsplitError(f"--ep: {name} is gathered per row at {where} and also read otherwise by {reader}; "
+                                  "expert parallelism places it in slices; drop --ep")
 
 
 def _has_rows(node: fx.Node, rows: int) -> bool:
     spec = info(node).tensor if info(node).value == "tensor" else None
     return spec is not None and bool(spec.shape) and spec.shape[0] == rows
-
-
-def _insert(graph: fx.Graph, before: fx.Node, target: object, args: tuple[object, ...], like: fx.Node) -> fx.Node:
-    with graph.inserting_before(before):
-        node = graph.call_function(target, args) if callable(target) else graph.call_method(str(target), args)  # type: ignore[arg-type]
-    node.meta.update({k: v for k, v in like.meta.items() if k in STAMP_KEYS})
-    return node

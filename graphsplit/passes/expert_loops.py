@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from ..errors import GraphsplitError
 from ..ir.aliasing import Storages, written_inputs
-from ..ir.meta import STAMP_KEYS, canonical_names, info, module_path
+from ..ir.meta import canonical_names, info, insert_node, module_path
 from ..ir.op_kinds import OpKind, classify, family, op_name
 from ..ops.ep import ep_return, ep_send
 
@@ -258,17 +258,19 @@ def place_loop(gm: fx.GraphModule, loop: ExpertLoop, ep: int, comm: fx.Node, lay
     anchor = window[-1].next
     for node in before:
         anchor.prepend(node)
-    sent = _insert(graph, anchor, ep_send, (comm, layer, *loop.rows), loop.rows[0])
+    sent = insert_node(graph, ep_send, (comm, layer, *loop.rows), owner=loop.rows[0], kind=OpKind.OTHER, before=anchor,
+                       value="container")
     for j in range(local):
-        piece = _insert(graph, anchor, operator.getitem, (sent, j), loop.rows[j])
+        piece = insert_node(graph, operator.getitem, (sent, j), owner=loop.rows[j], kind=OpKind.GETITEM, before=anchor)
         for node in loop.regions[j]:
             anchor.prepend(node)
             node.replace_input_with(loop.rows[j], piece)
-    received = _insert(graph, anchor, operator.getitem, (sent, local), loop.rows[0])
-    back = _insert(graph, anchor, ep_return, (comm, received, tuple(loop.rows), tuple(loop.outputs[:local])),
-                   loop.rows[0])
+    received = insert_node(graph, operator.getitem, (sent, local), owner=loop.rows[0], kind=OpKind.GETITEM,
+                           before=anchor)
+    back = insert_node(graph, ep_return, (comm, received, tuple(loop.rows), tuple(loop.outputs[:local])),
+                       owner=loop.rows[0], kind=OpKind.OTHER, before=anchor, value="container")
     for i, y in enumerate(loop.outputs):
-        mine = _insert(graph, anchor, operator.getitem, (back, i), loop.rows[i])
+        mine = insert_node(graph, operator.getitem, (back, i), owner=loop.rows[i], kind=OpKind.GETITEM, before=anchor)
         for user in [u for u in y.users if u not in in_region and u is not back]:
             user.replace_input_with(y, mine)
     for node in after:
@@ -286,10 +288,3 @@ def _at(node: fx.Node) -> str:
         op += f" ({type(node.graph.owning_module.get_submodule(str(node.target))).__name__})"
     source = info(node).source
     return f"{op} at {source}" if source is not None else f"{op} ({node.name})"
-
-
-def _insert(graph: fx.Graph, anchor: fx.Node, fn: object, args: tuple[object, ...], like: fx.Node) -> fx.Node:
-    with graph.inserting_before(anchor):
-        node = graph.call_function(fn, args)  # type: ignore[arg-type]
-    node.meta.update({k: v for k, v in like.meta.items() if k in STAMP_KEYS})
-    return node

@@ -163,7 +163,7 @@ def expert_placement(program: Program) -> list[dict[str, Any]]:
     import torch.fx as fx
 
     from ..ir.meta import info
-    from ..ops.ep import ep_combine, ep_dispatch, ep_return, ep_send
+    from ..ops.ep import ep_combine, ep_dispatch, ep_return, ep_route_rows, ep_send, ep_unroute_rows
 
     ep = program.plan.ep
     sent: dict[int, dict[str, int]] = {}
@@ -172,6 +172,11 @@ def expert_placement(program: Program) -> list[dict[str, Any]]:
         specs = [info(v).tensor for v in values if isinstance(v, fx.Node)]
         return sum(s.nbytes for s in specs if s is not None) * (ep - 1) // ep
 
+    routes: dict[str, int] = {}  # a stacked weight gathered per row: each routing index's layer
+
+    def add(layer: int, way: str, nbytes: int) -> None:
+        sent.setdefault(layer, {})[way] = sent.get(layer, {}).get(way, 0) + nbytes
+
     for st in program.stages:
         for m in st.gm.modules():
             if not isinstance(m, fx.GraphModule):
@@ -179,7 +184,15 @@ def expert_placement(program: Program) -> list[dict[str, Any]]:
             for node in m.graph.nodes:
                 if node.op != "call_function":
                     continue
-                if node.target is ep_dispatch:
+                if node.target is ep_route_rows:  # every op reading the gather exchanges its rows (its layer's,
+                    # named by the first of them)
+                    if int(node.args[3]) >= 0:
+                        routes[node.args[0].name] = int(node.args[3])
+                    layer = routes.get(node.args[0].name)
+                    if layer is not None:
+                        add(layer, "dispatch", leaving(*node.args[4:]))
+                        add(layer, "combine", leaving(*(u for u in node.users if u.target is ep_unroute_rows)))
+                elif node.target is ep_dispatch:
                     sent.setdefault(int(node.args[3]), {})["dispatch"] = leaving(node.args[0])
                 elif node.target is ep_combine:
                     sent.setdefault(int(node.args[1].args[3]), {})["combine"] = leaving(node.args[0])

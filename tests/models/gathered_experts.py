@@ -6,6 +6,8 @@ token's output. In a small decoder; `--ep` places the stacked weights in slices 
     build_model         as above
     build_whole_read_model  also a penalty on the whole stacked weight (`self.w1.pow(2).mean()`): it
                             cannot be held in slices
+    build_first_read_model  also a penalty on its first expert's matrix (`self.w1[0]`): no rank's
+                            slice holds expert 0 alone
 """
 
 import torch
@@ -31,7 +33,7 @@ class GatheredMoE(nn.Module):
         h = torch.bmm(flat.unsqueeze(1), self.w1[ids]).squeeze(1) + self.b1[ids]
         y = torch.einsum("nh,nhd->nd", F.gelu(h), self.w2[ids])
         if self.penalty:
-            y = y + 1e-3 * self.w1.pow(2).mean()
+            y = y + 1e-3 * (self.w1 if self.penalty == "whole" else self.w1[0]).pow(2).mean()
         return (y * weight[:, None]).view_as(x)
 
 
@@ -59,7 +61,12 @@ def build_model():
 
 def build_whole_read_model():
     torch.manual_seed(0)
-    return Decoder(penalty=True)
+    return Decoder(penalty="whole")
+
+
+def build_first_read_model():
+    torch.manual_seed(0)
+    return Decoder(penalty="first")
 
 
 def _data():
