@@ -2,6 +2,7 @@
 
     python bench/gpu_kernels.py              # the grid below, bf16 and FP8 (where the GPU has FP8)
     python bench/gpu_kernels.py --quick      # a few shapes: checks the script itself (CPU is fine)
+    python bench/gpu_kernels.py --grid gemm.json   # the profile's table: every (M, K, N) of a log grid
 
 The planner prices every matmul at one efficiency (the profile's `matmul_efficiency`, 0.78 of the dense
 bf16 peak on Hopper, measured on an 8B Llama stage's linears at 16,384 tokens). Small models and
@@ -17,11 +18,17 @@ reaches, the figures a size-dependent efficiency is to be read from:
 
 Each figure is the median of timed calls after warm-up, as TFLOP/s and as a fraction of the
 profile's dense peak (bf16 989 TFLOP/s on H100/H200; FP8 twice that).
+
+`--grid FILE` measures the table a hardware profile prices matmuls from (`matmul_table`: planner/hardware.py):
+every M x K x N of powers of two from 256 to 32,768, bf16 (F.linear) and FP8 (e4m3, one scale per tensor,
+bf16 out), each timed as a training step runs it, calls back to back on the stream between two CUDA events
+(no host sync between calls), and writes the fractions of peak as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -103,10 +110,96 @@ def fp8_rate(m: int, k: int, n: int, device: torch.device, repeat: int, rowwise:
     return 2 * m * k * n / timed(run, repeat)
 
 
+GRID = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def streamed(fn, budget: float = 0.004, repeat: int = 5) -> float:
+    """Seconds of one fn() as a step runs it: calls back to back (enough to fill `budget` seconds) between
+    two CUDA events, the median of `repeat` such runs, after warm-up. (On a CPU: a plain timer, to check
+    the script.)"""
+    for _ in range(2):
+        fn()
+    if not torch.cuda.is_available():
+        return timed(fn, repeat)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    fn()
+    end.record()
+    end.synchronize()
+    calls = max(1, min(200, round(budget / max(begin.elapsed_time(end) / 1e3, 1e-7))))
+    times = []
+    for _ in range(repeat):
+        begin.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(times)
+
+
+def grid(path: Path, grid_sizes: tuple[int, ...], hw) -> None:
+    """Every M x K x N of `grid_sizes`, bf16 and FP8 tensorwise, as fractions of the profile's peaks: JSON."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    low = torch.bfloat16 if device.type == "cuda" else torch.float32
+    peak = {"bfloat16": hw.peak_flops["bfloat16"], "float8": hw.peak_flops.get("float8", 2 * hw.peak_flops["bfloat16"])}
+    table = {dtype: [[[0.0] * len(grid_sizes) for _ in grid_sizes] for _ in grid_sizes] for dtype in peak}
+    start = time.perf_counter()
+    one = torch.ones((), device=device)
+    for i, m in enumerate(grid_sizes):
+        for j, k in enumerate(grid_sizes):
+            x = torch.randn(m, k, device=device, dtype=low)
+            x8 = x.to(torch.float8_e4m3fn)
+            for n_index, n in enumerate(grid_sizes):
+                w = torch.randn(n, k, device=device, dtype=low)
+                w8 = w.to(torch.float8_e4m3fn)
+                flops = 2 * m * k * n
+                table["bfloat16"][i][j][n_index] = round(
+                    flops / streamed(lambda x=x, w=w: torch.nn.functional.linear(x, w)) / peak["bfloat16"], 4)
+                if device.type != "cuda":  # no float8 matmul on a CPU: the script's check ends here
+                    continue
+                table["float8"][i][j][n_index] = round(flops / streamed(
+                    lambda x8=x8, w8=w8: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one,
+                                                          out_dtype=torch.bfloat16)) / peak["float8"], 4)
+                del w, w8
+            print(f"M {m:6} K {k:6}: bf16 " + " ".join(f"{e:.2f}" for e in table["bfloat16"][i][j])
+                  + " | fp8 " + " ".join(f"{e:.2f}" for e in table["float8"][i][j]), flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    # attention (scaled_dot_product_attention, 32 heads of 128, 32,768 tokens a call): forward and backward
+    # rates by sequence length, its FLOPs counted as torch counts them (the whole square, causal or not)
+    attention: dict[str, dict[str, list[float]]] = {}
+    seqs = (1024, 2048, 4096, 8192, 16384, 32768) if device.type == "cuda" else (64,)
+    attend = torch.nn.functional.scaled_dot_product_attention
+    for causal in (True, False):
+        rates: dict[str, list[float]] = {"forward": [], "backward": []}
+        for seq in seqs:
+            q = torch.randn(max(1, 32768 // seq), 32, seq, 128, device=device, dtype=low, requires_grad=True)
+            k, v = (torch.randn_like(q, requires_grad=True) for _ in range(2))
+            flops = 4 * q.shape[0] * 32 * seq * seq * 128
+            out = attend(q, k, v, is_causal=causal)
+            grad = torch.randn_like(out)
+            forward = streamed(lambda q=q, k=k, v=v, causal=causal: attend(q, k, v, is_causal=causal))
+            backward = streamed(lambda out=out, q=q, k=k, v=v, grad=grad: torch.autograd.grad(
+                out, (q, k, v), grad, retain_graph=True))
+            rates["forward"].append(round(flops / forward / peak["bfloat16"], 4))
+            rates["backward"].append(round(2 * flops / backward / peak["bfloat16"], 4))
+            del q, k, v, out, grad
+        attention["causal" if causal else "full"] = rates
+        print(f"attention {'causal' if causal else 'full'} by sequence {list(seqs)}: forward {rates['forward']}, "
+              f"backward {rates['backward']} (2x the forward's FLOPs)", flush=True)
+    path.write_text(json.dumps({"attention_sequences": list(seqs), "attention": attention, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
+                                "date": time.strftime("%Y-%m-%d"), "sizes": list(grid_sizes),
+                                "fractions_of": {d: p for d, p in peak.items()}, **table}, indent=1))
+    print(f"grid of {len(grid_sizes) ** 3} shapes in {time.perf_counter() - start:.0f} s: {path}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few small shapes, to check the script")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--grid", type=Path, metavar="FILE",
+                        help="measure the profile's matmul table (M, K, N from 256 to 32,768) into FILE as JSON")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -117,6 +210,9 @@ def main() -> None:
     widths = {256: 512} if args.quick else WIDTHS
     tokens = (256,) if args.quick else TOKENS
     tps = (1, 2) if args.quick else TPS
+    if args.grid:
+        grid(args.grid, (256, 512) if args.quick else GRID, hw)
+        return
     rows = []
     if not args.quick:
         rate = bf16_rate(8192, 8192, 8192, device, args.repeat)

@@ -69,9 +69,13 @@ PLANS = {
     "compiled": Plan(autocast="bf16", compile=True),
     "fp8": Plan(autocast="bf16", fp8="tensorwise"),
     "fp8-rowwise": Plan(autocast="bf16", fp8="rowwise"),
+    "fp8-compiled": Plan(autocast="bf16", fp8="tensorwise", compile=True),
+    "fp8-rowwise-compiled": Plan(autocast="bf16", fp8="rowwise", compile=True),
 }
 FLAGS = {"none": [], "blocks": ["--checkpoint", "blocks"], "selective": ["--checkpoint", "selective"],
-         "compiled": ["--compile"], "fp8": ["--fp8", "tensorwise"], "fp8-rowwise": ["--fp8", "rowwise"]}
+         "compiled": ["--compile"], "fp8": ["--fp8", "tensorwise"], "fp8-rowwise": ["--fp8", "rowwise"],
+         "fp8-compiled": ["--fp8", "tensorwise", "--compile"],
+         "fp8-rowwise-compiled": ["--fp8", "rowwise", "--compile"]}
 
 
 def profile_name(device: torch.device) -> str:
@@ -163,16 +167,18 @@ def kernels(device: torch.device, hw: Any, config: dict[str, int], tokens: int) 
 
 
 def eager(loaded: Any, device: torch.device, steps: int, warmup: int, lr: float,
-          fp8: str | None = None) -> tuple[list[float], float, int]:
+          fp8: str | None = None, compiled: bool = False) -> tuple[list[float], float, int]:
     """The untouched model, fp32 parameters, forward under autocast bf16, AdamW: (step seconds, first loss,
     peak bytes). Prints the median forward (with the loss), backward and optimizer seconds. `fp8`: its
-    nn.Linear modules converted by torchao's recipe of that name first (what --fp8 is compared with)."""
+    nn.Linear modules converted by torchao's recipe of that name first (what --fp8 is compared with);
+    `compiled`: then run under torch.compile, as torchao's float8 training is meant to run."""
     model = loaded.build(device, seed=0)
     if fp8 is not None:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(fp8),
                                    module_filter_fn=lambda m, fqn: m.in_features % 16 == 0 and m.out_features % 16 == 0)
+    forward_fn = torch.compile(model) if compiled else model
     # the optimizer `run --optimizer adamw` makes (fused on a GPU), so the two sides differ only in the model
     optimizer = make_optimizer("adamw", list(model.parameters()), lr)
     inputs = tuple(t.to(device) for t in loaded.args)
@@ -184,7 +190,7 @@ def eager(loaded: Any, device: torch.device, steps: int, warmup: int, lr: float,
         sync(device)
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = loaded.loss_fn(model(*inputs), target)
+            loss = loaded.loss_fn(forward_fn(*inputs), target)
         sync(device)
         forward = time.perf_counter()
         loss.backward()
@@ -199,7 +205,7 @@ def eager(loaded: Any, device: torch.device, steps: int, warmup: int, lr: float,
             first = loss.item()
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     split = [statistics.median(p[i] for p in parts[warmup:]) for i in range(3)]
-    print(f"eager{f' fp8 {fp8}' if fp8 else ''}: forward {split[0]:.3f} s, backward {split[1]:.3f} s, optimizer {split[2]:.3f} s", flush=True)
+    print(f"eager{f' fp8 {fp8}' if fp8 else ''}{' compiled' if compiled else ''}: forward {split[0]:.3f} s, backward {split[1]:.3f} s, optimizer {split[2]:.3f} s", flush=True)
     del model, optimizer
     return times[warmup:], first, peak
 
@@ -212,7 +218,8 @@ def graphsplit_run(path: Path, name: str, steps: int, lr: float, timeout: float)
                "--lr", str(lr), "--steps", str(steps), "--metrics", str(metrics), "--timeout", str(timeout),
                *FLAGS[name]]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
         if done.returncode:
             return f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-2000:]}"
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -226,6 +233,9 @@ def main() -> None:
     parser.add_argument("--plans", default="none,blocks,selective,compiled")
     parser.add_argument("--fp8", action="store_true",
                         help="also --fp8 tensorwise and rowwise (torchao), beside the eager model torchao converts")
+    parser.add_argument("--eager-fp8", default="", metavar="RECIPES",
+                        help="eager rows for these torchao recipes (tensorwise,rowwise), without --fp8's")
+    parser.add_argument("--eager-compile", action="store_true", help="the eager fp8 rows under torch.compile")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the median")
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -266,11 +276,14 @@ def main() -> None:
         measured = eager(loaded, device, args.steps, args.warmup, args.lr)
         print(f"eager: {measured}", flush=True)
         rows.append(("eager (torch.autocast bf16)", measured, None))
-        for recipe in ("tensorwise", "rowwise") if args.fp8 else ():
+        recipes = ["tensorwise", "rowwise"] if args.fp8 else [r for r in args.eager_fp8.split(",") if r]
+        for recipe in recipes:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            rows.append((f"eager fp8 {recipe} (torchao)", eager(loaded, device, args.steps, args.warmup, args.lr,
-                                                                 recipe), None))
+            label = f"eager fp8 {recipe} (torchao{', compiled' if args.eager_compile else ''})"
+            got = eager(loaded, device, args.steps, args.warmup, args.lr, recipe, args.eager_compile)
+            print(f"{label}: {got}", flush=True)
+            rows.append((label, got, None))
         if device.type == "cuda":
             torch.cuda.empty_cache()
         for name in names:
@@ -281,14 +294,14 @@ def main() -> None:
                 got = (got[0][args.warmup:], got[1], got[2])
             rows.append((f"program {name}", got, predicted[name]))
     base = statistics.median(rows[0][1][0])
-    print(f"\n{'':32} {'step s':>8} {'vs eager':>8} {'peak GiB':>9} {'MFU':>6} {'loss 1':>9} | "
+    print(f"\n{'':42} {'step s':>8} {'vs eager':>8} {'peak GiB':>9} {'MFU':>6} {'loss 1':>9} | "
           f"{'predicted s':>11} {'GiB':>6} {'MFU':>6} {'meas/pred':>9}")
     for label, got, est in rows:
         if isinstance(got, str):
-            print(f"{label:32} failed: {got}")
+            print(f"{label:42} failed: {got}")
             continue
         step = statistics.median(got[0])
-        line = (f"{label:32} {step:8.3f} {step / base:8.2f} {got[2] / 2**30:9.1f} {work / step / peak_flops:6.1%} "
+        line = (f"{label:42} {step:8.3f} {step / base:8.2f} {got[2] / 2**30:9.1f} {work / step / peak_flops:6.1%} "
                 f"{got[1]:9.4f}")
         if est is not None:
             line += (f" | {est.step_seconds:11.3f} {est.memory['total'] / 2**30:6.1f} {est.mfu:6.1%} "

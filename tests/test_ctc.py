@@ -46,3 +46,27 @@ def test_the_shapes_are_registered_only_while_graphsplit_analyses():
         assert picked.shape == (12,)  # at its largest
     with pytest.raises(NotImplementedError):
         F.ctc_loss(*args)  # torch's own behaviour outside: no kernel, the user's torch.compile unaffected
+
+
+def test_a_torch_with_its_own_meta_kernel_for_ctc_is_left_its_own(monkeypatch):
+    """torch 2.11's CUDA wheel has a meta kernel for `aten::_ctc_loss`, and its register_fake refuses to
+    shadow one (every model failed to analyse on an H200 before this). Emulated here: register_fake
+    raising as 2.11's does; graphsplit registers shapes only for the ops torch has none for."""
+    from graphsplit.ir.devices import meta_sizes
+
+    real = torch.library.register_fake
+
+    def strict(name, fn, *, lib=None):
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"):
+            raise RuntimeError(f"register_fake(...): the operator {name} already has an DispatchKey::Meta implementation")
+        return real(name, fn, lib=lib)
+
+    monkeypatch.setattr(torch.library, "register_fake", strict)
+    own = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed below
+    own.impl("_ctc_loss_backward", lambda grad, log_probs, *rest: torch.empty_like(log_probs), "Meta")
+    try:
+        with meta_sizes():
+            picked = torch.empty(4, 3, device="meta").masked_select(torch.empty(4, 3, dtype=torch.bool, device="meta"))
+            assert picked.shape == (12,)
+    finally:
+        own._destroy()

@@ -38,7 +38,9 @@ DEFAULT_BACKEND = "inductor"
 def apply_compile(modules: Iterable[nn.Module], backend: str = DEFAULT_BACKEND) -> None:
     """Compile every module of `modules` in place (`nn.Module.compile`)."""
     from ..ops.eager import disable_for_compile
+    from ..ops.float8 import prime
 
     disable_for_compile()
     for module in modules:
+        prime(module)
         module.compile(backend=backend)

@@ -42,11 +42,19 @@ def _masked_select_largest(values: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return values.new_empty((int(torch.Size(shape).numel()),))
 
 
+def _has_meta(name: str) -> bool:
+    """Whether torch itself has a meta kernel for `name` (some builds do for CTC: torch 2.11's CUDA wheel),
+    which register_fake refuses to shadow."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta")
+
+
 def _register(lib: torch.library.Library) -> None:
     for name in ("aten::_ctc_loss", "aten::_ctc_loss.Tensor"):
-        torch.library.register_fake(name, _ctc_shapes, lib=lib)
+        if not _has_meta(name):
+            torch.library.register_fake(name, _ctc_shapes, lib=lib)
     for name in ("aten::_ctc_loss_backward", "aten::_ctc_loss_backward.Tensor"):
-        torch.library.register_fake(name, _ctc_backward_shape, lib=lib)
+        if not _has_meta(name):
+            torch.library.register_fake(name, _ctc_backward_shape, lib=lib)
     # Meta only: torch.export's fake tensors give masked_select a size of their own (an unbacked symbol)
     lib.impl("masked_select", _masked_select_largest, "Meta")
 

@@ -19,7 +19,6 @@ are under DDP or FSDP); weight scales are the whole weight's.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,10 +58,7 @@ def import_torchao() -> None:
         logging.disable(logging.NOTSET)
 
 
-@cache
-def _config(recipe: str, emulate: bool = False) -> Any:
-    """torchao's config for `recipe`; `emulate`: its GEMMs in float32 on the float8 values (off a GPU:
-    exact, where CPU's `_scaled_mm` rounds a row-scaled product's partial sums its own way)."""
+def _build_config(recipe: str, emulate: bool) -> Any:
     import dataclasses
 
     import_torchao()
@@ -71,17 +67,55 @@ def _config(recipe: str, emulate: bool = False) -> Any:
     return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
 
 
-@cache
-def _mm_config(recipe: str, emulate: bool = False) -> Any:
-    """torchao's GEMM settings for the recipe, as `Float8Linear.__init__` builds them."""
+def _build_mm_config(c: Any) -> Any:
     from torchao.float8.float8_training_tensor import LinearMMConfig, ScaledMMConfig
 
-    c = _config(recipe, emulate)
     return LinearMMConfig(
         ScaledMMConfig(c.emulate, c.gemm_config_output.use_fast_accum, False, c.pad_inner_dim),
         ScaledMMConfig(c.emulate, c.gemm_config_grad_input.use_fast_accum, False, c.pad_inner_dim),
         ScaledMMConfig(c.emulate, c.gemm_config_grad_weight.use_fast_accum, False, c.pad_inner_dim),
     )
+
+
+# (recipe, emulate) -> (torchao's config, its GEMM settings as `Float8Linear.__init__` builds them). Read
+# by a plain dict lookup, which torch.compile traces as a constant; building one imports torchao and
+# silences its logging, which dynamo cannot trace (a graph break at every cast: measured on an H200, the
+# compiled fp8 stage ran 2.1x slower than torchao's), so `prime` builds them before a stage is compiled
+_CONFIGS: dict[tuple[str, bool], tuple[Any, Any]] = {}
+
+
+def _configs(recipe: str, emulate: bool = False) -> tuple[Any, Any]:
+    found = _CONFIGS.get((recipe, emulate))
+    if found is None:
+        c = _build_config(recipe, emulate)
+        found = _CONFIGS[(recipe, emulate)] = (c, _build_mm_config(c))
+    return found
+
+
+def _config(recipe: str, emulate: bool = False) -> Any:
+    """torchao's config for `recipe`; `emulate`: its GEMMs in float32 on the float8 values (off a GPU:
+    exact, where CPU's `_scaled_mm` rounds a row-scaled product's partial sums its own way)."""
+    return _configs(recipe, emulate)[0]
+
+
+def _mm_config(recipe: str, emulate: bool = False) -> Any:
+    """torchao's GEMM settings for the recipe."""
+    return _configs(recipe, emulate)[1]
+
+
+def prime(module: Any) -> None:
+    """Build the configs every float8 linear of `module` (an fx GraphModule, or a module holding them)
+    will read, before torch.compile traces it."""
+    import torch.fx as fx
+
+    for sub in module.modules():
+        if not isinstance(sub, fx.GraphModule):
+            continue
+        devices = {p.device.type for p in sub.parameters()} or {"cpu"}
+        for node in sub.graph.nodes:
+            if node.op == "call_function" and node.target is float8_linear:
+                for device in devices:
+                    _configs(node.args[4], device != "cuda")
 
 
 def _reduced(cast_config: Any, axis: int, sharded: int | None) -> bool:
