@@ -198,7 +198,7 @@ def _same_tables(a, b) -> None:
     """Every field of two tables equal; storage and value ids compared by what they stand for."""
     for name in ("flops", "bytes", "out", "live", "selective", "selective_attention"):
         assert all(np.array_equal(x, y) for x, y in zip(getattr(a, name), getattr(b, name))), name
-    for name in ("blocked", "low_rate", "compute", "block", "matmul_calls"):
+    for name in ("blocked", "low_rate", "compute", "block", "matmul_calls", "gemm_k", "gemm_n"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     for name in ("blocks", "block_inputs", "params", "param_bytes", "param_shapes", "collectives", "output", "period"):
         assert getattr(a, name) == getattr(b, name), name

@@ -42,6 +42,8 @@ class Hardware:
     op_overhead: float = 0.0
     # attention runs as a fused kernel (flash / memory-efficient: no sequence x sequence matrix kept)
     fused_attention: bool = False
+    # measured fractions of peak by matmul shape (planner/gemm_table.py): how shape moves the rate
+    matmul_table: dict[str, Any] | None = None
     # processes sharing `shared_cores` cores (a CPU machine running more ranks than cores): 0 = none
     shared_cores: int = 0
     sources: dict[str, str] = field(default_factory=dict)
@@ -81,7 +83,25 @@ def load_hardware(name_or_path: str) -> Hardware:
         bad = any(float(v) <= 0 for v in numbers) or "float32" not in hw.peak_flops
     except (TypeError, ValueError, AttributeError):
         bad = True
+    if not bad and hw.matmul_table is not None:
+        _check_matmul_table(hw.matmul_table, path)
     if bad:
         raise GraphsplitError(f"hardware profile {path}: every number must be positive and peak_flops must hold "
                               "at least float32; see " + str(HERE / "h100.json"))
     return hw
+
+
+def _check_matmul_table(table: Any, path: Path) -> None:
+    """A profile's `matmul_table`: ascending sizes and, per dtype, a cube of positive fractions over them."""
+    import numpy as np
+
+    try:
+        sizes = [int(x) for x in table["sizes"]]
+        grids = [np.asarray(table[d], dtype=np.float64) for d in ("bfloat16", "float8") if d in table]
+        ok = (len(sizes) >= 2 and sizes == sorted(set(sizes)) and min(sizes) > 0 and bool(grids)
+              and all(g.shape == (len(sizes),) * 3 and (g > 0).all() for g in grids))
+    except (TypeError, ValueError, KeyError):
+        ok = False
+    if not ok:
+        raise GraphsplitError(f"hardware profile {path}: matmul_table needs ascending 'sizes' and a 'bfloat16' cube "
+                              "of positive fractions of peak over them (bench/gpu_kernels.py --grid writes one)")

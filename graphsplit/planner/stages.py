@@ -20,6 +20,7 @@ from ..analysis.cost import BYTES_TO_FLOPS
 from ..errors import GraphsplitError
 from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .estimate import Stages, group_link
+from .gemm_table import gemm_table
 from .hardware import Hardware
 from .param_reads import held, stage_of, unit_bytes
 from .profile import ModelProfile, OpTable
@@ -50,6 +51,7 @@ def op_seconds(table: OpTable, b: int, hw: Hardware, fused: bool = False) -> np.
         moved = table.at(table.bytes, b).astype(np.float64)
         memory = hw.memory_bandwidth * hw.memory_efficiency
         rate = np.where(table.low_rate & table.compute, hw.flops("bfloat16"), hw.flops("float32"))
+        rate = rate * np.where(table.low_rate, _shape_scale(table, flops, hw, "bfloat16"), 1.0)
         seconds = np.maximum(flops / rate, moved / memory) + hw.op_overhead
         if table.float8:
             # a float8 linear: its GEMM at the float8 rate, and each of its two operands read for its amax
@@ -57,11 +59,25 @@ def op_seconds(table: OpTable, b: int, hw: Hardware, fused: bool = False) -> np.
             # (the GEMM itself reads its operands in float8: half their bytes, and writes its output)
             operands = table.at(table.fp8_cast, b).astype(np.float64)
             gemm_bytes = 0.5 * operands + table.at(table.out, b).astype(np.float64)
-            fp8 = np.maximum(flops / hw.flops("float8"), gemm_bytes / memory) + 2.5 * operands / memory \
+            fp8 = np.maximum(flops / (hw.flops("float8") * _shape_scale(table, flops, hw, "float8")), gemm_bytes / memory) + 2.5 * operands / memory \
                 + 5 * hw.op_overhead
             seconds = np.where(table.fp8, fp8, seconds)
         table.cache[key] = seconds
     return table.cache[key]
+
+
+def _shape_scale(table: OpTable, flops: np.ndarray, hw: Hardware, dtype: str) -> np.ndarray | float:
+    """Each op's factor on the profile's matmul efficiency from its GEMM's shape (gemm_table.py); 1 for
+    ops that are not plain GEMMs, and everywhere when the profile has no grid."""
+    grid = gemm_table(hw)
+    if grid is None or table.gemm_k is None or not table.gemm_k.any():
+        return 1.0
+    ops = np.flatnonzero(table.gemm_k > 0)
+    k, n = table.gemm_k[ops].astype(np.float64), table.gemm_n[ops].astype(np.float64)
+    m = flops[ops] / np.maximum(2 * k * n, 1.0)
+    found = np.ones(len(flops))
+    found[ops] = grid.scale(m, k, n, dtype)
+    return found
 
 
 def fused_groups(table: OpTable) -> np.ndarray:

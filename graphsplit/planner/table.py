@@ -61,6 +61,10 @@ class OpTable:
     # keeps its own output (a softmax, an attention) where a storage it keeps is made there; a matmul
     # keeps only its inputs
     storage_maker: np.ndarray | None = None
+    # per op: a plain GEMM's inner and output dims as this tp rank runs it (K, N; 0 where not one), so its
+    # rate follows its shape (gemm_table.py); its rows M are its FLOPs / (2 K N) at any micro-batch size
+    gemm_k: np.ndarray | None = None
+    gemm_n: np.ndarray | None = None
     # --fp8: the `fp8` linears run at the float8 rate, their operands cast first (`for_fp8`)
     float8: bool = False
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)

@@ -103,6 +103,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
     cast = np.zeros((n, 2), dtype=np.int64)  # a float8 linear's operands (its input and weight), as read
     compute = np.zeros(n, dtype=bool)
     grouped = np.zeros(n, dtype=bool)
+    gemm = np.zeros((n, 2), dtype=np.int64)  # a plain GEMM's (K, N)
     expert_layers: dict[tuple[Any, int], list[tuple[int, fx.Node, fx.Node]]] = {}  # (offsets, copy) -> its linears
     for i, ((node, k), (node2, _)) in enumerate(zip(a.unf.sequence, b.unf.sequence)):
         ni = info(node)
@@ -124,6 +125,8 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         params.append(tuple(here))
         lows[i] = ni.tensor is not None and ni.tensor.dtype in (torch.bfloat16, torch.float16)
         compute[i] = ni.kind in SELECTIVE_KINDS
+        if ni.kind in (OpKind.LINEAR, OpKind.MATMUL):
+            gemm[i] = _gemm_dims(node)
         fp8[i] = ni.kind == OpKind.LINEAR and _fp8_linear(a.gm, node)
         if fp8[i]:
             cast[i] = _pair(_operand_bytes(node), _operand_bytes(node2))
@@ -228,6 +231,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
                                  for k, key in enumerate(ids)], dtype=bool),
         weight_cast=weight_cast, cast_storage=np.array([a.makers.get(key) in cast_made for key in ids], dtype=bool),
         storage_maker=np.array([a.maker_pos.get(key, -1) for key in ids], dtype=np.int64),
+        gemm_k=gemm[:, 0], gemm_n=gemm[:, 1],
     )
     return expand(table, fold_, whole) if fold_ is not whole else table
 
@@ -241,6 +245,17 @@ def _gathered_bytes(attention: fx.Node) -> int:
     ek, ev = head_repeat(k, attention), head_repeat(v, attention)
     repeats = ek.repeats if ek is not None and ev is not None and ek.repeats == ev.repeats else 1
     return sum(info(x).out_bytes for x in (k, v) if isinstance(x, fx.Node)) // repeats
+
+
+def _gemm_dims(node: fx.Node) -> tuple[int, int]:
+    """(K, N) of a linear or matmul as this rank runs it: its first operand's last dim, its output's; (0, 0)
+    where either is not at least a matrix (a matrix-vector product prices at the profile's efficiency)."""
+    first = node.args[0] if node.args else None
+    x = info(first).tensor if isinstance(first, fx.Node) else None
+    out = info(node).tensor
+    if x is None or out is None or len(x.shape) < 2 or len(out.shape) < 2:
+        return 0, 0
+    return int(x.shape[-1]), int(out.shape[-1])
 
 
 def _operand_bytes(node: fx.Node) -> int:
