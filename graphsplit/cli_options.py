@@ -48,7 +48,8 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "every:K, K blocks per region; first:N, only the first N blocks of each stage; "
                           "stage, each whole stage; selective, each block "
                           "keeps its matmul/attention outputs and recomputes the cheap ops; selective:K keeps "
-                          "one matmul output in K (selective:2: torchtitan's op-level policy)."),
+                          "one matmul output in K (selective:2: torchtitan's op-level policy); attention, only "
+                          "written-out attention's softmax(q @ k^T) @ v (Megatron's selective recompute)."),
         click.option("--checkpoint-module", "checkpoint_overrides", multiple=True, metavar="GLOB=POLICY",
                      help="Per-module override, repeatable: modules whose name matches GLOB (h.0, h.1*, "
                           "h.*.mlp) are none (not checkpointed), full (one recomputed region) or "

@@ -55,7 +55,7 @@ def rounds_fit(schedule: str, pp: int, microbatches: int) -> bool:
     if schedule in ROUND_SCHEDULES:
         return microbatches % pp == 0
     return True
-CHECKPOINT_POLICIES = ("none", "blocks", "stage", "selective")
+CHECKPOINT_POLICIES = ("none", "blocks", "stage", "selective", "attention")
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,9 @@ class Plan:
             if self.zero > 1 and not self.fsdp:
                 raise _fail("zero", f"ZeRO-{self.zero} shards over the dp replicas with FSDP2: set fsdp=True "
                                     "(--zero sets it), or drop zero")
+        if self.fsdp and checkpoint_policy(self.checkpoint).kind == "attention":
+            raise _fail("checkpoint", "attention's cores are too small to be FSDP's units, which are the blocks' "
+                                      "regions; with --fsdp use selective or blocks")
         if not isinstance(self.sequence_parallel, bool):
             raise _fail("sequence_parallel", f"must be true or false, got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp < 2:

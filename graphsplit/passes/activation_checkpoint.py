@@ -19,6 +19,10 @@ Policies (Plan.checkpoint, `--checkpoint`):
   matmul/attention ops and recomputes only the cheap ops around them; `selective:K` keeps
   its attention outputs and one matmul output in K (torchtitan's op-level policy at 2: half
   the matmuls recomputed).
+- `attention`: each written-out attention's core (the scores' matmul to the values' weighted
+  sum: analysis/attention_cores.py) is a region, recomputed whole; everything else keeps its
+  activations (Megatron's `--recompute-granularity selective`). A model whose attention is all
+  fused (`scaled_dot_product_attention`, which keeps no scores) is refused.
 
 Per-module overrides (Plan.checkpoint_overrides, `--checkpoint-module GLOB=POLICY`):
 GLOB is an fnmatch pattern over module paths (`h.0`, `layers.1*`, `h.*.mlp`);
@@ -55,6 +59,7 @@ from fnmatch import fnmatchcase
 
 import torch.fx as fx
 
+from ..analysis.attention_cores import attention_cores
 from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, NodeInfo, block_of, info
@@ -125,7 +130,7 @@ def regions(gm: fx.GraphModule, plan: Plan | str) -> list[Region]:
         if module in rules:
             unit, rule = rules[module]
             return None if rule == "none" else (stage, unit, int(rule == "selective"), False)
-        if policy == "none":
+        if policy in ("none", "attention"):  # attention: its cores, below
             return None
         if policy == "stage":
             return (stage, f"stage {stage}", False, True)
@@ -149,7 +154,19 @@ def regions(gm: fx.GraphModule, plan: Plan | str) -> list[Region]:
     if parsed.kind in ("blocks", "every"):
         free = [n for n in seq if key(n) is None and info(n).module not in rules]
         _take_tails(runs, seq, pos, set(free))
+    if parsed.kind == "attention":
+        runs = sorted(runs + _cores(gm, rules), key=lambda r: pos[r.nodes[0]])
     return [r for r in runs if any(info(n).flops for n in r.nodes) and _no_containers_leave(r.nodes)]
+
+
+def _cores(gm: fx.GraphModule, rules: dict[str, tuple[str, str]]) -> list[Region]:
+    """`--checkpoint attention`'s regions: each written-out attention's core inside one stage, where no
+    override names its module (analysis/attention_cores.py)."""
+    found = []
+    for core in attention_cores(gm):
+        if len({info(n).stage for n in core}) == 1 and not any(info(n).module in rules for n in core):
+            found.append(Region(core, f"{info(core[0]).module or 'the model'}: attention core"))
+    return found
 
 
 def _first_of_each_stage(runs: list[Region], count: int) -> list[Region]:
@@ -326,6 +343,10 @@ def checkpoint_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tu
     # FSDP with one stage and no checkpointing: each block still a region of its own, run plainly (`block_N`),
     # so FSDP shards and gathers it as a unit (ir/regions.py: fsdp_units)
     found = regions(gm, "blocks" if plain else plan)
+    if plan.checkpoint_policy.kind == "attention" and not any(r.unit.endswith("attention core") for r in found):
+        raise GraphsplitError("--checkpoint attention recomputes attention written out (softmax(q @ k^T) @ v), "
+                              "and this model has none (a fused scaled_dot_product_attention keeps no scores "
+                              "to free); use selective or blocks")
     for i, region in enumerate(found):
         _wrap(gm, region, i, recomputable(gm.graph), plan.schedule in SPLIT_BACKWARD_SCHEDULES, recompute=not plain)
     gm.recompile()

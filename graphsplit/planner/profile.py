@@ -55,6 +55,7 @@ class ModelProfile:
     # (tp, low precision, sequence parallel) -> its table, or why it cannot be
     variants: dict[tuple[int, bool, bool], OpTable | str]
     folded: bool
+    has_cores: bool = False  # written-out attention (`--checkpoint attention`'s regions)
     experts: int = 0  # what every MoE layer's expert count divides (0: no MoE layer): the ep degrees possible
     # the sequence context parallelism can cut (attention calls alone mix it): its length; 0 none, and why
     sequence: int = 0
@@ -80,6 +81,7 @@ class ModelProfile:
         self.model_flops_per_sample = float(reference.flops[0].sum() + reference.flops[1].sum() / max(self.batch, 1))
         self.max_stages = int((~reference.blocked[1:reference.n]).sum()) + 1
         self.has_blocks = bool((reference.block >= 0).any())
+        self.has_cores = reference.core is not None and bool((reference.core >= 0).any())
         counts = set(reference.expert_params().values())
         self.experts = math.gcd(*counts) if counts else 0
 

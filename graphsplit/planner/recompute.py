@@ -10,7 +10,9 @@ Activations kept for backward under each checkpoint policy, per stage:
   what they keep; ops after a block join its region (the final norm and LM head);
   a region without FLOPs is not checkpointed (passes/activation_checkpoint.py);
 - selective: each block keeps its inputs and the outputs of its matmul-class ops;
-- stage: the stage's inputs.
+- stage: the stage's inputs;
+- attention: each written-out attention core keeps what it reads (queries, keys, values, the mask),
+  the other ops what they keep.
 
 With a policy, backward recomputes each region once: its full activations are
 live meanwhile (the largest region's count towards the peak), and its forward
@@ -69,11 +71,34 @@ def _policy_regions(table: OpTable, policy: str, a: int, e: int) -> tuple[list[t
     """`_regions` under a block policy (blocks, every:K, first:N, selective): first:N's other blocks
     run plainly, among the ops outside every region."""
     parsed = checkpoint_policy(policy)
+    if parsed.kind == "attention":
+        return _cores(table, a, e)
     regions, outside = _regions(table, a, e, parsed.count if parsed.kind == "every" else 1)
     if parsed.kind == "first":  # the first N blocks recomputed, the others keep their activations
         count = parsed.count
         outside = [*outside, *(i for lo, hi in regions[count:] for i in range(lo, hi))]
         regions = regions[:count]
+    return regions, outside
+
+
+def _cores(table: OpTable, a: int, e: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """`--checkpoint attention`'s regions in stage [a, e): each attention core whole inside it; the other
+    ops outside every region (a core the stage boundary cuts runs plainly, as the pass leaves it)."""
+    core = table.core[a:e] if table.core is not None else np.full(e - a, -1)
+    regions: list[tuple[int, int]] = []
+    outside: list[int] = []
+    i = 0
+    while i < e - a:
+        j = i + 1
+        while j < e - a and core[j] == core[i]:
+            j += 1
+        whole = core[i] >= 0 and (a + i == 0 or table.core[a + i - 1] != core[i]) and \
+            (a + j == table.n or table.core[a + j] != core[i])
+        if whole:
+            regions.append((a + i, a + j))
+        else:
+            outside.extend(range(a + i, a + j))
+        i = j
     return regions, outside
 
 
@@ -94,10 +119,15 @@ def _layout(table: OpTable, policy: str, a: int, e: int) -> _Layout:
     if found is not None:
         return found
     regions, outside = _policy_regions(table, policy, a, e)
+    cores = checkpoint_policy(policy).kind == "attention"
     laid = []
     for lo, hi in regions:
         bi, crossed = int(table.block[lo]), ()
-        if lo == a and a > 0 and int(table.block[a - 1]) == bi:
+        if cores:  # a core keeps what it reads from before it: the queries, keys, values and mask
+            crossed = tuple((ps, c) for _, ps, c in
+                            {(vid, ps, c) for i in range(lo, hi) for vid, at, ps, c in table.reads[i] if at < lo})
+            bi = -1
+        elif lo == a and a > 0 and int(table.block[a - 1]) == bi:
             # a block the stage boundary cuts keeps what crossed the boundary and it reads (each value once:
             # the set, iterated in the order it always was, so sums at a fractional b come out the same)
             crossed = tuple((ps, c) for _, ps, c in

@@ -90,11 +90,11 @@ def cp_degrees(dp: int, batch: int, sequence: int) -> list[int]:
 
 
 def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_blocks: bool,
-               left_out: Counter[str], experts: int = 0, sequence: int = 0) -> Iterator[Plan]:
+               left_out: Counter[str], experts: int = 0, sequence: int = 0, has_cores: bool = False) -> Iterator[Plan]:
     """Every plan shape for `gpus` devices; the ones that cannot work are counted in `left_out`.
     `experts`: what every MoE layer's expert count divides (0: none), for the expert-parallel degrees
     (drawn from dp); `sequence`: the length context parallelism may cut (0: none), for its degrees
-    (drawn from dp too)."""
+    (drawn from dp too); `has_cores`: it has written-out attention, which `--checkpoint attention` recomputes."""
     for tp in divisors(min(gpus, gpus_per_node)):
         for pp in divisors(gpus // tp):
             dp = gpus // (tp * pp)
@@ -102,11 +102,11 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                 if batch % (dp // cp):
                     left_out[f"batch {batch} cannot be shared by dp={dp} replicas"] += 1
                     continue
-                yield from _shapes(tp, pp, dp, cp, batch, max_stages, has_blocks, left_out, experts)
+                yield from _shapes(tp, pp, dp, cp, batch, max_stages, has_blocks, left_out, experts, has_cores)
 
 
 def _shapes(tp: int, pp: int, dp: int, cp: int, batch: int, max_stages: int, has_blocks: bool,
-            left_out: Counter[str], experts: int) -> Iterator[Plan]:
+            left_out: Counter[str], experts: int, has_cores: bool = False) -> Iterator[Plan]:
     """The candidates of one (tp, pp, dp, cp) mesh: schedules, micro-batches, checkpointing, precision,
     sharding, compile, sequence parallelism."""
     per_replica = batch // (dp // cp)
@@ -129,7 +129,7 @@ def _shapes(tp: int, pp: int, dp: int, cp: int, batch: int, max_stages: int, has
         if schedule == "dualpipev" and m < pp * v:
             left_out["dualpipev needs a micro-batch per stage"] += 1
             continue
-        checkpoints = CHECKPOINT_CHOICES if has_blocks else ("none", "stage")
+        checkpoints = (*(CHECKPOINT_CHOICES if has_blocks else ("none", "stage")), *(("attention",) if has_cores else ()))
         # the three largest degrees: most of the expert weights' memory saved, the all-to-all
         # growing slowly with ep (the search stays seconds, not minutes, on 256 experts)
         eps = [e for e in divisors(dp) if e > 1 and experts % e == 0][-EP_CHOICES:] if experts and cp == 1 else []
@@ -208,7 +208,7 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
     left_out: Counter[str] = Counter()
     groups: dict[tuple[int, bool, bool], list[tuple[int, Plan]]] = {}  # (tp, sequence parallel, low precision)
     plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out,
-                            profile.experts, profile.sequence))
+                            profile.experts, profile.sequence, profile.has_cores))
     plans = [p for p in plans if keep is None or keep(p)]
     if "bfloat16" in hw.peak_flops:  # fp16 prices as bf16 does and needs a loss scaler: only bf16 is shown
         plans = [p for p in plans if p.autocast != "fp16"]

@@ -40,12 +40,23 @@ def cuts(table: OpTable, stages: int, b: int) -> list[int]:
     return table.cache[key]
 
 
+# bytes a float8 cast moves per element of its operand, as torchao's ops run it: eagerly, `abs` and `max` for
+# the amax, a copy to fp32, the scale's `mul`, the `clamp` and the float8 copy, each a kernel of its own (33
+# bytes from bf16 or fp32 alike: 2 + 2 + 2 + 2 + 4 + 4 + 4 + 4 + 4 + 4 + 1 from bf16); compiled, one reduction
+# reads the operand and one fused kernel reads it again and writes one byte
+_EAGER_CAST_BYTES, _EAGER_CAST_KERNELS = 33, 9
+
+
 def op_seconds(table: OpTable, b: int, hw: Hardware, fused: bool = False) -> np.ndarray:
     """One forward of every op at `b` samples: a roofline (FLOPs at the op's rate, bytes at the memory's)
     plus the per-op overhead. `fused`: as torch.compile runs the stage (`fused_seconds`)."""
     if fused:
         return fused_seconds(table, b, hw)
-    key = ("seconds", b, hw.name)
+    return _op_seconds(table, b, hw, casts_fused=False)
+
+
+def _op_seconds(table: OpTable, b: int, hw: Hardware, casts_fused: bool) -> np.ndarray:
+    key = ("seconds", b, hw.name, casts_fused and table.float8)
     if key not in table.cache:
         flops = table.at(table.flops, b).astype(np.float64)
         moved = table.at(table.bytes, b).astype(np.float64)
@@ -54,13 +65,17 @@ def op_seconds(table: OpTable, b: int, hw: Hardware, fused: bool = False) -> np.
         rate = rate * np.where(table.low_rate, _shape_scale(table, flops, hw, "bfloat16"), 1.0)
         seconds = np.maximum(flops / rate, moved / memory) + hw.op_overhead
         if table.float8:
-            # a float8 linear: its GEMM at the float8 rate, and each of its two operands read for its amax
-            # and read again and written in float8 first (torchao's casts, ops/float8.py): 2.5x their bytes
-            # (the GEMM itself reads its operands in float8: half their bytes, and writes its output)
+            # a float8 linear: its GEMM at the float8 rate, and its two operands cast first (torchao's casts,
+            # ops/float8.py; `_EAGER_CAST_BYTES`). The GEMM reads its operands in float8, one byte each, and
+            # writes its output
             operands = table.at(table.fp8_cast, b).astype(np.float64)
-            gemm_bytes = 0.5 * operands + table.at(table.out, b).astype(np.float64)
-            fp8 = np.maximum(flops / (hw.flops("float8") * _shape_scale(table, flops, hw, "float8")), gemm_bytes / memory) + 2.5 * operands / memory \
-                + 5 * hw.op_overhead
+            elements = table.at(table.fp8_elems, b).astype(np.float64) if table.fp8_elems is not None \
+                else operands / 2
+            gemm_bytes = elements + table.at(table.out, b).astype(np.float64)
+            casts = (2 * operands + elements if casts_fused else _EAGER_CAST_BYTES * elements) / memory \
+                + (2 if casts_fused else 2 * _EAGER_CAST_KERNELS) * hw.op_overhead
+            fp8 = np.maximum(flops / (hw.flops("float8") * _shape_scale(table, flops, hw, "float8")), gemm_bytes / memory) \
+                + casts + hw.op_overhead
             seconds = np.where(table.fp8, fp8, seconds)
         table.cache[key] = seconds
     return table.cache[key]
@@ -96,7 +111,7 @@ def fused_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:
     found = table.cache.get(key)
     if found is not None:
         return found
-    plain = op_seconds(table, b, hw).copy()
+    plain = _op_seconds(table, b, hw, casts_fused=True).copy()
     group = fused_groups(table)
     count = int(group.max()) + 1 if len(group) else 0
     if count == 0:

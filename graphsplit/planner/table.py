@@ -63,6 +63,11 @@ class OpTable:
     storage_maker: np.ndarray | None = None
     # per op: a plain GEMM's inner and output dims as this tp rank runs it (K, N; 0 where not one), so its
     # rate follows its shape (gemm_table.py); its rows M are its FLOPs / (2 K N) at any micro-batch size
+    # per op: the written-out attention core it lies in (analysis/attention_cores.py), -1 none: the regions
+    # `--checkpoint attention` recomputes
+    core: np.ndarray | None = None
+    # per op: a float8 linear's input and weight elements (its casts' passes move bytes per element)
+    fp8_elems: tuple[np.ndarray, np.ndarray] | None = None
     gemm_k: np.ndarray | None = None
     gemm_n: np.ndarray | None = None
     # --fp8: the `fp8` linears run at the float8 rate, their operands cast first (`for_fp8`)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from ..analysis.attention_cores import attention_cores
 from ..analysis.collectives import node_collectives
 from ..analysis.recompute import recomputable
 from ..analysis.shapes import annotate
@@ -101,9 +102,11 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
     lows = np.zeros(n, dtype=bool)
     fp8 = np.zeros(n, dtype=bool)
     cast = np.zeros((n, 2), dtype=np.int64)  # a float8 linear's operands (its input and weight), as read
+    elems = np.zeros((n, 2), dtype=np.int64)  # and their elements
     compute = np.zeros(n, dtype=bool)
     grouped = np.zeros(n, dtype=bool)
     gemm = np.zeros((n, 2), dtype=np.int64)  # a plain GEMM's (K, N)
+    core_of = {node: c for c, nodes in enumerate(attention_cores(a.gm)) for node in nodes}
     expert_layers: dict[tuple[Any, int], list[tuple[int, fx.Node, fx.Node]]] = {}  # (offsets, copy) -> its linears
     for i, ((node, k), (node2, _)) in enumerate(zip(a.unf.sequence, b.unf.sequence)):
         ni = info(node)
@@ -130,6 +133,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         fp8[i] = ni.kind == OpKind.LINEAR and _fp8_linear(a.gm, node)
         if fp8[i]:
             cast[i] = _pair(_operand_bytes(node), _operand_bytes(node2))
+            elems[i] = _pair(_operand_bytes(node, per_element=True), _operand_bytes(node2, per_element=True))
         if ni.kind == OpKind.GROUPED_LINEAR and len(node.args) > 2:
             grouped[i] = True
             expert_layers.setdefault((node.args[2], k), []).append((i, node, node2))
@@ -232,6 +236,8 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         weight_cast=weight_cast, cast_storage=np.array([a.makers.get(key) in cast_made for key in ids], dtype=bool),
         storage_maker=np.array([a.maker_pos.get(key, -1) for key in ids], dtype=np.int64),
         gemm_k=gemm[:, 0], gemm_n=gemm[:, 1],
+        fp8_elems=(elems[:, 0], elems[:, 1]),
+        core=np.array([core_of.get(node, -1) for node, _ in a.unf.sequence], dtype=np.int64),
     )
     return expand(table, fold_, whole) if fold_ is not whole else table
 
@@ -258,9 +264,13 @@ def _gemm_dims(node: fx.Node) -> tuple[int, int]:
     return int(x.shape[-1]), int(out.shape[-1])
 
 
-def _operand_bytes(node: fx.Node) -> int:
-    """A linear's input and weight, as it reads them: what --fp8 casts to float8 first."""
-    return sum(info(x).out_bytes for x in node.args[:2] if isinstance(x, fx.Node))
+def _operand_bytes(node: fx.Node, per_element: bool = False) -> int:
+    """A linear's input and weight, as it reads them: what --fp8 casts to float8 first (`per_element`:
+    their elements)."""
+    operands = [x for x in node.args[:2] if isinstance(x, fx.Node)]
+    if not per_element:
+        return sum(info(x).out_bytes for x in operands)
+    return sum(info(x).out_bytes // max(info(x).tensor.dtype.itemsize, 1) for x in operands if info(x).tensor is not None)
 
 
 def _fp8_linear(gm: fx.GraphModule, node: fx.Node) -> bool:

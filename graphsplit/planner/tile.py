@@ -139,6 +139,8 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         weight_cast=per_op(table.weight_cast) if table.weight_cast is not None else None,
         cast_storage=np.array(cast_flags, dtype=bool) if table.cast_storage is not None else None,
         storage_maker=np.array(makers, dtype=np.int64) if table.storage_maker is not None else None,
+        core=per_op(table.core) if table.core is not None else None,
+        fp8_elems=pair(table.fp8_elems) if table.fp8_elems is not None else None,
         gemm_k=per_op(table.gemm_k) if table.gemm_k is not None else None,
         gemm_n=per_op(table.gemm_n) if table.gemm_n is not None else None,
     )
