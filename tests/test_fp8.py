@@ -94,7 +94,8 @@ def _within_spread(errors: dict[str, float], spread: dict[str, float]) -> None:
 
 MLP = str(MODELS / "linear_pair.py")
 GPT = str(EXAMPLES / "gpt.py")
-PLANS = {"tp2": Plan(tp=2), "pp2-mb2": Plan(pp=2), "tp2-pp2-mb1": Plan(tp=2, pp=2, microbatches=1)}
+PLANS = {"tp2": Plan(tp=2), "pp2-mb2": Plan(pp=2), "tp2-pp2-mb1": Plan(tp=2, pp=2, microbatches=1),
+         "tp2-sp": Plan(tp=2, sequence_parallel=True)}
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
@@ -116,10 +117,15 @@ def test_shards_scaled_alone_would_be_wrong(monkeypatch):
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_fp8_gpt_at_tp2_pp2_within_torchaos_own_spread(recipe):
+@pytest.mark.parametrize("sp", [False, True])
+def test_fp8_gpt_at_tp2_pp2_within_torchaos_own_spread(recipe, sp):
     """The GPT example (fused qkv split per head, the tied LM head vocab-parallel) at tp 2 x pp 2: each
-    gradient within 10x the spread one ulp of weight noise gives torchao's model, and at least 1e-5."""
-    loss, errors, spread = _errors(GPT, Plan(tp=2, pp=2, microbatches=1, fp8=recipe), noise=2.0 ** -24)
+    gradient within 10x the spread one ulp of weight noise gives torchao's model, and at least 1e-5; with
+    sequence parallelism too (its gathering linears float8, their input's scale the whole sequence's)."""
+    plan = Plan(tp=2, pp=2, microbatches=1, fp8=recipe, sequence_parallel=sp)
+    if sp:
+        assert len(rewrite_loaded(load_model(GPT), plan).program.fp8_modules) == 17  # every linear, gathering or not
+    loss, errors, spread = _errors(GPT, plan, noise=2.0 ** -24)
     assert loss < 1e-5
     _within_spread(errors, spread)
 
@@ -160,11 +166,11 @@ def test_fp8_plan_and_command_line_refuse_what_they_cannot_do(tmp_path):
 
 @pytest.mark.slow
 def test_run_check_under_fp8_on_real_processes(tmp_path):
-    """`run --fp8 rowwise --check` at tp 2 x pp 2 on 4 gloo processes: trained, and checked against torchao's
-    float8 model on the program's micro-batches (activation scales are each piece's), within that model's
-    own spread; the loss falls."""
+    """`run --fp8 rowwise --sequence-parallel --check` at tp 2 x pp 2 on 4 gloo processes: trained, and checked
+    against torchao's float8 model on the program's micro-batches (activation scales are each piece's), within
+    that model's own spread; the loss falls."""
     r = subprocess.run([sys.executable, "-m", "graphsplit", "run", GPT, "--tp", "2", "--pp", "2", "--fp8", "rowwise",
-                        "--steps", "3", "--lr", "0.05", "--check"], capture_output=True, text=True, timeout=300,
+                        "--sequence-parallel", "--steps", "3", "--lr", "0.05", "--check"], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "check passed" in r.stdout and "torchao's float8 model" in r.stdout

@@ -154,11 +154,14 @@ class _Float8MatMul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight_t: torch.Tensor, comm: TPComm | None, recipe: tuple[str, bool],
-                style: str) -> torch.Tensor:
+                style: str, shard: torch.Tensor | None = None, dim: int = 0) -> torch.Tensor:
         from torchao.float8.float8_training_tensor import GemmInputRole
 
-        ctx.save_for_backward(x, weight_t)
-        ctx.comm, ctx.recipe, ctx.style = comm, recipe, style
+        # sequence parallelism's gathering linear: `x` is `shard` all-gathered along `dim`; the shard is kept
+        # for backward and gathered again there for the weight's gradient (ops/tp.py's
+        # column_linear_from_seq_shard), tp times less than `x`
+        ctx.save_for_backward(x if shard is None else shard, weight_t)
+        ctx.comm, ctx.recipe, ctx.style, ctx.dim, ctx.gathers = comm, recipe, style, dim, shard is not None
         c, cut = _config(*recipe), _SHARDED[style]
         x8 = _cast(x, c.cast_config_input, GemmInputRole.INPUT, -1, cut["input"], recipe, comm, "fwd")
         w8 = _cast(weight_t, c.cast_config_weight, GemmInputRole.WEIGHT, 0, cut["weight"], recipe, comm, "fwd")
@@ -171,6 +174,8 @@ class _Float8MatMul(torch.autograd.Function):
 
         x, weight_t = ctx.saved_tensors
         comm, recipe = ctx.comm, ctx.recipe
+        if ctx.gathers:
+            x = comm.all_gather(x, ctx.dim, "backward")
         c, cut = _config(*recipe), _SHARDED[ctx.style]
         go = grad_output.reshape(-1, grad_output.shape[-1])
         go8 = _cast(go, c.cast_config_grad_output, GemmInputRole.GRAD_OUTPUT, -1, cut["grad_output"], recipe, comm, "bwd")
@@ -182,16 +187,18 @@ class _Float8MatMul(torch.autograd.Function):
         x8_w = _cast(x.reshape(-1, x.shape[-1]), c.cast_config_input_for_grad_weight, GemmInputRole.INPUT, 0,
                      cut["input"], recipe, comm, "bwd")
         grad_weight = torch.mm(go8_w.t(), x8_w)
-        return grad_input, grad_weight.t(), None, None, None
+        return grad_input, grad_weight.t(), None, None, None, None, None
 
 
 def float8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, comm: TPComm | None,
-                  recipe: str, style: str) -> torch.Tensor:
+                  recipe: str, style: str, shard: torch.Tensor | None = None, dim: int = 0) -> torch.Tensor:
     """`F.linear(x, weight, bias)` in float8 (torchao's recipe `recipe`); `style`: how tp cuts this
-    linear (column, row, replicated), `comm` the tp communicator (None without tp)."""
+    linear (column, row, replicated), `comm` the tp communicator (None without tp). `shard`: sequence
+    parallelism's column linear, `x` being `shard` gathered along `dim` (kept instead of `x`)."""
     if x.device.type == "meta":  # shapes and dtypes only: the high-precision linear's
         return F.linear(x, weight, bias)
     if torch.is_autocast_enabled(x.device.type):  # as Float8Linear: the input in autocast's dtype
         x = x.to(torch.get_autocast_dtype(x.device.type))
-    out = _Float8MatMul.apply(x, weight.t(), comm, (recipe, x.device.type != "cuda"), style)
+        shard = shard.to(x.dtype) if shard is not None else None
+    out = _Float8MatMul.apply(x, weight.t(), comm, (recipe, x.device.type != "cuda"), style, shard, dim)
     return out if bias is None else out + bias.to(out.dtype)

@@ -3,9 +3,10 @@
 Every call of an `nn.Linear` module whose weight's two dims (as this tp rank holds it) are multiples of 16
 (what `torch._scaled_mm` needs; torchtitan filters the same way) becomes `ops.float8.float8_linear`,
 told how tensor parallelism cut it (column, row or whole) so its scales agree across the shards.
-Other matmuls (`F.linear` on a weight of another module, attention's, HF's Conv1D as `addmm`,
-sequence parallelism's gathering linear) keep their precision, as torchao's module swap leaves
-everything but `nn.Linear`; the modules made float8 are listed (`Program.fp8_modules`), so `--check`
+Sequence parallelism's column linears (which read the gathered tokens and keep their shard:
+ops/tp.py's `column_linear_from_seq_shard`) are float8 too, keeping the shard and gathering it again in
+backward. Other matmuls (`F.linear` on a weight of another module, attention's, HF's Conv1D as `addmm`)
+keep their precision, as torchao's module swap leaves everything but `nn.Linear`; the modules made float8 are listed (`Program.fp8_modules`), so `--check`
 converts the same ones in the untouched model. Runs after tensor
 parallelism (whose shardings it reads) and before autocast (which casts the linear's input).
 """
@@ -25,6 +26,7 @@ from ..ir.meta import META_KEY, info, insert_node
 from ..ir.op_kinds import OpKind, register_function_kind
 from ..ir.sharding import Shard
 from ..ops.float8 import float8_linear, import_torchao
+from ..ops.tp import column_linear_from_seq_shard
 from ..ops.tp_comm import COMM_ATTR
 from .functionalize import functionalize_modules
 from .manager import PassInput, PassResults
@@ -58,10 +60,14 @@ def float8_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[
     comm: fx.Node | None = None
     converted: list[str] = []
     for node in list(gm.graph.nodes):
+        gathering = node.op == "call_function" and node.target is column_linear_from_seq_shard
         form = linear_form(node) if node.op == "call_function" and node.target in _LINEARS else None
-        if form is None or form[3] != 0:  # F.linear / aten.linear: weight [out, in]
+        if gathering:  # sequence parallelism's column linear of the gathered tokens, keeping their shard
+            x, shard, weight, bias, dim, _ = node.args
+        elif form is None or form[3] != 0:  # F.linear / aten.linear: weight [out, in]
             continue
-        x, weight, bias = form[0], form[1], form[2]
+        else:
+            (x, weight, bias), shard, dim = form[:3], None, 0
         if not isinstance(weight, fx.Node) or weight.op != "get_attr":
             continue
         owner = str(weight.target).rpartition(".")[0]
@@ -79,7 +85,7 @@ def float8_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[
         if style != "replicated" and comm is None:
             comm = _comm(gm)
         new = insert_node(gm.graph, float8_linear, (x, weight, bias, comm if style != "replicated" else None,
-                                                    recipe, style),
+                                                    recipe, style, *((shard, dim) if gathering else ())),
                           owner=node, kind=OpKind.LINEAR, before=node)
         new.meta[META_KEY] = dataclasses.replace(info(node))  # the same value, cost and layout
         node.replace_all_uses_with(new)

@@ -24,6 +24,7 @@ from ..errors import GraphsplitError
 from ..ir.meta import block_of, canonical_names, fresh_copy, info
 from ..ir.op_kinds import OpKind
 from ..ir.sharding import local_shape
+from ..ops.tp import column_linear_from_seq_shard
 from ..passes.manager import LossInput
 from .fold import Fold
 from .measure import measure, node_params, out_bytes
@@ -267,19 +268,23 @@ def _gemm_dims(node: fx.Node) -> tuple[int, int]:
 def _operand_bytes(node: fx.Node, per_element: bool = False) -> int:
     """A linear's input and weight, as it reads them: what --fp8 casts to float8 first (`per_element`:
     their elements)."""
-    operands = [x for x in node.args[:2] if isinstance(x, fx.Node)]
+    pair = (node.args[0], node.args[2]) if node.target is column_linear_from_seq_shard else node.args[:2]
+    operands = [x for x in pair if isinstance(x, fx.Node)]
     if not per_element:
         return sum(info(x).out_bytes for x in operands)
     return sum(info(x).out_bytes // max(info(x).tensor.dtype.itemsize, 1) for x in operands if info(x).tensor is not None)
 
 
 def _fp8_linear(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """Whether --fp8 runs this linear in float8 (passes/float8.py): an nn.Linear's weight in `F.linear`
-    (not sequence parallelism's gathering linear), its two dims as this tp rank holds it multiples of 16."""
+    """Whether --fp8 runs this linear in float8 (passes/float8.py): an nn.Linear's weight in `F.linear` or
+    in sequence parallelism's gathering linear, its two dims as this tp rank holds it multiples of 16."""
     from ..passes.tensor_parallel.spellings import linear_form
 
-    form = linear_form(node) if node.op == "call_function" and node.target in FP8_LINEARS else None
-    weight = form[1] if form is not None else None
+    if node.op == "call_function" and node.target is column_linear_from_seq_shard:  # sequence parallelism's
+        weight = node.args[2]
+    else:
+        form = linear_form(node) if node.op == "call_function" and node.target in FP8_LINEARS else None
+        weight = form[1] if form is not None else None
     while isinstance(weight, fx.Node) and weight.op == "call_method" and weight.target == "to":  # autocast's cast
         weight = weight.args[0]
     if not isinstance(weight, fx.Node) or weight.op != "get_attr":
