@@ -56,6 +56,11 @@ def test_fused_attention_has_no_core_and_is_refused_in_one_line():
     assert attention_cores(rewrite_loaded(llama, Plan()).program.stages[0].gm) == []
     with pytest.raises(GraphsplitError, match="--checkpoint attention recomputes attention written out"):
         rewrite_loaded(llama, Plan(pp=2, checkpoint="attention"))
+    from graphsplit.planner.price import price_plan
+
+    profile = profile_model(llama, (2,))
+    with pytest.raises(GraphsplitError, match="--checkpoint attention recomputes attention written out"):
+        price_plan(profile, Plan(pp=2, checkpoint="attention"), load_hardware("h100"), 80 * 2**30, compare=False)
     with pytest.raises(GraphsplitError, match="FSDP's units"):
         Plan(dp=2, fsdp=True, checkpoint="attention")
 

@@ -21,6 +21,9 @@ from ..ir.meta import info
 from ..ir.op_kinds import OpKind, calls
 
 _UNPLACED = ("placeholder", "get_attr", "output")
+# what the program and the planner say of `--checkpoint attention` on a model without written-out attention
+NO_CORES = ("--checkpoint attention recomputes attention written out (softmax(q @ k^T) @ v), and this model has "
+            "none (a fused scaled_dot_product_attention keeps no scores to free); use selective or blocks")
 _STEPS = 8  # ops between a matmul and the softmax (scale, mask, cast), or after it (dropout, cast)
 
 

@@ -59,7 +59,7 @@ from fnmatch import fnmatchcase
 
 import torch.fx as fx
 
-from ..analysis.attention_cores import attention_cores
+from ..analysis.attention_cores import NO_CORES, attention_cores
 from ..analysis.recompute import recomputable
 from ..errors import GraphsplitError
 from ..ir.meta import META_KEY, NodeInfo, block_of, info
@@ -344,9 +344,7 @@ def checkpoint_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tu
     # so FSDP shards and gathers it as a unit (ir/regions.py: fsdp_units)
     found = regions(gm, "blocks" if plain else plan)
     if plan.checkpoint_policy.kind == "attention" and not any(r.unit.endswith("attention core") for r in found):
-        raise GraphsplitError("--checkpoint attention recomputes attention written out (softmax(q @ k^T) @ v), "
-                              "and this model has none (a fused scaled_dot_product_attention keeps no scores "
-                              "to free); use selective or blocks")
+        raise GraphsplitError(NO_CORES)
     for i, region in enumerate(found):
         _wrap(gm, region, i, recomputable(gm.graph), plan.schedule in SPLIT_BACKWARD_SCHEDULES, recompute=not plain)
     gm.recompile()

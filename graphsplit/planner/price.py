@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.attention_cores import NO_CORES
 from ..errors import GraphsplitError
 from ..plan import Plan
 from .estimate import Estimate, estimate, plan_fields
@@ -106,6 +107,8 @@ def price_plan(profile: ModelProfile, plan: Plan, hw: Hardware, gpu_memory: int,
                               "run them) and finds none in this model; experts written by hand (a loop over a list, "
                               "a weight gathered per row) are placed by the program but not priced: price the plan "
                               "without --ep")
+    if plan.checkpoint_policy.kind == "attention" and not profile.has_cores:
+        raise GraphsplitError(NO_CORES)
     profile.hardware = hw
     est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
                    profile.model_flops_per_sample, optimizer)
