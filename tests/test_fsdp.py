@@ -140,6 +140,48 @@ def test_zero2_keeps_each_units_parameters_gathered_from_its_forward_to_its_back
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("zero, gathers", [(3, 2), (2, 1)])
+def test_over_two_micro_batches_zero2_gathers_once_a_step_and_zero3_every_micro_batch(zero, gathers, tmp_path):
+    """One stage, two micro-batches through the program's own step (LocalPipeline): before each block's
+    forward its parameters are sharded (FSDP must gather them) in every micro-batch under ZeRO-3, in the
+    first only under ZeRO-2, whose units stay gathered to the last backward; both end the step sharded.
+    What the planner prices (planner/dp_traffic.py) follows from these counts."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from graphsplit.backends.local import LocalPipeline
+    from graphsplit.backends.parallelize import apply_fsdp
+    from graphsplit.loader import load_model
+    from graphsplit.rewrite import rewrite_loaded
+    from graphsplit.runtime.materialize import materialize_stage, model_tensors
+    from graphsplit.runtime.training import make_loss
+
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    plan = Plan(dp=2, fsdp=True, zero=zero, microbatches=2)
+    program = rewrite_loaded(loaded, plan).program
+    (stage,) = program.stages
+    module = materialize_stage(stage, "cpu", model_tensors(loaded.build("cpu")))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=__import__("datetime").timedelta(seconds=60))
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        apply_fsdp([module], mesh, units=[program.fsdp_units(0)], reshard_after_forward=plan.fsdp_reshards)
+        regions = [module.get_submodule(name) for name in program.fsdp_units(0)]
+        sharded_at_forward: list[bool] = []
+        for region in regions:  # prepended: runs before FSDP's own pre-forward hook gathers the unit
+            region.register_forward_pre_hook(
+                lambda mod, args: sharded_at_forward.append(any(isinstance(p, DTensor) for p in mod.parameters())),
+                prepend=True)
+        pipeline = LocalPipeline(program, [module], make_loss(program, loaded.loss_fn))
+        pipeline.step(program.traced.flatten_inputs(loaded.args, loaded.kwargs), loaded.target)
+        assert len(sharded_at_forward) == 2 * len(regions)
+        assert sum(sharded_at_forward) == gathers * len(regions), sharded_at_forward
+        assert all(isinstance(p, DTensor) for p in module.parameters())  # the step ends sharded for the optimizer
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--dp", "2", "--zero", "1", "--fsdp"], "ZeRO-1 keeps parameters and gradients whole"),
     (["--zero", "1"], "dp=1; give --dp 2 or more"),
@@ -155,8 +197,8 @@ def test_a_zero_stage_that_cannot_work_is_refused_in_one_line(args, message):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_zero_1_and_2_match_the_untouched_model_and_their_checkpoints_reshard_between_stages(tmp_path):
-    """ZeRO-1 (DDP, each replica stepping its share of AdamW's states) and ZeRO-2 (FSDP2) on 2 processes
-    train like the untouched model (run --check); ZeRO-1's checkpoint, each replica writing the states
+    """ZeRO-1 (DDP, each replica stepping its share of AdamW's states) and ZeRO-2 (FSDP2, over two
+    micro-batches) on 2 processes train like the untouched model (run --check); ZeRO-1's checkpoint, each replica writing the states
     it holds, resumes under ZeRO-2, whose own resumes under ZeRO-3: the same weights and AdamW states."""
     from graphsplit.runtime.dcp import safe_read
 
@@ -168,7 +210,8 @@ def test_zero_1_and_2_match_the_untouched_model_and_their_checkpoints_reshard_be
     stored = safe_read.stored_keys(tmp_path / "zero1" / "step-2")
     assert "optimizer/layers.0.attention.wq.weight/exp_avg_sq" in stored and "optimizer/output.weight/exp_avg" in stored
     zero2 = str(tmp_path / "zero2")
-    cmp = run_training(str(EXAMPLES / "llama.py"), Plan(dp=2, fsdp=True, zero=2), RunOptions(
+    # two micro-batches: ZeRO-2's units stay gathered from the first forward to the last backward
+    cmp = run_training(str(EXAMPLES / "llama.py"), Plan(dp=2, fsdp=True, zero=2, microbatches=2), RunOptions(
         steps=1, optimizer="adamw", check=True, timeout_s=240, resume=zero1, save=zero2), echo=lines.append)
     assert cmp is not None and cmp.ok, "\n".join(lines)
     run_training(str(EXAMPLES / "llama.py"), Plan(dp=2, fsdp=True), RunOptions(

@@ -133,6 +133,7 @@ class LocalPipeline:
         self._own_factors(inputs, target)
         losses, outputs = [], []
         for i, (mb_in, mb_target) in enumerate(cut_batch(self.program, inputs, target, n)):
+            keep_gathered(self.stages, self.program.plan, last=i == n - 1)
             with contextlib.ExitStack() as quiet:
                 if i < n - 1:  # DDP-wrapped stages: accumulate, and all-reduce once, on the last micro-batch
                     for stage in self.stages:
@@ -169,6 +170,21 @@ class LocalPipeline:
     def grads(self) -> dict[str, torch.Tensor]:
         """The gradients under the original model's parameter names (this tp rank's shards)."""
         return named_grads(self.program, dict(enumerate(self.stages)))
+
+
+def keep_gathered(stages: Sequence[nn.Module], plan: Any, last: bool) -> None:
+    """ZeRO-2 over several micro-batches and no pipeline: each FSDP unit's parameters, gathered by the first
+    micro-batch's forward, stay gathered until the last micro-batch's backward frees them (a gather a
+    step, as ZeRO-2 keeps weights whole; FSDP2 would free and gather them again every micro-batch). The
+    gradients are still reduce-scattered after every backward, accumulating in their shards. Under a
+    pipeline torch's stage does the same for every plan (its `backward_maybe_with_nosync`)."""
+    if plan.zero != 2 or plan.num_microbatches == 1:
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    for stage in stages:
+        if isinstance(stage, FSDPModule):
+            stage.set_reshard_after_backward(last)
 
 
 @dataclass

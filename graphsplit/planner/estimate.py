@@ -30,10 +30,10 @@ matmul) and recompute, every op priced by a roofline against the hardware
 collectives of a micro-batch on the tp group's link; the pipeline's sends; the
 schedule's bubble; expert parallelism's all-to-alls (each micro-batch's routed rows out and back,
 forward and backward, not overlapped); context parallelism's key/value all-gathers and reduce-scatters
-(not overlapped; a cp rank runs 1/cp of each sample and keeps the gathered keys and values); the dp gradient all-reduce (DDP) or all-gather + reduce-scatter
-(FSDP) on the dp group's link, overlapped with the last micro-batch's backward (not under the
-zero-bubble schedules, which average after their last weight backward); and
-the optimizer's pass over its state.
+(not overlapped; a cp rank runs 1/cp of each sample and keeps the gathered keys and values); the dp
+traffic (DDP's all-reduce, FSDP's gathers and reduce-scatters, ZeRO-1's gather after the step) on the dp
+group's link, the part no compute hides as the program runs it (dp_traffic.py); and the optimizer's
+pass over its state.
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ from typing import Any
 import numpy as np
 
 from ..plan import V_SCHEDULES, Plan
+from .dp_traffic import DpBytes, dp_traffic
 from .hardware import Hardware
+from .links import group_link
 from .schedules import (
-    ORDERED_SCHEDULES,
     awaiting_weights,
     bubble_fraction,
     held_activations,
@@ -125,21 +126,6 @@ def plan_fields(plan: Plan) -> dict[str, Any]:
             "autocast": plan.autocast, "compile": plan.compile, "sequence_parallel": plan.sequence_parallel}
 
 
-def ring_seconds(nbytes: float, ranks: int, bandwidth: float, latency: float, steps_factor: float) -> float:
-    """A ring collective over `ranks`: `steps_factor` x (ranks - 1) / ranks of the bytes cross each link
-    (2 for all-reduce, 1 for all-gather or reduce-scatter), plus one latency per step."""
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    return steps_factor * (ranks - 1) / ranks * nbytes / bandwidth + steps_factor * (ranks - 1) * latency
-
-
-def group_link(hw: Hardware, span: int) -> tuple[float, float]:
-    """(bandwidth, latency) of a group whose ranks lie `span` apart in the world: inside one node or not."""
-    if span <= hw.gpus_per_node:
-        return hw.intra_node_bandwidth * hw.link_efficiency, hw.intra_node_latency
-    return hw.inter_node_bandwidth * hw.link_efficiency, hw.inter_node_latency
-
-
 @dataclass
 class Memory:
     """A plan's memory by pp rank, and what its step time reads of it (`estimate`)."""
@@ -199,7 +185,7 @@ def plan_memory(plan: Plan, st: Stages, optimizer: str = "adamw") -> Memory:
         # low dtype: with more than one micro-batch, fp32 gradients plus one stage's low-dtype ones
         accumulating = low and m > 1
         grads_held = sharded + by_rank(st.param_bytes, "max") // 2 if accumulating else gathered
-        if st.fsdp_units is not None:
+        if plan.fsdp_reshards and st.fsdp_units is not None:
             # a unit per region, resharded after its forward and gathered again for its backward, the next
             # one's gathered ahead; its gradients reduce-scattered after its backward: the stage's other
             # parameters and two regions' at once (apply_fsdp)
@@ -225,14 +211,13 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     m, v, pp, tp, dp = plan.num_microbatches, plan.stages_per_rank, plan.pp, plan.tp, plan.dp
     # the mesh is (dp, pp, tp), tp fastest: tp groups are contiguous, pp neighbours tp apart, dp replicas tp*pp apart
     pp_bw, pp_lat = group_link(hw, tp * 2) if pp > 1 else (1.0, 0.0)
-    dp_bw, dp_lat = group_link(hw, tp * pp * dp) if dp > 1 else (1.0, 0.0)
     share = max(1.0, plan.world_size / hw.shared_cores) if hw.shared_cores else 1.0  # CPU ranks sharing cores
 
     def by_rank(values: np.ndarray, how: str) -> np.ndarray:
         return _by_rank(plan, values, how)
 
     mem = memory if memory is not None else plan_memory(plan, st, optimizer)
-    params, by_expert, sharded, gathered = mem.params, mem.by_expert, mem.sharded, mem.gathered
+    params, by_expert, gathered = mem.params, mem.by_expert, mem.gathered
     memory_of = {k: int(val[mem.busiest]) for k, val in mem.parts.items()}
     memory_of["total"] = mem.total
     per_rank = dict(mem.parts)  # arrays: the search prices thousands of plans and reads few of them
@@ -250,32 +235,12 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     bubble = bubble_fraction(plan.schedule, pp, m, v)
     pipeline = bottleneck * m / (1 - bubble) if bubble < 1 else float("inf")
     grads = float(params.max())
-    experts = float(by_expert.max())
-    rest_bw, rest_lat = group_link(hw, tp * pp * dp)
-    # each ep rank's expert slice is summed over the dp / ep ranks holding it (left out of DDP and FSDP)
-    expert_comm = ring_seconds(experts, dp // plan.ep, rest_bw, rest_lat, 2) if experts else 0.0
-    if dp > 1 and plan.fsdp:  # gather once (in the gathered dtype), reduce-scatter once in fp32
-        # a unit per region: its parameters gathered again for its backward, and each unit's two gathers
-        # and reduce-scatter a ring collective of their own (dp - 1 latencies each)
-        again = float(st.fsdp_units[0][1]) * float(gathered.max()) / max(float(sharded.max()), 1.0) \
-            if st.fsdp_units is not None else 0.0
-        unit_latency = 3 * float(st.fsdp_units[0][2]) * (dp - 1) * dp_lat if st.fsdp_units is not None else 0.0
-        dp_comm = ring_seconds(float(gathered.max()) + again, dp, dp_bw, dp_lat, 1) + \
-            ring_seconds(grads - experts, dp, dp_bw, dp_lat, 1) + expert_comm + unit_latency
-    elif dp > 1:
-        dp_comm = ring_seconds(grads - experts, dp, dp_bw, dp_lat, 2) + expert_comm
-    else:
-        dp_comm = 0.0
-    # overlapped with the last micro-batch's backward; under the zero-bubble schedules the gradients are
-    # averaged after the step (runtime/grad_average.py) or reduce-scattered after the last weight backward
-    # (a unit per region: each gathered ahead of its forward and its backward, the whole pass overlaps)
-    overlap = 0.0 if plan.schedule in ORDERED_SCHEDULES else bottleneck if st.fsdp_units is not None \
-        else 2 * bottleneck / 3
-    exposed_dp = max(0.0, dp_comm - overlap)
-    if plan.zero == 1:  # each replica broadcasts the share it stepped: an all-gather after the step, not hidden
-        gather_after = ring_seconds(grads, dp, dp_bw, dp_lat, 1)
-        dp_comm += gather_after
-        exposed_dp += gather_after
+    busiest = int(np.argmax(per_mb))
+    forward = float(by_rank(st.forward_seconds * share, "sum")[busiest])
+    units = st.fsdp_units[0] if st.fsdp_units is not None else (0, 0, 0)
+    traffic = dp_traffic(plan, hw, DpBytes(grads, float(gathered.max()), float(by_expert.max()), float(units[1]),
+                                           int(units[2])), forward, bottleneck - forward)
+    dp_comm, exposed_dp = traffic.total, traffic.exposed
     opt_bytes = grads * (7 if optimizer == "adamw" else 3) / (dp if plan.fsdp or plan.zero == 1 else 1)
     optimizer_seconds = opt_bytes / (hw.memory_bandwidth * hw.memory_efficiency) * share
     step = pipeline + exposed_dp + optimizer_seconds

@@ -19,9 +19,10 @@ from ..analysis.balance import balanced_cuts
 from ..analysis.cost import BYTES_TO_FLOPS
 from ..errors import GraphsplitError
 from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
-from .estimate import Stages, group_link
+from .estimate import Stages
 from .gemm_table import gemm_table
 from .hardware import Hardware
+from .links import group_link
 from .param_reads import held, stage_of, unit_bytes
 from .profile import ModelProfile, OpTable
 from .recompute import policy_kept, region_spans, stage_shifts
@@ -298,7 +299,7 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
         else:
             peak = peak + np.array([gathered[a:e].max() for a, e in zip(bounds[:-1], bounds[1:])]).astype(np.int64)
     output = int(table.output[0] * b + table.output[1])
-    units = _fsdp_units(table, plan) if plan.fsdp_reshards else None
+    units = _fsdp_units(table, plan) if plan.block_regions else None
     found = Stages(
         param_bytes=split["param_bytes"],
         kept_param_bytes=held(table, bounds, plan.dp, plan.ep) if plan.fsdp else split["param_bytes"],

@@ -139,7 +139,7 @@ def price_command(loaded: Any, plan: Any, gpus: int, memory: int, gpus_per_node:
                                    if k in ("compute_and_tp", "bubble") or t.get(k)))
     if t.get("dp_collectives"):
         hidden = t["dp_collectives"] - t["dp_exposed"]
-        console.print(f"  dp traffic {_seconds(t['dp_collectives'])}, {_seconds(hidden)} of it hidden behind the backward")
+        console.print(f"  dp traffic {_seconds(t['dp_collectives'])}, {_seconds(hidden)} of it hidden behind compute")
     if why := priced.versus_best():
         console.print(why)
     if priced.best is not None and not priced.versus_best().startswith("this is"):
