@@ -5,14 +5,17 @@ hardware, its throughput beside the published one (docs/figures.md, "The planner
     python bench/published_runs.py --system torchtitan --markdown
 
 Each run names its source (file and table), its model's shape (built on meta from the GPT or Llama example
-at that configuration: no weights exist), its hardware, the layout it published and its throughput. What a
-publication leaves open (micro-batch size, schedule, checkpointing) is taken as the fastest choice that fits
-in memory; what it states is fixed. A ratio above 1 is the planner predicting faster than the run was.
+at that configuration: no weights exist), its hardware (a profile; where the publication's GPUs are another
+part, a `Site`: the profile with the memory, bandwidth and peak it states, a stated range of peak priced at
+its middle and at each end), the layout it published and its throughput. What a publication leaves open
+(micro-batch size, schedule, checkpointing) is taken as the fastest choice that fits in memory; what it
+states is fixed. A ratio above 1 is the planner predicting faster than the run was.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import math
 import sys
@@ -37,6 +40,7 @@ from graphsplit.loader import LoadedModel  # noqa: E402
 from graphsplit.plan import MULTI_STAGE_SCHEDULES, rounds_fit  # noqa: E402
 from graphsplit.planner import load_hardware  # noqa: E402
 from graphsplit.planner.estimate import Estimate  # noqa: E402
+from graphsplit.planner.hardware import Hardware  # noqa: E402
 from graphsplit.planner.price import price_plan  # noqa: E402
 from graphsplit.planner.profile import ModelProfile, build_all_tables, profile_model  # noqa: E402
 
@@ -91,6 +95,27 @@ def _megatron(heads: int, hidden: int, layers: int) -> Shape:
 
 
 @dataclass(frozen=True)
+class Site:
+    """A run's GPUs where they are not the profile's part, as its publication states them: their memory,
+    its bandwidth, and the bf16 peak as the range it gives where it states only bounds (priced at the
+    middle, the prediction at each bound printed beside). Every rate of the profile scales with the peak
+    (one clock drives the tensor and the vector units)."""
+
+    label: str
+    memory_bytes: int
+    memory_bandwidth: float
+    bf16_peak: tuple[float, float]  # (low, high) FLOP/s
+
+    def hardware(self, base: Hardware, peak: float | None = None) -> Hardware:
+        peak = sum(self.bf16_peak) / 2 if peak is None else peak
+        scale = peak / base.peak_flops["bfloat16"]
+        # the name keys the planner's cached op times: one name per variant
+        return dataclasses.replace(base, name=f"{base.name}, {self.label} at {peak / 1e12:.0f} TFLOP/s bf16",
+                                   memory_bytes=self.memory_bytes, memory_bandwidth=self.memory_bandwidth,
+                                   peak_flops={k: v * scale for k, v in base.peak_flops.items()})
+
+
+@dataclass(frozen=True)
 class Run:
     """One published training run and the unit its throughput was published in."""
 
@@ -107,7 +132,7 @@ class Run:
     open: tuple[str, ...] = ("micro_batch", "schedule", "checkpoint")  # what the publication leaves open
     note: str = ""
     checkpoints: tuple[str, ...] = ("none", "selective", "blocks")
-    gpu_memory: int | None = None  # the run's GPUs' memory where it is not the profile's
+    site: Site | None = None  # the run's GPUs where they are not the profile's part
     memory_gib: float | None = None  # the peak memory per GPU it published
 
     @property
@@ -142,27 +167,42 @@ def _megatron_runs() -> Iterator[Run]:
 
 TITAN_SRC = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
 TITAN_TP_SRC = "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
-TITAN_NOTE = "H100 96GB HBM2e at 500 W (Grand Teton), priced as an SXM5 H100 at 700 W with 96 GB"
-TITAN_MEMORY = 96 * 10**9
+TITAN_H200_SRC = "pytorch/torchtitan benchmarks/llama3_8b_h200_2025-06_torchtitan.md (Trainy)"
+# torchtitan's H100s (both files, "Hardware"): 96 GB of HBM2e at 2.4 TB/s, the 500 W default power limit, and
+# (its footnote 2) "the actual peak TFLOPs number is between SXM and NVL": 835 TFLOP/s dense bf16 for the
+# H100 NVL (NVIDIA's H100 datasheet: 1,671 with sparsity) to the SXM5's 989.4
+TITAN_H100 = Site("96 GB HBM2e at 500 W", 96 * 10**9, 2.4e12, (835.5e12, 989.4e12))
+TITAN_NOTE = "H100 96GB HBM2e at 500 W (Grand Teton): 2.4 TB/s, bf16 peak between the NVL's and the SXM5's"
 
 
 def _torchtitan_runs() -> Iterator[Run]:
-    for table, gpus, eager, compiled in (("Table 1", 8, (5762, 82.4), (6667, 77.0)),
-                                         ("Table 3", 128, (5605, 67.0), (6514, 62.0))):
-        for compile_, (tps, gib) in ((False, eager), (True, compiled)):
-            yield Run("torchtitan", f"Llama 3.1 8B FSDP{' compiled' if compile_ else ''}", f"{TITAN_SRC}, {table}",
-                      LLAMA31_8B, "h100", 2 * gpus,
-                      Plan(dp=gpus, fsdp=True, autocast="bf16", compile=compile_, checkpoint="selective:2"),
+    for table, gpus, eager, compiled, fp8 in (("Table 1", 8, (5762, 82.4), (6667, 77.0), (8532, 76.8)),
+                                              ("Table 3", 128, (5605, 67.0), (6514, 62.0), (8380, 61.8))):
+        for label, compile_, fp8_, (tps, gib) in (("", False, None, eager), (" compiled", True, None, compiled),
+                                                  (" compiled, Float8", True, "tensorwise", fp8)):
+            yield Run("torchtitan", f"Llama 3.1 8B FSDP{label}", f"{TITAN_SRC}, {table}", LLAMA31_8B, "h100",
+                      2 * gpus, Plan(dp=gpus, fsdp=True, autocast="bf16", compile=compile_, checkpoint="selective:2",
+                                     fp8=fp8_),
                       tps, "tokens/s/GPU", micro_batch=2, open=(), note=TITAN_NOTE + "; selective op AC",
-                      gpu_memory=TITAN_MEMORY, memory_gib=gib)
+                      site=TITAN_H100, memory_gib=gib)
     yield Run("torchtitan", "Llama 3.1 70B FSDP32 x TP8", f"{TITAN_TP_SRC}, 70B on 256 H100s, bf16 vanilla TP",
               LLAMA31_70B, "h100", 16 * 32,
               Plan(dp=32, tp=8, fsdp=True, sequence_parallel=True, autocast="bf16", compile=True, checkpoint="blocks"),
-              597.3, "tokens/s/GPU", micro_batch=16, open=(), note=TITAN_NOTE + "; full AC", gpu_memory=TITAN_MEMORY)
+              597.3, "tokens/s/GPU", micro_batch=16, open=(), note=TITAN_NOTE + "; full AC", site=TITAN_H100)
     yield Run("torchtitan", "Llama 3.1 8B FSDP8 x TP8", f"{TITAN_TP_SRC}, 8B on 64 H100s, bf16 vanilla TP",
               LLAMA31_8B, "h100", 12 * 8,
               Plan(dp=8, tp=8, fsdp=True, sequence_parallel=True, autocast="bf16", compile=True, checkpoint="selective:2"),
-              4378, "tokens/s/GPU", micro_batch=12, open=(), note=TITAN_NOTE + "; per-op SAC", gpu_memory=TITAN_MEMORY)
+              4378, "tokens/s/GPU", micro_batch=12, open=(), note=TITAN_NOTE + "; per-op SAC", site=TITAN_H100)
+    # the H200s the planner's profile was measured on: llama3_8b.toml (8,192 tokens, per-op SAC) with
+    # --training.local_batch_size=2 --training.compile --model.converters=float8 (tensorwise, the output layer
+    # left in bf16) and FSDP gathering the float8 weights (graphsplit's FSDP gathers them in bf16)
+    for nodes, tps, gib in ((4, 10938, 47.96), (8, 10753, 46.97)):
+        gpus = 8 * nodes
+        yield Run("torchtitan", f"Llama 3.1 8B FSDP compiled, Float8, {gpus} H200s", TITAN_H200_SRC, LLAMA31_8B,
+                  "h200", 2 * gpus, Plan(dp=gpus, fsdp=True, autocast="bf16", compile=True, checkpoint="selective:2",
+                                          fp8="tensorwise"),
+                  tps, "tokens/s/GPU", micro_batch=2, open=(), note="H200 SXM; float8 all-gather in FSDP",
+                  memory_gib=gib)
 
 
 LLAMA3_SRC = "The Llama 3 Herd of Models (arXiv 2407.21783), Table 4"
@@ -178,19 +218,27 @@ def _llama3_runs() -> Iterator[Run]:
 
 
 BRIDGE_SRC = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md"
+# its performance recipes train with Megatron's distributed optimizer (recipes/utils/optimizer_utils.py,
+# distributed_fused_adam_with_cosine_annealing: use_distributed_optimizer=True) and overlap the dp traffic
+# (training/comm_overlap.py): graphsplit's program that communicates so is --zero 2, as for Megatron-LM above
+BRIDGE_NOTE = "FP8 current scaling (tensorwise); distributed optimizer"
 
 
 def _bridge_runs() -> Iterator[Run]:
     yield Run("Megatron-Bridge (NeMo)", "Llama 3 70B FP8", f"{BRIDGE_SRC}, LLAMA3_70B, DGX-H100, 26.04.01",
               LLAMA31_70B, "h100", 256,
-              Plan(tp=4, pp=8, dp=2, sequence_parallel=True, schedule="interleaved-1f1b", stages_per_rank=5,
-                   autocast="bf16", fp8="tensorwise", compile=True),
-              1664, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), note="FP8 (current scaling), VP 5")
+              Plan(tp=4, pp=8, dp=2, fsdp=True, zero=2, sequence_parallel=True, schedule="interleaved-1f1b",
+                   stages_per_rank=5, autocast="bf16", fp8="tensorwise", compile=True),
+              1664, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), note=BRIDGE_NOTE + ", VP 5")
     yield Run("Megatron-Bridge (NeMo)", "Llama 3.1 405B FP8", f"{BRIDGE_SRC}, LLAMA3.1_405B, DGX-H100, 26.04.01",
               LLAMA3_405B, "h100", 1536,
-              Plan(tp=8, pp=8, cp=2, dp=16, sequence_parallel=True, schedule="interleaved-1f1b", stages_per_rank=8,
-                   autocast="bf16", fp8="tensorwise", compile=True),
-              328, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), note="FP8 (current scaling), CP 2, VP 8")
+              Plan(tp=8, pp=8, cp=2, dp=16, fsdp=True, zero=2, sequence_parallel=True, schedule="interleaved-1f1b",
+                   stages_per_rank=8, autocast="bf16", fp8="tensorwise", compile=True),
+              328, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), note=BRIDGE_NOTE + ", CP 2, VP 8")
+    # Megatron FSDP (its table's FSDP column) over one node, 16 micro-batches of one sequence a step
+    yield Run("Megatron-Bridge (NeMo)", "Llama 3 8B FP8 FSDP", f"{BRIDGE_SRC}, 25.11 container, DGX-H100, LLAMA3_8B",
+              LLAMA31_8B, "h100", 128, Plan(dp=8, fsdp=True, autocast="bf16", fp8="tensorwise", compile=True),
+              14451, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), note="FP8 current scaling; Megatron FSDP")
 
 
 BLOOM_SRC = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md (iteration 85376 log line)"
@@ -214,6 +262,7 @@ class Result:
     predicted: float = math.nan
     seconds: float = 0.0
     chosen: dict[str, Any] = field(default_factory=dict)
+    bounds: tuple[float, ...] | None = None  # predicted at each end of a site's stated peak
 
     @property
     def ratio(self) -> float:
@@ -254,8 +303,8 @@ def _throughput(run: Run, est: Estimate, peak: float) -> float:
     return est.step_seconds  # s/step
 
 
-def _profile(run: Run, hw: Any, cache: dict[Any, ModelProfile]) -> ModelProfile:
-    key = (run.shape, run.batch, run.hardware)
+def _profile(run: Run, hw: Hardware, cache: dict[Any, ModelProfile]) -> ModelProfile:
+    key = (run.shape, run.batch, hw.fused_attention)
     if key not in cache:
         profile = profile_model(run.shape.loaded(run.batch), (run.layout.tp,), hw.fused_attention)
         profile.hardware = hw
@@ -265,26 +314,39 @@ def _profile(run: Run, hw: Any, cache: dict[Any, ModelProfile]) -> ModelProfile:
     return cache[key]
 
 
-def price_run(run: Run, cache: dict[Any, ModelProfile] | None = None) -> Result:
-    """The run's layout priced with the fastest choice that fits of what the publication leaves open (the
-    least memory among them when none fits: the published run did fit, so that is the planner's error)."""
-    start = time.perf_counter()
-    hw = load_hardware(run.hardware)
-    profile = _profile(run, hw, {} if cache is None else cache)
+def _fastest(run: Run, profile: ModelProfile, hw: Hardware) -> tuple[bool, Estimate] | None:
+    """The fastest candidate that fits (the least memory among them when none fits: the published run did fit,
+    so that is the planner's error), and whether it fits."""
+    profile.hardware = hw
     best: tuple[bool, float, Estimate] | None = None
     for plan in _candidates(run):
-        priced = price_plan(profile, plan, hw, run.gpu_memory or hw.memory_bytes, compare=False)
+        priced = price_plan(profile, plan, hw, hw.memory_bytes, compare=False)
         est = priced.estimate
         key = (priced.fits, -est.step_seconds if priced.fits else -est.memory["total"])
         if best is None or key > best[:2]:
             best = (*key, est)
-    if best is None:
+    return None if best is None else (best[0], best[2])
+
+
+def price_run(run: Run, cache: dict[Any, ModelProfile] | None = None) -> Result:
+    """The run's layout priced with the fastest choice that fits of what the publication leaves open, on its
+    GPUs (a site's stated part, at the middle of its stated peak; at each end of it too)."""
+    start = time.perf_counter()
+    base = load_hardware(run.hardware)
+    hw = run.site.hardware(base) if run.site is not None else base
+    profile = _profile(run, hw, {} if cache is None else cache)
+    found = _fastest(run, profile, hw)
+    if found is None:
         return Result(run, None, False, seconds=time.perf_counter() - start)
-    est = best[2]
-    peak = hw.peak_flops["bfloat16"]
+    fits, est = found
+    bounds = None
+    if run.site is not None:
+        ends = [_fastest(run, profile, run.site.hardware(base, peak)) for peak in run.site.bf16_peak]
+        bounds = tuple(_throughput(run, e[1], hw.peak_flops["bfloat16"]) for e in ends if e is not None)
     chosen = {k: getattr(est.plan, k) for k in ("microbatches", "schedule", "stages_per_rank", "checkpoint", "fsdp",
                                                 "compile")}
-    return Result(run, est, best[0], _throughput(run, est, peak), time.perf_counter() - start, chosen)
+    return Result(run, est, fits, _throughput(run, est, hw.peak_flops["bfloat16"]), time.perf_counter() - start,
+                  chosen, bounds)
 
 
 def layout_text(plan: Plan) -> str:
@@ -322,8 +384,10 @@ def table(results: list[Result], markdown: bool = False) -> str:
     for r in results:
         run = r.run
         fmt = (lambda x: f"{x:,.1f}") if run.unit != "tokens/s/GPU" else (lambda x: f"{x:,.0f}")
-        predicted = "-" if r.estimate is None else fmt(r.predicted) + ("" if r.fits else " (does not fit)")
-        rows.append([run.system, run.name, run.hardware, f"{run.gpus:,}", layout_text(run.layout), str(run.batch),
+        predicted = "-" if r.estimate is None else fmt(r.predicted) + ("" if r.fits else " (does not fit)") + (
+            f" ({'-'.join(fmt(b) for b in r.bounds)})" if r.bounds else "")
+        gpu = run.hardware + (f" ({run.site.label})" if run.site is not None else "")
+        rows.append([run.system, run.name, gpu, f"{run.gpus:,}", layout_text(run.layout), str(run.batch),
                      f"{fmt(run.published)} {run.unit}", predicted,
                      "-" if r.estimate is None else f"{r.ratio:.2f}", _memory(r), chosen_text(r)])
     if markdown:

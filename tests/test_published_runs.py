@@ -54,3 +54,24 @@ def test_a_run_is_priced_with_its_published_fields_kept():
     tokens = result.estimate.tokens_per_second / run.gpus
     assert math.isclose(result.predicted, tokens * run.shape.megatron_flops_per_token() / 1e12, rel_tol=1e-9)
     assert 0.2 < result.ratio < 5
+
+
+@pytest.mark.timeout(300)
+def test_a_site_is_priced_at_the_middle_of_its_stated_peak_each_end_beside():
+    """torchtitan's H100s are a part no profile describes (96 GB HBM2e at 2.4 TB/s, 500 W, a peak it puts
+    between the NVL's and the SXM5's): the profile with the memory it states, every rate scaled to the middle
+    of its peak range, under a name of its own (the planner caches op times by the profile's name); the
+    prediction at either end brackets the one at the middle."""
+    from graphsplit.planner import load_hardware
+
+    run = next(r for r in published.RUNS if r.site is not None and r.name == "Llama 3.1 8B FSDP" and r.gpus == 8)
+    base = load_hardware("h100")
+    hw = run.site.hardware(base)
+    low, high = run.site.bf16_peak
+    assert hw.memory_bandwidth == 2.4e12 and hw.memory_bytes == 96 * 10**9 and hw.name != base.name
+    scale = (low + high) / 2 / base.peak_flops["bfloat16"]
+    assert all(math.isclose(hw.peak_flops[k], base.peak_flops[k] * scale) for k in base.peak_flops)
+    result = published.price_run(run)
+    assert result.fits and result.bounds is not None
+    slow, fast = result.bounds
+    assert slow < result.predicted < fast
