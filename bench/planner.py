@@ -45,6 +45,7 @@ from graphsplit.loader import load_model  # noqa: E402
 from graphsplit.plan import rounds_fit  # noqa: E402
 from graphsplit.planner import load_hardware, plan_model  # noqa: E402
 from graphsplit.planner.estimate import estimate  # noqa: E402
+from graphsplit.planner.links import send_flops_per_byte  # noqa: E402
 from graphsplit.planner.profile import build_all_tables, profile_model  # noqa: E402
 from graphsplit.planner.search import CHECKPOINT_CHOICES  # noqa: E402
 from graphsplit.planner.stages import plan_stages  # noqa: E402
@@ -130,8 +131,10 @@ def fastest_fitting(profile: Any, hw: Any, shape: Plan) -> Any:
     for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8)):
         for checkpoint in CHECKPOINT_CHOICES:
             for fsdp, compiled, sp in itertools.product((False, True), (False, True), (False, True)):
+                # the cut weighs a byte sent as the search does on this hardware
                 plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
-                                     compile=compiled, sequence_parallel=sp)
+                                     compile=compiled, sequence_parallel=sp,
+                                     send_flops_per_byte=send_flops_per_byte(hw, shape.tp, shape.autocast is not None))
                 est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
                                profile.model_flops_per_sample)
                 if est.memory["total"] <= 0.95 * hw.memory_bytes and (best is None or est.step_seconds < best.step_seconds):
@@ -251,7 +254,8 @@ def deepseek() -> None:
             for checkpoint, fsdp, compiled in itertools.product(("none", "selective", "blocks", "stage"), (False, True),
                                                                 (False, True)):
                 plan = DEEPSEEK_SHAPE.replace(schedule=schedule, stages_per_rank=v, microbatches=m,
-                                              checkpoint=checkpoint, fsdp=fsdp, compile=compiled)
+                                              checkpoint=checkpoint, fsdp=fsdp, compile=compiled,
+                                              send_flops_per_byte=send_flops_per_byte(hw, 1, True))
                 est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
                                profile.model_flops_per_sample)
                 if est.memory["total"] <= 0.95 * hw.memory_bytes and (best is None or est.step_seconds < best.step_seconds):

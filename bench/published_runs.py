@@ -41,6 +41,7 @@ from graphsplit.plan import MULTI_STAGE_SCHEDULES, rounds_fit  # noqa: E402
 from graphsplit.planner import load_hardware  # noqa: E402
 from graphsplit.planner.estimate import Estimate  # noqa: E402
 from graphsplit.planner.hardware import Hardware  # noqa: E402
+from graphsplit.planner.links import send_flops_per_byte  # noqa: E402
 from graphsplit.planner.price import price_plan  # noqa: E402
 from graphsplit.planner.profile import ModelProfile, build_all_tables, profile_model  # noqa: E402
 
@@ -269,8 +270,10 @@ class Result:
         return self.predicted / self.run.published if self.run.unit != "s/step" else self.run.published / self.predicted
 
 
-def _candidates(run: Run) -> Iterator[Plan]:
+def _candidates(run: Run, hw: Hardware) -> Iterator[Plan]:
     base = run.layout
+    # graphsplit's program as the planner configures it on this hardware: its cut weighs a byte sent so
+    send = send_flops_per_byte(hw, base.tp, base.autocast is not None) if base.pp > 1 else None
     replicas = base.dp // base.cp
     sizes = (run.micro_batch,) if run.micro_batch else (1, 2, 4)
     schedules = ((base.schedule, base.stages_per_rank),) if "schedule" not in run.open or base.pp == 1 else \
@@ -288,7 +291,7 @@ def _candidates(run: Run) -> Iterator[Plan]:
         if schedule in MULTI_STAGE_SCHEDULES and not rounds_fit(schedule, base.pp, count):
             continue
         yield base.replace(microbatches=count, schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
-                           compile=compiled)
+                           compile=compiled, send_flops_per_byte=send)
 
 
 def _throughput(run: Run, est: Estimate, peak: float) -> float:
@@ -319,7 +322,7 @@ def _fastest(run: Run, profile: ModelProfile, hw: Hardware) -> tuple[bool, Estim
     so that is the planner's error), and whether it fits."""
     profile.hardware = hw
     best: tuple[bool, float, Estimate] | None = None
-    for plan in _candidates(run):
+    for plan in _candidates(run, hw):
         priced = price_plan(profile, plan, hw, hw.memory_bytes, compare=False)
         est = priced.estimate
         key = (priced.fits, -est.step_seconds if priced.fits else -est.memory["total"])

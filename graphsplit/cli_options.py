@@ -60,6 +60,10 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Linears in float8 with torchao's recipe (pip install torchao), scales agreed across tp shards."),
         click.option("--compile", "compile", is_flag=True, default=None,
                      help="Run each stage under torch.compile (inductor); tp collectives stay eager, between compiled pieces."),
+        click.option("--send-flops-per-byte", "send_flops_per_byte", type=float, default=None,
+                     help="What a byte sent to the next pipeline stage weighs in the balanced cut, in FLOPs "
+                          "(default 8); graphsplit plan sets it from the hardware: its matmul rate over the pp "
+                          "link's bandwidth (about 2,000 on H100s over NVLink, 20,000 across nodes)."),
         click.option("--plan", "plan_file", type=click.Path(path_type=Path), default=None,
                      help="A plan file (what graphsplit plan --out writes) instead of the flags above."),
     ]
@@ -69,7 +73,8 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "ep", "cp", "fsdp", "zero", "sync_bn", "microbatches", "schedule", "stages_per_rank",
-              "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "fp8", "compile")
+              "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "fp8", "compile",
+              "send_flops_per_byte")
 
 
 def plan_from(kwargs: dict[str, Any], devices: int | None = None) -> tuple[Plan, bool]:

@@ -158,6 +158,11 @@ class Plan:
     fp8: str | None = None
     seed: int = 0
     compile: bool = False
+    # what a byte sent to the next pipeline stage weighs in the balanced cut, in FLOPs (the cost model's
+    # unit: analysis/cost.py; None: its BYTES_TO_FLOPS, 8). `graphsplit plan` sets it from the hardware it
+    # prices on, its matmul rate over the pp link's bandwidth (about 2,000 on H100s over NVLink, 20,000
+    # across nodes), so the program it writes cuts where little is live on that machine
+    send_flops_per_byte: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("pp", "tp", "dp", "ep", "cp", "stages_per_rank"):
@@ -190,6 +195,10 @@ class Plan:
         if self.fsdp and checkpoint_policy(self.checkpoint).kind == "attention":
             raise _fail("checkpoint", "attention's cores are too small to be FSDP's units, which are the blocks' "
                                       "regions; with --fsdp use selective or blocks")
+        if self.send_flops_per_byte is not None and (
+                isinstance(self.send_flops_per_byte, bool) or not isinstance(self.send_flops_per_byte, (int, float))
+                or not math.isfinite(self.send_flops_per_byte) or self.send_flops_per_byte <= 0):
+            raise _fail("send_flops_per_byte", f"must be a positive number of FLOPs, got {self.send_flops_per_byte!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise _fail("sequence_parallel", f"must be true or false, got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp < 2:

@@ -153,6 +153,41 @@ def test_balanced_cuts_is_optimal_against_brute_force():
         assert worst(got) == pytest.approx(best)
 
 
+def _stage_costs(costs: np.ndarray, comm: np.ndarray, cuts: list[int]) -> list[float]:
+    b = [0, *cuts, len(costs)]
+    return [float(costs[b[i]:b[i + 1]].sum() + (comm[b[i + 1]] if b[i + 1] < len(costs) else 0.0))
+            for i in range(len(b) - 1)]
+
+
+def test_the_slack_below_the_bottleneck_is_shared_out_not_left_to_the_last_stages():
+    """Twenty light ops and a heavy one over 4 stages: the heavy op alone sets the bottleneck (9); packing
+    each stage to it (the greedy) leaves the third stage 2 where the cut gives the first three about 7
+    each. With 4 stages a rank over 2 ranks (stages 0 and 2 on rank 0), the greedy's ranks sum to 11
+    and 18, the cut's to about 13 and 16."""
+    costs = np.array([1.0] * 20 + [9.0])
+    comm = np.zeros(22)
+    valid = np.ones(22, dtype=bool)
+    greedy = _Ends(costs, comm, valid).greedy(4, 9.0)
+    assert _stage_costs(costs, comm, greedy) == [9, 9, 2, 9]
+    got = _stage_costs(costs, comm, balanced_cuts(costs, comm, valid, 4))
+    assert max(got) == 9 and max(got[:3]) - min(got[:3]) <= 1
+    by_rank = [got[0] + got[2], got[1] + got[3]]
+    assert max(by_rank) < 18
+
+
+def test_within_the_slack_a_cut_moves_to_where_it_sends_less():
+    """A heavy first op sets the bottleneck; the twelve light ops after it share two stages, evenly at
+    six each, but ending there sends 5 and one op earlier nothing: the cut takes the earlier end."""
+    costs = np.array([20.0] + [1.0] * 12)
+    comm = np.zeros(14)
+    comm[7] = 5.0
+    valid = np.ones(14, dtype=bool)
+    cuts = balanced_cuts(costs, comm, valid, 3)
+    assert cuts == [1, 6] and max(_stage_costs(costs, comm, cuts)) == 20
+    comm[7] = 0.0
+    assert balanced_cuts(costs, comm, valid, 3) == [1, 7]
+
+
 def test_many_stage_feasibility_in_numpy_equals_the_stage_by_stage_greedy():
     """The planner prices thousands of stages with the numpy form (doubling over every start at once);
     it decides exactly what the Python greedy decides, also where stages outnumber the easy ends."""
@@ -210,3 +245,52 @@ def test_the_first_and_last_stage_each_hold_a_layer():
     program = rewrite_program(_DecomposeThenProject(), (torch.randn(4, 3, 32),), {}, Plan(pp=2)).program
     held = [sorted({p for p in s.param_sources.values()}) for s in program.stages]
     assert all(held), held  # a rank with no parameters has nothing to train (run refuses it)
+
+
+def test_a_send_weight_from_the_hardware_cuts_where_little_is_live_and_the_planner_prices_that_cut(examples_dir):
+    """Llama at tp 2 with sequence parallelism over 2 stages: with the cost model's 8 FLOPs a byte the balanced
+    cut falls inside a block, beside the gathered input of a column linear (the token shard and its gathered
+    copy both cross); weighted as an H100 weighs a byte sent over NVLink it falls where only the residual's
+    shard (and the token ids the next stage reads shapes from) cross. The planner, given the same weight,
+    prices exactly the program's sends."""
+    from graphsplit.planner import load_hardware, profile_model
+    from graphsplit.planner.links import send_flops_per_byte
+    from graphsplit.planner.stages import plan_stages
+
+    loaded = load_model(str(examples_dir / "llama.py"))
+    hw = load_hardware("h100")
+    weight = send_flops_per_byte(hw, 2, low_precision=False)
+    assert weight > 100
+    default, weighted = (Plan(pp=2, tp=2, sequence_parallel=True, microbatches=2, send_flops_per_byte=w)
+                         for w in (None, weight))
+    crossing = {}
+    for plan in (default, weighted):
+        (boundary,) = rewrite_loaded(loaded, plan).program.boundaries
+        crossing[plan.send_flops_per_byte] = boundary
+        profile = profile_model(loaded, (2,), hw.fused_attention)
+        profile.hardware = hw
+        assert int(plan_stages(profile, plan).send_bytes[0]) == boundary.nbytes
+    floats = {w: [s for s in b.specs if s.dtype.is_floating_point] for w, b in crossing.items()}
+    assert len(floats[None]) > 1 and any(s.shape[1] == 32 for s in floats[None])  # a gathered (whole-sequence) copy
+    assert [tuple(s.shape) for s in floats[weight]] == [(4, 16, 64)]  # the residual's shard alone
+    assert crossing[weight].nbytes < crossing[None].nbytes
+
+
+def test_the_search_weighs_sends_as_its_hardware_does():
+    from collections import Counter
+
+    from graphsplit.planner import load_hardware
+    from graphsplit.planner.links import group_link, send_flops_per_byte
+    from graphsplit.planner.search import candidates
+
+    hw = load_hardware("h100")
+    send = lambda tp, low: send_flops_per_byte(hw, tp, low)  # noqa: E731
+    plans = list(candidates(16, 8, 16, 8, True, Counter(), send=send))
+    piped = [p for p in plans if p.num_stages > 1]
+    assert piped and all(p.send_flops_per_byte is None for p in plans if p.num_stages == 1)
+    for p in piped[:: max(1, len(piped) // 50)]:
+        bandwidth, _ = group_link(hw, 2 * p.tp)
+        rate = hw.flops("bfloat16" if p.autocast else "float32")
+        assert p.send_flops_per_byte == pytest.approx(rate / bandwidth, rel=1e-2)
+    # across nodes (tp 8: pp neighbours 8 apart) a byte weighs about nine times what it weighs over NVLink
+    assert send(8, True) / send(1, True) == pytest.approx(9, rel=0.05)

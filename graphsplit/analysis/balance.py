@@ -7,6 +7,11 @@ after it). The pipeline_split pass cuts with it, and the planner prices thousand
 it (up to thousands of stages on a graph of ten thousand ops), so the greedy pass has two forms
 with the same arithmetic: stage by stage in Python for a few stages, and for many every start at
 once in numpy, chained by doubling (log2(stages) array steps instead of a Python step per stage).
+
+The greedy pass packs each stage to the bottleneck and leaves the last ones what remains; the cut
+returned instead shares the slack out (each stage ending near an even share of what is left, where
+what the cut sends is small), so the ranks of an interleaved schedule, each holding every pp-th
+stage, get even sums too.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import bisect
 import numpy as np
 
 _VECTOR_FROM = 48  # stages from which the numpy feasibility test is faster than the Python one
+_EVEN_UP_TO = 512  # stages up to which the slack is shared out (`_Ends.even`: a pass over the rest per stage)
 
 
 class _Ends:
@@ -39,24 +45,67 @@ class _Ends:
         # where a stage starting after end i-1 begins its sum (0 for the first stage)
         self.base = np.concatenate([[0.0], self.at_end])
 
-    def greedy(self, stages: int, limit: float) -> list[int] | None:
-        """The farthest-reaching cut within `limit`, stage by stage; None when it cannot be reached."""
-        count = len(self._at_end_list)
+    def farthest(self, i: int, left: int, limit: float) -> int | None:
+        """The farthest end a stage may take within `limit` when it starts after end i - 1 and `left` stages
+        (itself among them) remain, leaving one end for each later stage; None when there is none."""
+        start = self._at_end_list[i - 1] if i else 0.0
+        cap = len(self._at_end_list) - left
+        x = start + limit
+        j = bisect.bisect_right(self._reach_list, x) - 1
+        if j > cap:
+            j = cap
+            while j >= i and self._cost_list[j] > x:
+                j -= 1
+        return j if j >= i else None
+
+    def greedy(self, stages: int, limit: float, i: int = 0) -> list[int] | None:
+        """The farthest-reaching cut within `limit`, stage by stage; None when it cannot be reached.
+        `i`: the first end the first stage may take (an earlier stage ended at end i - 1)."""
         cuts: list[int] = []
-        start, i = 0.0, 0
         for s in range(stages - 1):
-            cap = count - (stages - s)  # leave one end per later stage
-            x = start + limit
-            j = bisect.bisect_right(self._reach_list, x) - 1
-            if j > cap:
-                j = cap
-                while j >= i and self._cost_list[j] > x:
-                    j -= 1
-            if j < i:
+            j = self.farthest(i, stages - s, limit)
+            if j is None:
                 return None
             cuts.append(int(self.ends[j]))
-            start, i = self._at_end_list[j], j + 1
-        return cuts if self.total <= start + limit else None
+            i = j + 1
+        return cuts if self.total <= (self._at_end_list[i - 1] if i else 0.0) + limit else None
+
+    def even(self, stages: int, limit: float) -> list[int]:
+        """Cuts within `limit` (a bottleneck `reachable` found) that share out its slack: each stage ends
+        where the distance from an even share of what is left, plus what the cut sends, is least, among
+        the ends within the limit from which the later stages still finish within it (else the farthest
+        end, from which they always do). The bottleneck is the greedy's; the stages are as even as the ends
+        allow, so a rank holding several stages (an interleaved schedule) holds its share, not full stages
+        first and the remainder last, and a cut moves to where little is live when that is as even."""
+        if stages > _EVEN_UP_TO:  # each choice is checked by a greedy pass over the stages after it
+            found = self.greedy(stages, limit)
+            assert found is not None, "a bottleneck found reachable is reachable"
+            return found
+        count = len(self._at_end_list)
+        sends = self.cost - self.at_end
+        cuts: list[int] = []
+        i = 0
+        for s in range(stages - 1):
+            left = stages - s
+            start = self._at_end_list[i - 1] if i else 0.0
+            share = (self.total - start) / left
+            target, slack = start + share, max(limit - share, 0.0)
+            lo = max(i, bisect.bisect_left(self._at_end_list, target - slack))
+            hi = min(count - left, bisect.bisect_right(self._at_end_list, target + slack) - 1)
+            chosen = None
+            if lo <= hi:
+                window = slice(lo, hi + 1)
+                score = np.where(self.cost[window] <= start + limit,
+                                 np.abs(self.at_end[window] - target) + sends[window], np.inf)
+                j = lo + int(np.argmin(score))
+                if np.isfinite(score[j - lo]) and self.greedy(left - 1, limit, j + 1) is not None:
+                    chosen = j
+            if chosen is None:
+                chosen = self.farthest(i, left, limit)
+                assert chosen is not None, "a bottleneck found reachable is reachable"
+            cuts.append(int(self.ends[chosen]))
+            i = chosen + 1
+        return cuts
 
     def reachable(self, stages: int, limit: float) -> bool:
         """Whether `greedy(stages, limit)` succeeds, every start at once: step[i] is where the stage after
@@ -99,7 +148,7 @@ class _Ends:
 
 
 def balanced_cuts(costs: np.ndarray, comm: np.ndarray, valid: np.ndarray, stages: int) -> list[int]:
-    """Cut positions minimizing the most expensive stage.
+    """Cut positions minimizing the most expensive stage, the slack below it shared out (`_Ends.even`).
 
     costs[i]: cost of node i; comm[k]: cost of sending across cut k; valid[k]: whether cut k is
     allowed (k in 1..n-1). Returns `stages - 1` positions."""
@@ -114,6 +163,4 @@ def balanced_cuts(costs: np.ndarray, comm: np.ndarray, valid: np.ndarray, stages
             lo = mid
         if hi - lo <= 1e-12 * max(hi, 1.0):
             break
-    found = ends.greedy(stages, hi)
-    assert found is not None, "a bottleneck found reachable is reachable"
-    return found
+    return ends.even(stages, hi)

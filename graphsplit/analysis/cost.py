@@ -21,6 +21,12 @@ def node_cost(node: fx.Node) -> float:
     return float(ni.flops) + BYTES_TO_FLOPS * float(ni.bytes_moved)
 
 
-def boundary_cost(nbytes: int) -> float:
+def send_weight(flops_per_byte: float | None) -> float:
+    """What a byte sent to the next stage costs: a plan's `send_flops_per_byte` (set from the hardware),
+    BYTES_TO_FLOPS where it gives none."""
+    return BYTES_TO_FLOPS if flops_per_byte is None else float(flops_per_byte)
+
+
+def boundary_cost(nbytes: int, flops_per_byte: float | None = None) -> float:
     """Cost charged to a stage for sending `nbytes` to the next one."""
-    return BYTES_TO_FLOPS * float(nbytes)
+    return send_weight(flops_per_byte) * float(nbytes)

@@ -233,7 +233,7 @@ def pipeline_split_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -
         possible = int(valid.sum())
         if possible < stages - 1:
             raise too_few_cuts(stages, inp.plan.stages_per_rank, possible, n)
-        comm = np.array([boundary_cost(int(b)) for b in live])
+        comm = np.array([boundary_cost(int(b), inp.plan.send_flops_per_byte) for b in live])
         cuts = balanced_cuts(np.array([node_cost(x) for x in seq]), comm, valid, stages)
     else:
         cuts = []

@@ -199,7 +199,7 @@ def build_program(
                 first_node=members[0].name if members else "",
                 flops=sum(info(n).flops for n in members),
                 cost=sum(node_cost(n) for n in members)
-                + (0.0 if s == num - 1 else _send_cost(boundaries[s])),
+                + (0.0 if s == num - 1 else _send_cost(boundaries[s], plan.send_flops_per_byte)),
                 param_sources={k: canon_p[id(p)] for k, p in stage_gm.named_parameters(remove_duplicate=False)},
                 buffer_sources={k: canon_b[id(b)] for k, b in stage_gm.named_buffers(remove_duplicate=False)
                                 if id(b) in canon_b},
@@ -230,10 +230,10 @@ def _regions(stage_gm: fx.GraphModule, canonical: dict[int, str]) -> dict[str, A
             "read_outside_regions": frozenset(outside)}
 
 
-def _send_cost(boundary: Boundary) -> float:
+def _send_cost(boundary: Boundary, flops_per_byte: float | None) -> float:
     from ..analysis.cost import boundary_cost
 
-    return boundary_cost(boundary.nbytes)
+    return boundary_cost(boundary.nbytes, flops_per_byte)
 
 
 def _drop_unused(graph: fx.Graph, recomputed: set[fx.Node] = frozenset()) -> None:

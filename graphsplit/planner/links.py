@@ -18,3 +18,12 @@ def group_link(hw: Hardware, span: int) -> tuple[float, float]:
     if span <= hw.gpus_per_node:
         return hw.intra_node_bandwidth * hw.link_efficiency, hw.intra_node_latency
     return hw.inter_node_bandwidth * hw.link_efficiency, hw.inter_node_latency
+
+
+def send_flops_per_byte(hw: Hardware, tp: int, low_precision: bool) -> float:
+    """What a byte sent between pipeline stages costs on `hw` in FLOPs of its matmul rate (the dtype's):
+    the weight the planner gives sends in the cut (Plan.send_flops_per_byte), pp neighbours lying tp apart
+    in the (dp, pp, tp) mesh. Three significant figures, so a plan file reads plainly."""
+    bandwidth, _ = group_link(hw, 2 * tp)
+    weight = hw.flops("bfloat16" if low_precision else "float32") / bandwidth
+    return float(f"{weight:.3g}")

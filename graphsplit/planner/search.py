@@ -15,6 +15,7 @@ counted with the reason.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ from ..errors import GraphsplitError
 from ..plan import Plan, divisors, rounds_fit
 from .estimate import Estimate, estimate, plan_memory
 from .hardware import Hardware
+from .links import send_flops_per_byte
 from .parallel import Workers
 from .profile import build_all_tables
 from .schedules import ORDERED_SCHEDULES
@@ -89,12 +91,17 @@ def cp_degrees(dp: int, batch: int, sequence: int) -> list[int]:
     return [1, *found[:CP_CHOICES]]
 
 
+SendWeight = Callable[[int, bool], float]  # (tp, low precision) -> Plan.send_flops_per_byte
+
+
 def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_blocks: bool,
-               left_out: Counter[str], experts: int = 0, sequence: int = 0, has_cores: bool = False) -> Iterator[Plan]:
+               left_out: Counter[str], experts: int = 0, sequence: int = 0, has_cores: bool = False,
+               send: SendWeight | None = None) -> Iterator[Plan]:
     """Every plan shape for `gpus` devices; the ones that cannot work are counted in `left_out`.
     `experts`: what every MoE layer's expert count divides (0: none), for the expert-parallel degrees
     (drawn from dp); `sequence`: the length context parallelism may cut (0: none), for its degrees
-    (drawn from dp too); `has_cores`: it has written-out attention, which `--checkpoint attention` recomputes."""
+    (drawn from dp too); `has_cores`: it has written-out attention, which `--checkpoint attention` recomputes;
+    `send`: what a byte sent between stages weighs in a pipelined candidate's cut (links.send_flops_per_byte)."""
     for tp in divisors(min(gpus, gpus_per_node)):
         for pp in divisors(gpus // tp):
             dp = gpus // (tp * pp)
@@ -102,11 +109,12 @@ def candidates(gpus: int, gpus_per_node: int, batch: int, max_stages: int, has_b
                 if batch % (dp // cp):
                     left_out[f"batch {batch} cannot be shared by dp={dp} replicas"] += 1
                     continue
-                yield from _shapes(tp, pp, dp, cp, batch, max_stages, has_blocks, left_out, experts, has_cores)
+                yield from _shapes(tp, pp, dp, cp, batch, max_stages, has_blocks, left_out, experts, has_cores, send)
 
 
 def _shapes(tp: int, pp: int, dp: int, cp: int, batch: int, max_stages: int, has_blocks: bool,
-            left_out: Counter[str], experts: int, has_cores: bool = False) -> Iterator[Plan]:
+            left_out: Counter[str], experts: int, has_cores: bool = False,
+            send: SendWeight | None = None) -> Iterator[Plan]:
     """The candidates of one (tp, pp, dp, cp) mesh: schedules, micro-batches, checkpointing, precision,
     sharding, compile, sequence parallelism."""
     per_replica = batch // (dp // cp)
@@ -138,12 +146,13 @@ def _shapes(tp: int, pp: int, dp: int, cp: int, batch: int, max_stages: int, has
         # ZeRO-1 beside plain DDP (its states a dp-th each, its parameters gathered after the step)
         sharding = [(False, 1, None), *([(False, 1, 1)] if dp > 1 else []), *((True, 1, z) for z in zeros if dp > 1),
                     *((f, e, z) for e in eps for f, z in ((False, None), *((True, z) for z in zeros)))]
+        weights = {low: send(tp, low) if send is not None and pp * v > 1 else None for low in (False, True)}
         for checkpoint, autocast, (fsdp, ep, zero), compiled, sp in itertools.product(
                 checkpoints, AUTOCAST_CHOICES, sharding, COMPILE_CHOICES, (False, True) if tp > 1 else (False,)):
             try:
                 yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, zero=zero, ep=ep, cp=cp, microbatches=m if pp > 1 else None,
                            schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
-                           compile=compiled, sequence_parallel=sp)
+                           compile=compiled, sequence_parallel=sp, send_flops_per_byte=weights[autocast is not None])
             except GraphsplitError as exc:  # a combination the program refuses (plan.py says why)
                 left_out[str(exc).split(": ", 1)[-1]] += 1
 
@@ -207,8 +216,9 @@ def search(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, gpus_per_node
     building = dict(building or {})
     left_out: Counter[str] = Counter()
     groups: dict[tuple[int, bool, bool], list[tuple[int, Plan]]] = {}  # (tp, sequence parallel, low precision)
+    send = functools.partial(send_flops_per_byte, hw)
     plans = list(candidates(gpus, per_node, profile.batch, profile.max_stages, profile.has_blocks, left_out,
-                            profile.experts, profile.sequence, profile.has_cores))
+                            profile.experts, profile.sequence, profile.has_cores, send))
     plans = [p for p in plans if keep is None or keep(p)]
     if "bfloat16" in hw.peak_flops:  # fp16 prices as bf16 does and needs a loss scaler: only bf16 is shown
         plans = [p for p in plans if p.autocast != "fp16"]
@@ -263,7 +273,7 @@ def _devices_needed(profile: Any, gpus: int, gpu_memory: int, hw: Hardware, per_
     budget = gpu_memory * USABLE_FRACTION
     while n <= 2**20:
         for plan in candidates(n, per_node, profile.batch, profile.max_stages, profile.has_blocks, Counter(),
-                               profile.experts, profile.sequence):
+                               profile.experts, profile.sequence, send=functools.partial(send_flops_per_byte, hw)):
             if plan.autocast == "fp16" or (plan.dp > 1 and not plan.fsdp and plan.ep == 1) \
                     or plan.checkpoint not in ("blocks", "none") \
                     or plan.compile:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis.balance import balanced_cuts
-from ..analysis.cost import BYTES_TO_FLOPS
+from ..analysis.cost import BYTES_TO_FLOPS, send_weight
 from ..errors import GraphsplitError
 from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .estimate import Stages
@@ -28,13 +28,14 @@ from .profile import ModelProfile, OpTable
 from .recompute import policy_kept, region_spans, stage_shifts
 
 
-def cuts(table: OpTable, stages: int, b: int) -> list[int]:
-    """Where stages start, as pipeline_split cuts at `b` samples per micro-batch."""
-    key = ("cuts", stages, b)
+def cuts(table: OpTable, stages: int, b: int, send_flops_per_byte: float | None = None) -> list[int]:
+    """Where stages start, as pipeline_split cuts at `b` samples per micro-batch, a byte sent weighing
+    `send_flops_per_byte` (the plan's; analysis/cost.py's `send_weight`)."""
+    key = ("cuts", stages, b, send_flops_per_byte)
     if key not in table.cache:
         n = table.n
         costs = table.at(table.flops, b).astype(np.float64) + BYTES_TO_FLOPS * table.at(table.bytes, b).astype(np.float64)
-        comm = BYTES_TO_FLOPS * table.at(table.live, b).astype(np.float64)
+        comm = send_weight(send_flops_per_byte) * table.at(table.live, b).astype(np.float64)
         valid = np.zeros(n + 1, dtype=bool)
         valid[1:n] = ~table.blocked[1:n]
         table.cache[key] = balanced_cuts(costs, comm, valid, stages) if stages > 1 else []
@@ -187,11 +188,12 @@ def as_run(table: OpTable, plan: Plan) -> OpTable:
 def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.ndarray | list[int]]:
     """What the policy does not change, for `plan.num_stages` stages at `b` samples per micro-batch."""
     key = ("split", plan.num_stages, b, plan.tp, plan.ep, plan.cp, plan.pp, hw.name, plan.compile, _gathered_low(plan),
-           plan.fp8)
+           plan.fp8, plan.send_flops_per_byte)
     if key in table.cache:
         return table.cache[key]
     n, count = table.n, plan.num_stages
-    bounds = [0, *cuts(table, count, b), n]  # the compiler's cut (its analysis holds every expert)
+    # the compiler's cut (its analysis holds every expert)
+    bounds = [0, *cuts(table, count, b, plan.send_flops_per_byte), n]
     param_bytes = held(table, bounds, 1, plan.ep)
     expert_bytes = held(table, bounds, 1, plan.ep, only_experts=True)
     secs = op_seconds(as_run(table, plan), b, hw, plan.compile)
@@ -283,7 +285,8 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     # queries over the whole sequence): priced as 1/cp of a sample
     b: float = samples / plan.cp if plan.cp > 1 else samples
     key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, plan.ep, plan.cp,
-           plan.pp, hw.name, plan.compile, plan.schedule in SPLIT_BACKWARD_SCHEDULES, plan.fsdp_reshards, plan.fp8)
+           plan.pp, hw.name, plan.compile, plan.schedule in SPLIT_BACKWARD_SCHEDULES, plan.fsdp_reshards, plan.fp8,
+           plan.send_flops_per_byte)
     if key in table.cache:
         return table.cache[key]
     split = _split(table, plan, b, hw)
