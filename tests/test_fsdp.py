@@ -1,5 +1,9 @@
 """--fsdp: FSDP2 `fully_shard` over the dp axis (ZeRO-3), under pipeline and tensor parallelism."""
 
+import contextlib
+import datetime
+from collections.abc import Iterator
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -103,14 +107,12 @@ def test_every_feature_of_the_planners_405b_plan_together_matches_the_untouched_
     assert cmp is not None and cmp.ok, "\n".join(lines)
 
 
-@pytest.mark.parametrize("zero", [2, 3])
-def test_zero2_keeps_each_units_parameters_gathered_from_its_forward_to_its_backward(zero, tmp_path):
-    """One stage, no pipeline: ZeRO-3 frees a block's gathered parameters after its forward (gathered
-    again for its backward), ZeRO-2 keeps them to the end of the backward; the program's units as
-    `apply_fsdp` makes them, a forward run on one rank."""
+@contextlib.contextmanager
+def one_rank_fsdp_stage(plan: Plan, tmp_path) -> Iterator[tuple]:
+    """The Llama example's one stage under `plan`, materialized and wrapped by `apply_fsdp` on a world of one
+    gloo rank: (loaded model, program, stage module, its units' regions)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
 
     from graphsplit.backends.parallelize import apply_fsdp
     from graphsplit.loader import load_model
@@ -118,26 +120,35 @@ def test_zero2_keeps_each_units_parameters_gathered_from_its_forward_to_its_back
     from graphsplit.runtime.materialize import materialize_stage, model_tensors
 
     loaded = load_model(str(EXAMPLES / "llama.py"))
-    plan = Plan(dp=2, fsdp=True, zero=zero)
-    assert plan.fsdp_reshards == (zero == 3)
     program = rewrite_loaded(loaded, plan).program
     (stage,) = program.stages
     module = materialize_stage(stage, "cpu", model_tensors(loaded.build("cpu")))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
-                            timeout=__import__("datetime").timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=60))
     try:
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
         apply_fsdp([module], mesh, units=[program.fsdp_units(0)], reshard_after_forward=plan.fsdp_reshards)
-        regions = [module.get_submodule(name) for name in program.fsdp_units(0)]
+        yield loaded, program, module, [module.get_submodule(name) for name in program.fsdp_units(0)]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero2_keeps_each_units_parameters_gathered_from_its_forward_to_its_backward(zero, tmp_path):
+    """One stage, no pipeline: ZeRO-3 frees a block's gathered parameters after its forward (gathered
+    again for its backward), ZeRO-2 keeps them to the end of the backward; the program's units as
+    `apply_fsdp` makes them, a forward run on one rank."""
+    from torch.distributed.tensor import DTensor
+
+    plan = Plan(dp=2, fsdp=True, zero=zero)
+    assert plan.fsdp_reshards == (zero == 3)
+    with one_rank_fsdp_stage(plan, tmp_path) as (loaded, program, module, regions):
         assert len(regions) == 4  # a unit per block
-        inputs = program.traced.flatten_inputs(loaded.args, loaded.kwargs)
-        out = module(*inputs)
+        out = module(*program.traced.flatten_inputs(loaded.args, loaded.kwargs))
         gathered = [not any(isinstance(p, DTensor) for p in r.parameters()) for r in regions]
         assert gathered == [zero == 2] * 4  # after the forward: held whole (ZeRO-2) or freed (ZeRO-3)
         sum(o.float().sum() for o in out if isinstance(o, torch.Tensor) and o.is_floating_point()).backward()
         assert all(isinstance(p, DTensor) for r in regions for p in r.parameters())  # both free them after backward
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("zero, gathers", [(3, 2), (2, 1)])
@@ -146,28 +157,13 @@ def test_over_two_micro_batches_zero2_gathers_once_a_step_and_zero3_every_micro_
     forward its parameters are sharded (FSDP must gather them) in every micro-batch under ZeRO-3, in the
     first only under ZeRO-2, whose units stay gathered to the last backward; both end the step sharded.
     What the planner prices (planner/dp_traffic.py) follows from these counts."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
     from graphsplit.backends.local import LocalPipeline
-    from graphsplit.backends.parallelize import apply_fsdp
-    from graphsplit.loader import load_model
-    from graphsplit.rewrite import rewrite_loaded
-    from graphsplit.runtime.materialize import materialize_stage, model_tensors
     from graphsplit.runtime.training import make_loss
 
-    loaded = load_model(str(EXAMPLES / "llama.py"))
-    plan = Plan(dp=2, fsdp=True, zero=zero, microbatches=2)
-    program = rewrite_loaded(loaded, plan).program
-    (stage,) = program.stages
-    module = materialize_stage(stage, "cpu", model_tensors(loaded.build("cpu")))
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
-                            timeout=__import__("datetime").timedelta(seconds=60))
-    try:
-        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
-        apply_fsdp([module], mesh, units=[program.fsdp_units(0)], reshard_after_forward=plan.fsdp_reshards)
-        regions = [module.get_submodule(name) for name in program.fsdp_units(0)]
+    with one_rank_fsdp_stage(Plan(dp=2, fsdp=True, zero=zero, microbatches=2), tmp_path) as (
+            loaded, program, module, regions):
         sharded_at_forward: list[bool] = []
         for region in regions:  # prepended: runs before FSDP's own pre-forward hook gathers the unit
             region.register_forward_pre_hook(
@@ -178,8 +174,6 @@ def test_over_two_micro_batches_zero2_gathers_once_a_step_and_zero3_every_micro_
         assert len(sharded_at_forward) == 2 * len(regions)
         assert sum(sharded_at_forward) == gathers * len(regions), sharded_at_forward
         assert all(isinstance(p, DTensor) for p in module.parameters())  # the step ends sharded for the optimizer
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("args, message", [
