@@ -8,7 +8,7 @@ when the sender's compute is scheduled (`_add_send_recv`) and waited for by the 
 This times each rank's actions in that order (`pipeline_order_with_comms`, built on stand-in stages as
 every rank builds it), a forward costing 1/v, a backward 2/v (one stage of v a rank), each transfer tau,
 taken as in flight from the moment its data exists and both ends have posted it. It prints the step's
-growth in units of tau beside what the planner prices: each micro-batch's two transfers per stage on the
+growth in units of tau beside about what the planner prices: each micro-batch's two transfers per stage on the
 step's path, the bubble stretching them with the rest (2 (m v + pp - 1) tau; torch's Schedule1F1B waits
 for them so). Whether NCCL runs a rank's transfers in
 flight so, or queues them on one stream in the order they were posted, is not measured here (no run on

@@ -79,8 +79,9 @@ def test_ddp_hides_its_all_reduce_behind_the_last_backward_but_not_after_a_split
     split = Plan(dp=16, pp=2, microbatches=4, schedule="zbv", stages_per_rank=2)
     after = dp_traffic(split, H100, moved, 0.1, LONG)  # averaged after the step (runtime/grad_average.py)
     assert math.isclose(after.exposed, after.total)
-    zero1 = dp_traffic(Plan(dp=16, zero=1), H100, moved, 0.1, LONG)  # its gather after the optimizer
-    assert math.isclose(zero1.exposed, ring(ddp, GRADS))
+    plan = Plan(dp=16, zero=1)
+    zero1 = dp_traffic(plan, H100, moved, 0.1, LONG)  # its gather after the optimizer
+    assert math.isclose(zero1.exposed, ring(plan, GRADS))
 
 
 def test_the_planner_prices_zero3_traffic_per_micro_batch_on_a_real_profile():
