@@ -49,3 +49,51 @@ def test_bf16_loss_is_close_to_fp32():
         assert all(p.grad.dtype == torch.float32 for s in stages for p in s.parameters() if p.grad is not None)
     assert losses["bf16"] != losses[None]  # the matmuls did run in bf16
     assert abs(float(losses["bf16"] - losses[None])) <= 1e-2 * abs(float(losses[None]))
+
+
+def test_every_product_torch_autocasts_runs_in_the_low_dtype(tmp_path):
+    """baddbmm (its added tensor too: BLOOM's fp32 ALiBi bias beside bf16 q and k) and `Tensor.mm` cast every
+    input as torch.autocast does, where leaving one in fp32 fails ("Input dtypes must be the same"); the
+    program matches the untouched model under torch.autocast."""
+    from graphsplit.launch.parity import check_locally
+
+    path = tmp_path / "products.py"
+    path.write_text('''import torch
+import torch.nn as nn
+
+
+class Products(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8, bias=False), nn.Linear(8, 8)  # softmax ignores a key bias
+        self.w = nn.Parameter(torch.randn(8, 8) / 8)
+
+    def forward(self, x):
+        bias = torch.arange(x.shape[1], dtype=torch.float32).expand(x.shape[0], 1, -1) * -0.1
+        scores = torch.baddbmm(bias, self.q(x), self.k(x).transpose(1, 2), alpha=0.3)
+        y = torch.bmm(scores.softmax(-1), self.v(x))
+        z = y.flatten(0, 1).mm(self.w)
+        return z
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Products()
+
+
+def example_inputs():
+    return (torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(0)),)
+
+
+def loss_fn(out):
+    return out.square().mean()
+''')
+    loaded = load_model(str(path))
+    program, cmp = check_locally(loaded, Plan(autocast="bf16"))
+    assert cmp.ok, cmp.failures
+    products = [n for st in program.stages for n in st.gm.graph.nodes
+                if info(n).kind in (OpKind.ADD_MATMUL, OpKind.MATMUL)]
+    assert {str(getattr(n.target, "__name__", n.target)) for n in products} == {"baddbmm", "bmm", "mm"}
+    for n in products:
+        assert info(n).tensor.dtype == torch.bfloat16, n
+        assert all(info(a).tensor.dtype == torch.bfloat16 for a in n.all_input_nodes if info(a).tensor is not None), n

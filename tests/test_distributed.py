@@ -39,6 +39,9 @@ CASES = [
     # data parallel: DDP over the dp axis, each replica its share of the batch, gradients averaged
     # (tied embeddings synced per replica: test_parallelize's FSDP dp2 x pp2 x tp2 gpt)
     ("mlp.py", Plan(dp=2)),  # one stage: DDP without a schedule (no_sync on all but the last micro-batch)
+    # HF's BLOOM as is, tp 2 with sequence parallelism under bf16: ALiBi's bias cut chunk by chunk over the
+    # merged batch x heads dim into baddbmm (all its inputs cast to bf16), its GeLUFunction keeping the shard
+    ("hf_bloom.py", Plan(tp=2, sequence_parallel=True, autocast="bf16")),
 ]
 
 

@@ -53,6 +53,25 @@ def test_attention_over_a_merged_batch_and_heads_dim_stays_sharded(plan):
     assert not any(n.target is tpops.gather_chunks_from_tp for st in program.stages for n in st.gm.graph.nodes)
 
 
+@pytest.mark.parametrize("plan", [Plan(tp=2), Plan(tp=2, pp=2, autocast="bf16")], ids=["tp2", "tp2-pp2-bf16"])
+def test_bloom_is_sharded_by_heads_its_alibi_bias_cut_chunk_by_chunk(plan):
+    """HF's BloomForCausalLM as is: q @ k^T over the merged batch x heads dim is `alibi.baddbmm(q, k)`, the
+    bias (batch x heads, 1, keys) made from the heads' slopes whole on every rank, so each rank takes its
+    heads of every sample of it (`scatter_chunks_to_tp`, no communication forward); its MLP's GeLU is a
+    custom autograd Function that computes elementwise, which keeps the shard. Megatron's 2 + 2 all-reduces
+    a block, nothing left whole, and the program equals the untouched model (bf16: baddbmm's bias cast
+    with q and k, as torch.autocast casts them)."""
+    loaded = load_model(str(MODELS / "hf_bloom.py"))
+    program, cmp = check_locally(loaded, plan)
+    assert cmp.ok, cmp.failures
+    assert program.replicated == [], program.replicated
+    nodes = [n for st in program.stages for n in st.gm.graph.nodes]
+    # one cut of the bias, which every block reads (at most one per stage: a later stage may be sent it)
+    assert 1 <= sum(n.target is tpops.scatter_chunks_to_tp for n in nodes) <= len(program.stages)
+    assert not any(n.target is tpops.gather_chunks_from_tp for n in nodes)
+    assert _forward_all_reduces(program, "transformer.h.0") == 2
+
+
 def test_a_merged_value_an_op_needs_whole_is_gathered_in_order(tmp_path):
     """An op no rule knows (cumsum) over the merged scores: gathered chunk by chunk into the whole
     value, and the program still equals the untouched model (a gather in rank order would not)."""
@@ -85,6 +104,30 @@ def test_gather_chunks_puts_every_rank_block_back_chunk_by_chunk():
         assert torch.equal(gathered, whole)
         assert torch.equal(grad, shard_tensor(weight, layout, rank, 2))
     assert COLLECTIVES_OF[tpops.gather_chunks_from_tp] == [("forward", "all_gather")]  # counted and priced
+
+
+@pytest.mark.parametrize("chunks", [(4, 4), (4, 2, 2)], ids=["equal", "unequal"])
+def test_scatter_chunks_gives_each_rank_its_block_of_every_chunk(chunks):
+    """The inverse of the gather above, for a whole value an op reads beside a chunked one (ALiBi's bias
+    over a merged batch x heads dim): rank r gets its block of every chunk; the backward gathers the
+    gradient's blocks back into the whole gradient, each rank's part where it came from."""
+    whole = torch.randn(3, sum(chunks), 5, dtype=torch.float64, requires_grad=True)
+    layout = Shard(1, chunks)
+    weight = torch.randn(3, sum(chunks), 5, dtype=torch.float64)
+    hub = threads.ThreadHub(2)
+
+    def work(rank):
+        comm = TPComm(2)
+        comm.bind(threads.ThreadLink(hub, rank))
+        x = whole.detach().clone().requires_grad_(True)
+        block = tpops.scatter_chunks_to_tp(x, 1, chunks, comm)
+        (block * shard_tensor(weight, layout, rank, 2)).sum().backward()
+        return block.detach(), x.grad
+
+    for rank, (block, grad) in enumerate(threads.run_ranks(hub, work)):
+        assert torch.equal(block, shard_tensor(whole.detach(), layout, rank, 2))
+        assert torch.equal(grad, weight)  # every rank's block of the gradient, gathered in place
+    assert COLLECTIVES_OF[tpops.scatter_chunks_to_tp] == [("backward", "all_gather")]
 
 
 @pytest.mark.parametrize("all_heads", [False, True])

@@ -215,6 +215,77 @@ def _attention_odd_heads(g: G) -> fx.Node:
     return g.call(F.scaled_dot_product_attention, q, k, v, shape=(2, 4, 16, 8))
 
 
+def _baddbmm_heads(g: G) -> fx.Node:
+    # BLOOM's scores: ALiBi's bias (batch x heads, 1, keys) added to q @ k^T over a merged batch x heads dim
+    bias = g.input("bias", (8, 1, 16), R, grad=False)
+    q, k = g.input("q", (8, 16, 4), S(0, (4, 4))), g.input("k", (8, 4, 16), S(0, (4, 4)))
+    return g.call(torch.baddbmm, bias, q, k, shape=(8, 16, 16))
+
+
+def _baddbmm_broadcast(g: G) -> fx.Node:
+    bias = g.input("bias", (1, 16, 16), R)
+    q, k = g.input("q", (8, 16, 4), S(0)), g.input("k", (8, 4, 16), S(0))
+    return g.call(torch.baddbmm, bias, q, k, shape=(8, 16, 16))
+
+
+def _baddbmm_contracted(g: G) -> fx.Node:
+    bias = g.input("bias", (2, 8, 4), R)
+    a, b = g.input("a", (2, 8, 16), S(2)), g.input("b", (2, 16, 4), S(1))
+    return g.call(torch.baddbmm, bias, a, b, shape=(2, 8, 4))
+
+
+def _addbmm(g: G) -> fx.Node:
+    bias = g.input("bias", (8, 4), R)
+    a, b = g.input("a", (2, 8, 16), S(0)), g.input("b", (2, 16, 4), S(0))
+    return g.call(torch.addbmm, bias, a, b, shape=(8, 4))
+
+
+class _Gelu(torch.autograd.Function):
+    """BLOOM's GeLUFunction's shape: elementwise forward, elementwise backward from the saved input."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(1.702 * x) + y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(1.702 * x)
+        return grad * (s + 1.702 * x * s * (1 - s)), grad
+
+
+class _RowNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x / x.norm(dim=-1, keepdim=True) + y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad, grad
+
+
+class _NormedGradient(torch.autograd.Function):
+    """Elementwise forward, but its backward scales the gradient by its norm over the whole tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad / grad.norm(), grad
+
+
+def _function(cls: type) -> Callable[[G], fx.Node]:
+    from graphsplit.ir.autograd_functions import FunctionCall
+
+    def build(g: G) -> fx.Node:
+        x, y = g.input("x", (2, 4, 8), S(2)), g.input("y", (2, 4, 8), R)
+        return g.call(FunctionCall(cls), x, y, shape=(2, 4, 8))
+    return build
+
+
 def _unknown(g: G) -> fx.Node:
     return g.call(torch.cumsum, g.input("x", (2, 4, 8), S(2)), 2, shape=(2, 4, 8))
 
@@ -224,7 +295,7 @@ RULE_ROWS = [
     ("add: whole operand scattered", _add_full, S(2), [("y", S(2))], None),
     ("add: whole bias scattered", _add_bias, S(2), [("b", S(0))], None),
     ("mul: shards on different dims", _add_mixed, R, [("x", R), ("y", R)], "different dims"),
-    ("add: fused shard with a whole value", _add_fused_and_whole, R, [("x", R)], "fused sharded value"),
+    ("add: whole value cut chunk by chunk", _add_fused_and_whole, S(2, (8, 8, 8)), [("y", S(2, (8, 8, 8)))], None),
     ("detach keeps a fused shard", _detach, S(1, (2, 2)), [], None),
     ("view splitting the sharded dim", _view_heads, S(2), [], None),
     ("view breaking the shard's blocks", _view_moves_shard, R, [("x", R)], "moves the sharded dim 1"),
@@ -248,6 +319,13 @@ RULE_ROWS = [
     ("matmul over the sharded inner dim", _matmul_contracted, P, [], None),
     ("attention over sharded heads", _attention, S(1), [("k", S(1))], None),
     ("attention: heads that do not divide", _attention_odd_heads, R, [("q", R), ("v", R)], "3 heads not divisible"),
+    ("baddbmm: the bias cut as the merged heads", _baddbmm_heads, S(0, (4, 4)), [("bias", S(0, (4, 4)))], None),
+    ("baddbmm: a bias broadcast along the shard", _baddbmm_broadcast, S(0), [("bias", BROADCAST)], None),
+    ("baddbmm over the sharded inner dim", _baddbmm_contracted, R, [("a", R), ("b", R)], "partial product"),
+    ("addbmm sums over the batch", _addbmm, R, [("a", R), ("b", R)], "is not known to keep a shard"),
+    ("an elementwise autograd Function", _function(_Gelu), S(2), [("y", S(2))], None),
+    ("an autograd Function normalizing the shard", _function(_RowNorm), R, [("x", R)], "custom autograd Function"),
+    ("an autograd Function whose backward mixes", _function(_NormedGradient), R, [("x", R)], "custom autograd Function"),
     ("an op no rule knows", _unknown, R, [("x", R)], "is not known to keep a shard"),
 ]
 

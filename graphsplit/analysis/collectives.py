@@ -25,6 +25,7 @@ COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
     tpops.gather_from_tp: [("forward", "all_gather")],
     tpops.gather_chunks_from_tp: [("forward", "all_gather")],
     tpops.scatter_to_tp: [("backward", "all_gather")],
+    tpops.scatter_chunks_to_tp: [("backward", "all_gather")],
     # sequence parallelism: g and f become a reduce-scatter and an all-gather each way
     tpops.reduce_scatter_to_tp: [("forward", "reduce_scatter"), ("backward", "all_gather")],
     tpops.gather_for_column: [("forward", "all_gather"), ("backward", "reduce_scatter")],

@@ -18,6 +18,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .autograd_functions import FunctionCall
+
 aten = torch.ops.aten
 
 
@@ -57,6 +59,11 @@ class OpKind(enum.Enum):
     EMBEDDING         = ("embedding",         _C,                  None)
     CONV              = ("conv",              _C,                  Precision.LOW)
     MATMUL            = ("matmul",            _C | _PS,            Precision.LOW)
+    # a batch of products added to a tensor: `beta * input + alpha * (a @ b)` (baddbmm: Megatron's and
+    # BLOOM's attention scores, ALiBi's bias as `input`; addbmm, summed over the batch); every input in
+    # the low dtype, as torch's autocast casts them (on CPU and CUDA alike: matrix-vector products,
+    # which only CUDA's casts, stay as written)
+    ADD_MATMUL        = ("add_matmul",        _C | _PS,            Precision.LOW)
     # one weight per expert ([E, in, out]), each token's rows through its expert's
     # (HF's grouped experts: `transformers::grouped_mm_fallback`, torch's grouped_mm)
     GROUPED_LINEAR    = ("grouped_linear",    _C,                  Precision.LOW)
@@ -83,6 +90,8 @@ class OpKind(enum.Enum):
     SOFTMAX           = ("softmax",           _PS | _NS,           Precision.FP32)
     REDUCTION         = ("reduction",         _NS,                 Precision.UPCAST)
     CROSS_ENTROPY     = ("cross_entropy",     Trait.NONE,          Precision.UPCAST)
+    # a user's torch.autograd.Function kept whole (ir/autograd_functions.py: its own backward runs)
+    FUNCTION          = ("function",          Trait.NONE,          None)
     # kinds of the nodes passes insert
     COLLECTIVE        = ("collective",        Trait.NONE,          None)
     CAST              = ("cast",              Trait.NONE,          None)
@@ -145,6 +154,7 @@ for _targets, _kind in (
     ((F.embedding, *_overloads(aten.embedding)), OpKind.EMBEDDING),
     ((F.conv1d, F.conv2d, F.conv3d, *_overloads(aten.conv1d, aten.conv2d, aten.conv3d, aten.convolution)), OpKind.CONV),
     ((torch.matmul, torch.bmm, torch.mm, operator.matmul, *_overloads(aten.matmul, aten.bmm, aten.mm)), OpKind.MATMUL),
+    ((torch.baddbmm, torch.addbmm, *_overloads(aten.baddbmm, aten.addbmm)), OpKind.ADD_MATMUL),
     ((F.scaled_dot_product_attention, *_overloads(aten.scaled_dot_product_attention)), OpKind.ATTENTION),
     ((F.layer_norm, F.rms_norm, F.batch_norm, F.group_norm,
       *_overloads(aten.layer_norm, aten.rms_norm, aten.batch_norm, aten.group_norm)), OpKind.NORM),
@@ -176,6 +186,9 @@ _METHOD_KINDS: dict[str, OpKind] = {
     "dim": OpKind.SHAPE,
     "matmul": OpKind.MATMUL,
     "bmm": OpKind.MATMUL,
+    "mm": OpKind.MATMUL,
+    "baddbmm": OpKind.ADD_MATMUL,
+    "addbmm": OpKind.ADD_MATMUL,
 }
 
 
@@ -288,8 +301,8 @@ def family(node: fx.Node, gm: fx.GraphModule) -> OpKind:
     """How a tensor-parallel shard flows through `node` (and where autocast puts it):
     `classify`, with `OTHER`, `VIEW` and `SHAPE` refined by the op's name."""
     kind = classify(node, gm)
-    if kind in (OpKind.LINEAR, OpKind.GROUPED_LINEAR, OpKind.EMBEDDING, OpKind.CONV, OpKind.MATMUL, OpKind.ATTENTION,
-                OpKind.NORM, OpKind.GETITEM):
+    if kind in (OpKind.LINEAR, OpKind.GROUPED_LINEAR, OpKind.EMBEDDING, OpKind.CONV, OpKind.MATMUL, OpKind.ADD_MATMUL,
+                OpKind.ATTENTION, OpKind.NORM, OpKind.GETITEM):
         return kind
     if node.op == "call_module":
         mod = gm.get_submodule(str(node.target))
@@ -298,6 +311,8 @@ def family(node: fx.Node, gm: fx.GraphModule) -> OpKind:
         return kind
     if node.op == "call_function" and node.target is getattr and len(node.args) > 1 and node.args[1] == "shape":
         return OpKind.SHAPE
+    if node.op == "call_function" and isinstance(node.target, FunctionCall):
+        return OpKind.FUNCTION
     name = op_name(node)
     bare = name.rstrip("_") if name not in _UNDERSCORED else name
     if bare in _NAMED:

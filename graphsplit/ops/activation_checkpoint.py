@@ -46,8 +46,8 @@ ATTENTION_KEEPS = {
     aten._scaled_dot_product_flash_attention_for_cpu.default,
 }
 MATMUL_KEEPS = {
-    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default, aten.matmul.default,
-    aten.convolution.default,
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.addbmm.default,
+    aten.linear.default, aten.matmul.default, aten.convolution.default,
 }
 SELECTIVE_KEEPS = ATTENTION_KEEPS | MATMUL_KEEPS
 

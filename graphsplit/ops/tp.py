@@ -11,6 +11,8 @@ the last argument of each is the graph's communicator, `self.tp_comm` (a `TPComm
 - `scatter_to_tp(x, dim, comm)`   keep this rank's slice forward, all-gather backward
   (both take `size=`: the dim's real size where tp does not divide it; the gathered value
   is cut to it, and the scattered blocks end in zero padding; `ir/sharding.py`)
+- `scatter_chunks_to_tp(x, dim, chunks, comm)`  the same chunk by chunk: each rank's block of every
+  chunk (ALiBi's bias over a merged batch x heads dim)
 - `reduce_scatter_to_tp(x, dim, comm)`  reduce-scatter along `dim` forward, all-gather backward
   (sequence parallelism: after a row-parallel layer, the sum left split on the sequence dim)
 - `gather_for_column(x, dim, comm)`  all-gather along `dim` forward, reduce-scatter backward
@@ -183,6 +185,24 @@ def gather_chunks_from_tp(x: torch.Tensor, dim: int, chunks: tuple[int, ...], co
 @_eager
 def scatter_to_tp(x: torch.Tensor, dim: int, comm: TPComm, size: int | None = None) -> torch.Tensor:
     return _ScatterToTP.apply(x, dim, comm, size)
+
+
+@torch.fx.wrap
+@_eager
+def scatter_chunks_to_tp(x: torch.Tensor, dim: int, chunks: tuple[int, ...], comm: TPComm) -> torch.Tensor:
+    """This rank's block of every chunk of the whole `x` (`gather_chunks_from_tp`'s inverse): `x` put
+    in rank order (every rank's blocks of all chunks, rank after rank), then the rank's slice of it,
+    whose backward gathers the gradient's slices, put back chunk after chunk."""
+    if comm.size == 1:
+        return x
+    dim = dim % x.dim()
+    if len(set(chunks)) == 1:  # equal chunks (heads of every sample): as many as `x` holds, whatever its batch
+        blocks = x.unflatten(dim, (-1, comm.size, chunks[0] // comm.size))
+        ordered = blocks.transpose(dim, dim + 1).flatten(dim, dim + 2)
+    else:
+        pieces = [p.chunk(comm.size, dim) for p in x.split(list(chunks), dim)]
+        ordered = torch.cat([blocks[r] for r in range(comm.size) for blocks in pieces], dim)
+    return _ScatterToTP.apply(ordered, dim, comm, None)
 
 
 @torch.fx.wrap

@@ -31,7 +31,7 @@ from .measure import measure, node_params, out_bytes
 from .table import OpTable
 from .tile import expand, short_fold
 
-SELECTIVE_KINDS = frozenset({OpKind.LINEAR, OpKind.GROUPED_LINEAR, OpKind.MATMUL, OpKind.ATTENTION,
+SELECTIVE_KINDS = frozenset({OpKind.LINEAR, OpKind.GROUPED_LINEAR, OpKind.MATMUL, OpKind.ADD_MATMUL, OpKind.ATTENTION,
                              OpKind.CONV})  # matmul-class
 
 
@@ -129,8 +129,8 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         params.append(tuple(here))
         lows[i] = ni.tensor is not None and ni.tensor.dtype in (torch.bfloat16, torch.float16)
         compute[i] = ni.kind in SELECTIVE_KINDS
-        if ni.kind in (OpKind.LINEAR, OpKind.MATMUL):
-            gemm[i] = _gemm_dims(node)
+        if ni.kind in (OpKind.LINEAR, OpKind.MATMUL, OpKind.ADD_MATMUL):
+            gemm[i] = _gemm_dims(node, ni.kind)
         fp8[i] = ni.kind == OpKind.LINEAR and _fp8_linear(a.gm, node)
         if fp8[i]:
             cast[i] = _pair(_operand_bytes(node), _operand_bytes(node2))
@@ -254,10 +254,12 @@ def _gathered_bytes(attention: fx.Node) -> int:
     return sum(info(x).out_bytes for x in (k, v) if isinstance(x, fx.Node)) // repeats
 
 
-def _gemm_dims(node: fx.Node) -> tuple[int, int]:
+def _gemm_dims(node: fx.Node, kind: OpKind) -> tuple[int, int]:
     """(K, N) of a linear or matmul as this rank runs it: its first operand's last dim, its output's; (0, 0)
-    where either is not at least a matrix (a matrix-vector product prices at the profile's efficiency)."""
-    first = node.args[0] if node.args else None
+    where either is not at least a matrix (a matrix-vector product prices at the profile's efficiency).
+    A product added to a tensor (baddbmm) multiplies its second and third arguments."""
+    at = 1 if kind == OpKind.ADD_MATMUL else 0
+    first = node.args[at] if len(node.args) > at else None
     x = info(first).tensor if isinstance(first, fx.Node) else None
     out = info(node).tensor
     if x is None or out is None or len(x.shape) < 2 or len(out.shape) < 2:

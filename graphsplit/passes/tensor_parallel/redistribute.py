@@ -6,6 +6,7 @@
     S(d) -> R           gather_from_tp(value, d)        all-gather forward
     P    -> R           reduce_from_tp(value)           all-reduce forward (g)
     R    -> S(d)        scatter_to_tp(value, d)         all-gather backward
+    R    -> S(d, chunks) scatter_chunks_to_tp(value, d, chunks)  all-gather backward
 
 A padded shard (`Shard(d, size=n)`, a dim tp does not divide) moves the same
 way with `size=n`: the gather cuts the padding off, the scatter's blocks end in it.
@@ -92,6 +93,9 @@ class Redistribute:
         if isinstance(need, Shard) and have.is_replicate():
             spec = info(value).tensor
             shape = local_shape(tuple(spec.shape), need, self.tp) if spec is not None else None
+            if need.chunks:  # this rank's block of every chunk (ALiBi's bias over a merged batch x heads dim)
+                return self._insert(tpops.scatter_chunks_to_tp, (value, need.dim, need.chunks), like=value,
+                                    layout=need, before=at, shape=shape)
             return self._insert(tpops.scatter_to_tp, (value, need.dim), like=value, layout=need, before=at, shape=shape,
                                 kwargs=_size(need))
         raise GraphsplitError(f"internal: no redistribution of {value.name} from {have} to {need} for {at.name}")

@@ -27,8 +27,8 @@ from ....ir.op_kinds import OpKind
 from ....ir.sharding import Partial, Replicate, Shard
 from ..decision import BROADCAST, SELF, Call, Decision, LayoutView, Need, register, replicated
 from ..layout import nearest_divisor, paddable
-from ..lookahead import chunk_layout, column_pays_off, feeds_output, view_blocking_shard
-from ..spellings import describe, linear_form, without_bias
+from ..lookahead import chunk_layout, column_stop, feeds_output, view_blocking_shard
+from ..spellings import describe, linear_form, op_name_of, without_bias
 
 R = Replicate()
 
@@ -94,9 +94,10 @@ def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) 
         return Decision(R, inputs=tuple(needs), reason=f"linear left replicated: {why}")
     # the output layer (the LM head) shards a vocabulary tp does not divide, padded
     pad = paddable(out_features, tp) and chunks is None and feeds_output(node, view.gm)
-    if (ok or pad) and not column_pays_off(node, view.gm, view.tp, chunks, out_features if pad and not ok else None):
+    stop = column_stop(node, view.gm, view.tp, chunks, out_features if pad and not ok else None) if ok or pad else None
+    if stop is not None:
         return Decision(R, inputs=tuple(needs), reason="linear left replicated: its sharded output would be gathered "
-                                                       "before any row-parallel layer (a norm or reduction comes first)")
+                                                       f"before any row-parallel layer: {stop}")
     size = out_features if pad else None
     want = Shard(out_dim, chunks, size)
     given = view.param_layout(w)
@@ -118,7 +119,38 @@ def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) 
 def matmul(node: fx.Node, view: LayoutView) -> Decision:
     """Batch dims shard like pointwise ops; A[.., m, k] @ B[.., k, n] keeps a shard of m or
     n; a shard of k on both sides gives partial products, summed right after."""
-    a, b = node.args[0], node.args[1]
+    return _product(node, view, node.args[0], node.args[1])
+
+
+@register(OpKind.ADD_MATMUL)
+def add_matmul(node: fx.Node, view: LayoutView) -> Decision:
+    """`baddbmm(input, a, b)`, `beta * input + alpha * (a @ b)` (Megatron's and BLOOM's attention
+    scores, ALiBi's bias as `input`): the product keeps a shard as a matmul does, and `input` is added
+    as a pointwise operand, taking the product's shard (chunk by chunk too: each rank's heads of a
+    merged batch x heads dim), or read whole where it broadcasts along it. A partial product is not
+    kept (`input` would be added once per rank), nor addbmm's (it sums over the batch): their sharded
+    inputs are gathered."""
+    if op_name_of(node) != "baddbmm" or len(node.args) < 3:
+        if not view.sharded_inputs(node):
+            return Decision(view.whole(node))
+        return replicated(node, view, f"{describe(node)} is not known to keep a shard")
+    added, a, b = node.args[0], node.args[1], node.args[2]
+    if not isinstance(added, fx.Node) or not view.layout(added).is_replicate():
+        return replicated(node, view, f"{describe(node)} of a sharded added tensor")
+    product = _product(node, view, a, b)
+    out = product.out
+    if isinstance(out, Partial):
+        return replicated(node, view, f"{describe(node)} of a partial product")
+    if not isinstance(out, Shard):
+        return product
+    shape, nd = view.shape(added), len(view.shape(node))
+    ad = out.dim - (nd - len(shape))
+    need: Need = BROADCAST if ad < 0 or shape[ad] == 1 else out.moved(ad)
+    return replace(product, inputs=(*product.inputs, (added, need)))
+
+
+def _product(node: fx.Node, view: LayoutView, a: fx.Node, b: fx.Node) -> Decision:
+    """`a @ b`'s decision (`matmul`), for the node computing it."""
     sa, sb = view.layout(a), view.layout(b)
     if sa.is_partial() or sb.is_partial():
         return replicated(node, view, "matmul of a partial sum")

@@ -1,4 +1,5 @@
-"""Elementwise ops keep a shard; so do identities (clone, detach, to, dropout)."""
+"""Elementwise ops keep a shard; so do identities (clone, detach, to, dropout) and a user's autograd
+Function that computes elementwise."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import torch.fx as fx
 from ....ir.meta import info
 from ....ir.op_kinds import OpKind
 from ....ir.sharding import Replicate, Shard
-from ..decision import BROADCAST, Decision, LayoutView, Need, register
+from ..decision import BROADCAST, Decision, LayoutView, Need, register, replicated
+from ..elementwise import elementwise_call
 from ..spellings import describe
 
 R = Replicate()
@@ -50,10 +52,8 @@ def pointwise(node: fx.Node, view: LayoutView) -> Decision:
         ad = d - (nd - len(shape))
         if ad < 0 or shape[ad] == 1:
             needs.append((a, BROADCAST))  # broadcast along the sharded dim: every rank uses all of it
-        elif c:
-            return _whole(node, view, needs, f"{describe(node)} combines a fused sharded value with a whole one")
-        else:
-            needs.append((a, Shard(ad)))
+        else:  # each rank's block (of every chunk: a bias over a merged batch x heads dim)
+            needs.append((a, Shard(ad, c)))
     return Decision(Shard(d, c), inputs=tuple(needs))
 
 
@@ -61,3 +61,21 @@ def _whole(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]], r
     """Whole after all: the sharded operands gathered too."""
     gathers = [(a, R) for a in view.sharded_inputs(node) if not view.layout(a).is_partial()]
     return Decision(view.whole(node), inputs=(*needs, *gathers), reason=reason)
+
+
+@register(OpKind.FUNCTION)
+def function_call(node: fx.Node, view: LayoutView) -> Decision:
+    """A user's autograd Function kept whole (its own backward runs): a shard flows through one that runs
+    elementwise ops alone, forward and backward, on tensors of one shape (`runs_elementwise`: BLOOM's
+    GeLUFunction), each whole input taking the same shard; any other runs on whole values."""
+    sharded = view.sharded_inputs(node)
+    if not sharded:
+        return Decision(view.whole(node))
+    layouts = {view.layout(a) for a in sharded}
+    if len(layouts) > 1 or not isinstance(have := next(iter(layouts)), Shard) or not elementwise_call(node):
+        return replicated(node, view, f"{describe(node)}: a custom autograd Function not known to keep a shard "
+                                      "(it runs more than elementwise ops, forward or backward)")
+    needs = tuple((a, have) for a in node.all_input_nodes if info(a).value == "tensor" and a not in sharded)
+    out = view.whole(node)
+    return Decision(tuple(have for _ in out) if isinstance(out, tuple) else have, inputs=needs)
+
