@@ -13,6 +13,7 @@ from ...ir.meta import info
 from ...ir.op_kinds import RESHAPES, OpKind, family
 from ...ir.sharding import Shard
 from ...ir.walk import reachable
+from .elementwise import elementwise_call
 from .layout import (
     chunked_view_dim,
     moved_dim,
@@ -135,14 +136,21 @@ def feeds_output(node: fx.Node, gm: fx.GraphModule) -> bool:
 def column_pays_off(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[int, ...] | None = None,
                     size: int | None = None, limit: int = 500) -> bool:
     """Whether a column-parallel output would reach a row-parallel layer (or the model's output)
-    before anything that needs it whole: only then is splitting it worth a collective. The shard is
-    followed as the rules would move it (views, transposes, broadcasts), so a norm or a reduction over
-    other dims lets it through (QK-norm: each head's vector normalized on its rank). `chunks`: the
-    linear's fused output (QKV), sharded chunk by chunk; `size`: its features' real size, padded (a
-    vocabulary tp does not divide)."""
+    before anything that needs it whole: only then is splitting it worth a collective (`column_stop`)."""
+    return column_stop(linear, gm, tp, chunks, size, limit) is None
+
+
+def column_stop(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[int, ...] | None = None,
+                size: int | None = None, limit: int = 500) -> str | None:
+    """None if a column-parallel output would reach a row-parallel layer (or the model's output) before
+    anything that needs it whole; else what stops it, for the report: the op that would gather it, named
+    with its line in the model. The shard is followed as the rules would move it (views, transposes,
+    broadcasts), so a norm or a reduction over other dims lets it through (QK-norm: each head's vector
+    normalized on its rank). `chunks`: the linear's fused output (QKV), sharded chunk by chunk; `size`:
+    its features' real size, padded (a vocabulary tp does not divide)."""
     out = shape_of(linear)
     if out is None:
-        return False
+        return "its output has no shape"
     todo, seen, reached = [(linear, Shard(len(out) - 1, chunks, size))], {linear}, False
     while todo and len(seen) < limit:
         n, have = todo.pop()
@@ -162,9 +170,10 @@ def column_pays_off(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[
                 continue
             after = _shard_after(user, kind, n, have, tp)
             if after is None:
-                return False
+                src = info(user).source
+                return f"{op_name_of(user)} ({user.name}{f', {src}' if src is not None else ''}) needs it whole"
             todo.append((user, after))
-    return reached
+    return None if reached else "it reaches no row-parallel layer"
 
 
 def _shard_after(node: fx.Node, kind: OpKind, src: fx.Node, have: Shard, tp: int) -> Shard | None:
@@ -179,6 +188,8 @@ def _shard_after(node: fx.Node, kind: OpKind, src: fx.Node, have: Shard, tp: int
             return None if dim == d or have.chunks else have.moved(d - (dim < d))
         dim = norm_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), len(ins))
         return have if dim != d else Shard(d) if have.chunks else None
+    if kind == OpKind.FUNCTION:  # a user's autograd Function: one that computes elementwise keeps it
+        return have if elementwise_call(node) else None
     if ins is None or out is None:  # a container's element, or a value with no shape: as the rules keep it
         return have if kind.passes_shard else None
     if kind == OpKind.VIEW:

@@ -20,7 +20,7 @@ import torch.fx as fx
 from ....ir.op_kinds import OpKind
 from ....ir.sharding import Partial, Replicate, Shard
 from ..decision import BROADCAST, Decision, LayoutView, Need, register, replicated
-from ..lookahead import chunk_layout, column_pays_off
+from ..lookahead import chunk_layout, column_stop
 from ..spellings import describe, grouped_linear_form
 
 R = Replicate()
@@ -44,9 +44,9 @@ def grouped_linear(node: fx.Node, view: LayoutView) -> Decision:
         if out_features % view.tp or any(c % view.tp for c in chunks or ()):
             return replicated(node, view, f"{describe(node)}: out features {out_features} (chunks {chunks}) "
                                           f"not divisible by tp={view.tp}")
-        if not column_pays_off(node, view.gm, view.tp, chunks):
+        if (stop := column_stop(node, view.gm, view.tp, chunks)) is not None:
             return Decision(R, inputs=tuple(needs), reason=f"{describe(node)} left replicated: its sharded output "
-                                                           "would be gathered before any row-parallel layer")
+                                                           f"would be gathered before any row-parallel layer: {stop}")
         want = Shard(out_dim, chunks)
         if given is not None and given != want:
             return replicated(node, view, f"{describe(node)}: its weight is already sharded as {given}")
