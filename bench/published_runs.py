@@ -50,13 +50,28 @@ def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
+def _hf_cross_entropy(output: Any, target: torch.Tensor) -> torch.Tensor:
+    return _cross_entropy(output.logits, target)
+
+
+def _build_bloom(n_layer: int, hidden_size: int, n_head: int, vocab_size: int) -> torch.nn.Module:
+    """HF transformers' BloomForCausalLM as is (BLOOM's code as Megatron-DeepSpeed trained it, ported): ALiBi
+    added to the scores by `baddbmm`, softmax, `bmm` (no flash attention), an embedding LayerNorm, a GeLU
+    written as a custom autograd Function, the head tied to the embedding."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    config = BloomConfig(n_layer=n_layer, hidden_size=hidden_size, n_head=n_head, vocab_size=vocab_size,
+                         attention_dropout=0.0, hidden_dropout=0.0, use_cache=False)
+    return BloomForCausalLM(config)
+
+
 @dataclass(frozen=True)
 class Shape:
     """A model's shape: Megatron's GPT (bench/models/megatron_gpt.py: LayerNorm, GeLU MLP of 4 x the width,
-    flash attention, tied head) or the Llama example (RMSNorm, SwiGLU, RoPE, grouped-query attention, flash
-    attention) at a configuration."""
+    flash attention, tied head), the Llama example (RMSNorm, SwiGLU, RoPE, grouped-query attention, flash
+    attention) or HF's BLOOM (`_build_bloom`) at a configuration."""
 
-    family: str  # "gpt" | "llama"
+    family: str  # "gpt" | "llama" | "bloom"
     layers: int
     hidden: int
     heads: int
@@ -68,16 +83,23 @@ class Shape:
     def config(self) -> dict[str, Any]:
         if self.family == "gpt":
             return dict(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab, seq=self.seq)
+        if self.family == "bloom":
+            return dict(n_layer=self.layers, hidden_size=self.hidden, n_head=self.heads, vocab_size=self.vocab)
         return dict(n_layers=self.layers, dim=self.hidden, n_heads=self.heads, n_kv_heads=self.kv_heads,
                     hidden=self.ffn, vocab_size=self.vocab, max_seq_len=self.seq)
 
     def loaded(self, batch: int) -> LoadedModel:
-        build, source = (build_gpt, "bench/models/megatron_gpt.py") if self.family == "gpt" else \
-            (build_llama, "examples/llama.py")
+        if self.family == "bloom":
+            from transformers.models.bloom import modeling_bloom
+
+            build, path, loss = _build_bloom, Path(modeling_bloom.__file__), _hf_cross_entropy
+        else:
+            build, path = (build_gpt, ROOT / "bench/models/megatron_gpt.py") if self.family == "gpt" else \
+                (build_llama, ROOT / "examples/llama.py")
+            loss = _cross_entropy
         tokens = torch.zeros(batch, self.seq, dtype=torch.long)
         config = self.config()
-        return LoadedModel(ROOT / source, "build_model", lambda: build(**config), (tokens,), {},
-                           _cross_entropy, tokens)
+        return LoadedModel(path, "build_model", lambda: build(**config), (tokens,), {}, loss, tokens)
 
     def megatron_flops_per_token(self) -> float:
         """Megatron-LM's model FLOPs of one token's training step (megatron/training/training.py,
@@ -246,10 +268,13 @@ BLOOM_SRC = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md (iterat
 
 
 def _bloom_runs() -> Iterator[Run]:
-    yield Run("Megatron-DeepSpeed (BLOOM)", "BLOOM 176B", BLOOM_SRC, Shape("gpt", 70, 14336, 112, 250880, 2048),
+    # HF's BLOOM, the model as trained: its attention written out (baddbmm with ALiBi, softmax, bmm: BLOOM
+    # trained without flash attention), Megatron-DeepSpeed's fused kernels (scale-mask-softmax, bias-GeLU,
+    # LayerNorm) priced as torch.compile's fusion of the same ops
+    yield Run("Megatron-DeepSpeed (BLOOM)", "BLOOM 176B", BLOOM_SRC, Shape("bloom", 70, 14336, 112, 250880, 2048),
               "a100", 2048, Plan(tp=4, pp=12, dp=8, zero=1, autocast="bf16", checkpoint="blocks", compile=True),
-              104.70, "s/step", micro_batch=2, open=(), note="A100 80GB, ZeRO-1, full recompute, fused kernels; ALiBi "
-              "priced as learned positions")
+              104.70, "s/step", micro_batch=2, open=(), note="A100 80GB, ZeRO-1, full recompute, fused kernels; "
+              "HF's BloomForCausalLM (ALiBi, attention written out)")
 
 
 RUNS: list[Run] = [*_megatron_runs(), *_torchtitan_runs(), *_llama3_runs(), *_bridge_runs(), *_bloom_runs()]
