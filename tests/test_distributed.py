@@ -42,6 +42,8 @@ CASES = [
     # HF's BLOOM as is, tp 2 with sequence parallelism under bf16: ALiBi's bias cut chunk by chunk over the
     # merged batch x heads dim into baddbmm (all its inputs cast to bf16), its GeLUFunction keeping the shard
     ("hf_bloom.py", Plan(tp=2, sequence_parallel=True, autocast="bf16")),
+    # nanoGPT's own loss in its forward over vocab-sharded logits (the vocab-parallel cross-entropy), under DDP
+    ("outside/nanogpt_tiny.py", Plan(dp=2, tp=2)),
 ]
 
 

@@ -1,7 +1,7 @@
 """A weight a vocab-parallel embedding shards, read by anything else (issue 21, item 7): a tied LM
 head under a loss other than the vocab-parallel cross-entropy, no loss at all, an odd vocabulary,
-`x @ emb.weight.t()`, `F.linear(x, emb.weight)`, a regularizer on the weight, and an HF model's own
-cross-entropy inside its graph. Every rank's gradient is its slice of the untouched model's."""
+`x @ emb.weight.t()`, `F.linear(x, emb.weight)`, a regularizer on the weight; and an HF model's own
+cross-entropy inside its graph, vocab-parallel. Every rank's gradient is its slice of the untouched model's."""
 
 import pytest
 
@@ -33,14 +33,19 @@ def test_a_tied_weight_is_read_as_the_ranks_hold_it(variant):
         assert "loss" in cmp.max_diff and any(k.startswith("grad emb.weight") for k in cmp.max_diff), cmp.max_diff
 
 
-def test_an_hf_models_own_cross_entropy_reads_the_tied_head_whole():
-    """GPT-2 called with labels=: its head's logits feed its own cross-entropy inside the graph, so
-    the head stays whole and reads the vocab-sharded tied weight gathered."""
+def test_an_hf_models_own_cross_entropy_is_vocab_parallel():
+    """GPT-2 called with labels=: its head's logits feed its own cross-entropy inside the graph
+    (torch.export's `cross_entropy_loss`, after HF's label shift), which becomes the vocab-parallel
+    cross-entropy: the tied head reads its rows of the embedding sharded, nothing is left whole."""
+    from graphsplit.ops import tp as tpops
+
     loaded = load_model(str(MODELS / "hf_gpt2_labels.py"))
     traced = trace_loaded(loaded)
     for plan in (Plan(tp=2), Plan(dp=2, pp=2, tp=2)):
         program, cmp = check_locally(loaded, plan, traced=traced.copy())
         assert cmp.ok, (plan, cmp.failures)
+        assert program.replicated == [], program.replicated
+        assert any(n.target is tpops.vocab_parallel_cross_entropy for st in program.stages for n in st.gm.graph.nodes)
 
 
 @pytest.mark.slow

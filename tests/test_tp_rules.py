@@ -401,6 +401,40 @@ def test_linear_with_feature_sharded_input_is_row_parallel_with_the_bias_after_t
     assert decision.then.target is operator.add and decision.then.args == (SELF, n["b2"])
 
 
+def test_linears_reading_their_weights_through_casts_are_sharded_with_the_casts():
+    """whisper's `F.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))`: the weights are cast in
+    forward, each cast read by its linear alone; the walker shards the parameters (column, then row) and
+    the casts with them, and nothing is left whole."""
+    g = G()
+    x = g.input("x", (2, 4, 8), R)
+    casts = {}
+    for name, shape in (("w1", (16, 8)), ("b1", (16,)), ("w2", (8, 16)), ("b2", (8,))):
+        casts[name] = g.call("to", g.param(name, shape), torch.float32, shape=shape)
+    up = g.call(F.linear, x, casts["w1"], casts["b1"], shape=(2, 4, 16))
+    act = g.call(F.gelu, up, shape=(2, 4, 16))
+    g.call(F.linear, act, casts["w2"], casts["b2"], shape=(2, 4, 8))
+    gm = g.module()
+    walker = Walker(gm, 2)
+    walker.run()
+    assert walker.left_whole == []
+    assert walker.param_shardings == {"w1": Shard(0), "b1": Shard(0), "w2": Shard(1)}
+    assert [info(casts[k]).sharding for k in ("w1", "b1", "w2")] == [Shard(0), Shard(0), Shard(1)]
+    assert info(casts["b2"]).sharding == R  # the row-parallel bias, added once after the sum
+
+
+def test_a_cast_weight_read_twice_is_not_sharded_through():
+    """A cast of a parameter read by two ops is a value of its own: its linear stays whole."""
+    g = G()
+    x = g.input("x", (2, 4, 8), R)
+    w = g.call("to", g.param("w", (16, 8)), torch.float32, shape=(16, 8))
+    up = g.call(F.linear, x, w, shape=(2, 4, 16))
+    g.graph.output((up, g.call("sum", w, shape=())))
+    gm = g.module()
+    walker = Walker(gm, 2)
+    walker.run()
+    assert walker.param_shardings == {}
+
+
 def test_linear_whose_shard_would_be_gathered_first_stays_whole():
     g = G()
     up, _, _ = _mlp(g, then_norm=True)

@@ -260,7 +260,7 @@ for _kind, _names in (
     (OpKind.EXPAND, ("expand",)),
     (OpKind.REPEAT_INTERLEAVE, ("repeat_interleave",)),
     (OpKind.STACK, ("stack",)),
-    (OpKind.CROSS_ENTROPY, ("cross_entropy",)),
+    (OpKind.CROSS_ENTROPY, ("cross_entropy", "cross_entropy_loss")),
 ):
     for _n in _names:
         _NAMED.setdefault(_n, _kind)

@@ -24,7 +24,7 @@ from .layout import (
     view_layout,
     view_shard_dim,
 )
-from .spellings import ROW_NORMS, linear_form, op_name_of, split_sizes
+from .spellings import ROW_NORMS, cross_entropy_options, linear_form, op_name_of, split_sizes
 
 
 def chunk_layout(linear: fx.Node, out_features: int, tp: int) -> tuple[int, ...] | None:
@@ -168,12 +168,24 @@ def column_stop(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[int,
             if kind == OpKind.LINEAR and linear_form(user) is not None or kind == OpKind.GROUPED_LINEAR:
                 reached = True
                 continue
+            if kind == OpKind.CROSS_ENTROPY and user.args and user.args[0] is n and _vocab_parallel(user, have):
+                reached = True  # a loss in the model's forward over logits sharded by vocabulary (nanoGPT's)
+                continue
             after = _shard_after(user, kind, n, have, tp)
             if after is None:
                 src = info(user).source
                 return f"{op_name_of(user)} ({user.name}{f', {src}' if src is not None else ''}) needs it whole"
             todo.append((user, after))
     return None if reached else "it reaches no row-parallel layer"
+
+
+def _vocab_parallel(node: fx.Node, have: Shard) -> bool:
+    """Whether the cross-entropy `node` takes its logits so sharded as the vocab-parallel loss does
+    (rules/cross_entropy.py: [tokens, vocab] sharded on the vocabulary, no class weights, no smoothing)."""
+    shape = shape_of(node.args[0])
+    weight, reduction, _, smoothing = cross_entropy_options(node)
+    return shape is not None and len(shape) == 2 and have.dim == 1 and not have.chunks and weight is None \
+        and not smoothing and reduction in ("mean", "sum", "none")
 
 
 def _shard_after(node: fx.Node, kind: OpKind, src: fx.Node, have: Shard, tp: int) -> Shard | None:

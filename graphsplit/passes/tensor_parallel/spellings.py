@@ -26,6 +26,22 @@ def arg_of(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
     return node.kwargs.get(name, default)
 
 
+_REDUCTIONS = ("none", "mean", "sum")  # ATen's reduction enum
+
+
+def cross_entropy_options(node: fx.Node) -> tuple[Any, str, int, float]:
+    """(weight, reduction, ignore_index, label_smoothing) of a cross-entropy in either spelling:
+    `F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction,
+    label_smoothing)` or torch.export's `aten.cross_entropy_loss(self, target, weight, reduction (0 none,
+    1 mean, 2 sum), ignore_index, label_smoothing)` (HF's `labels=` loss)."""
+    if op_name_of(node) == "cross_entropy_loss":
+        reduction = arg_of(node, 3, "reduction", 1)
+        return (arg_of(node, 2, "weight"), _REDUCTIONS[reduction] if isinstance(reduction, int) else str(reduction),
+                arg_of(node, 4, "ignore_index", -100), arg_of(node, 5, "label_smoothing", 0.0))
+    return (arg_of(node, 2, "weight"), arg_of(node, 6, "reduction", "mean"), arg_of(node, 4, "ignore_index", -100),
+            arg_of(node, 7, "label_smoothing", 0.0))
+
+
 def with_arg(node: fx.Node, index: int, name: str, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """`node`'s (args, kwargs) with argument `index` (keyword `name`) replaced by `value`."""
     if len(node.args) > index:
@@ -69,6 +85,21 @@ def linear_form(node: fx.Node) -> tuple[Any, Any, Any, int, int] | None:
     if t is tpops.column_linear_from_seq_shard:  # (gathered, shard, weight, bias, dim, comm)
         return node.args[0], node.args[2], node.args[3], 0, 1
     return None
+
+
+# a parameter's casts a linear may read it through (whisper's `F.linear(x, self.weight.to(x.dtype))`)
+_WEIGHT_CASTS = frozenset({"to", "_to_copy", "float", "half", "bfloat16", "double", "type_as", "contiguous"})
+
+
+def param_behind(value: Any) -> fx.Node | None:
+    """The parameter's get_attr `value` is, or is a cast of read by one op alone (a chain of `.to(dtype)`,
+    `.float()`, `.type_as(x)`, `.contiguous()`): sharding the parameter shards the casts with it. None
+    for anything else (a weight computed in forward: a transpose, a sum, a cast read twice)."""
+    node = value
+    while isinstance(node, fx.Node) and node.op in ("call_function", "call_method") and op_name_of(node) in _WEIGHT_CASTS \
+            and len(node.users) == 1 and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node if isinstance(node, fx.Node) and node.op == "get_attr" else None
 
 
 def grouped_linear_form(node: fx.Node) -> tuple[Any, fx.Node, int, int] | None:

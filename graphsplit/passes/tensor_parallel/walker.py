@@ -42,7 +42,7 @@ from .decision import (
 from .fuse_sums import fuse_partial_sums
 from .redistribute import Redistribute
 from .seq_linear import keep_shards_for_column_linears
-from .spellings import describe
+from .spellings import describe, param_behind
 
 R = Replicate()
 
@@ -204,11 +204,14 @@ class Walker:
         owns = family(node, self.gm) in OWNS_WEIGHTS
         asked = {value for value, _ in decision.inputs}
         missing = []
+        if param_behind(node) is not None and node.op != "get_attr":
+            return decision  # a cast of a parameter read by one op: that op's decision reads the parameter
         for a in node.all_input_nodes:
-            name = self.view.param_name(a)
-            if name is None or a in claimed:
+            param = param_behind(a)  # a parameter, read itself or through its casts
+            name = self.view.param_name(param) if param is not None else None
+            if name is None or param in claimed:
                 continue
-            if self.view.param_layout(a) is None:
+            if self.view.param_layout(param) is None:
                 self.read_whole.add(name)
             elif owns and a not in asked:
                 missing.append((a, R))
@@ -224,6 +227,12 @@ class Walker:
         for reader in self.graph.find_nodes(op="get_attr"):
             if self.view.param_name(reader) == name:
                 info(reader).sharding = layout
+                # and the casts a linear reads it through (`spellings.param_behind`), decided whole before
+                cast = reader
+                while len(cast.users) == 1 and param_behind(user := next(iter(cast.users))) is not None \
+                        and user.args and user.args[0] is cast and family(user, self.gm) == OpKind.IDENTITY:
+                    info(user).sharding = layout
+                    cast = user
 
     def _then(self, node: fx.Node, value: fx.Node, call: Call) -> fx.Node:
         """`call` on `value` right after it, in `node`'s module: the value its users read."""

@@ -1,4 +1,5 @@
-"""Cross-entropy over vocab-sharded logits: three small all-reduces instead of a gather.
+"""Cross-entropy over vocab-sharded logits (`F.cross_entropy`, or torch.export's `cross_entropy_loss`:
+an HF model's `labels=` loss): three small all-reduces instead of a gather.
 Logits whose vocabulary tp does not divide (S(1, size=V)) tell it V, so their padding
 columns are masked out."""
 
@@ -10,7 +11,7 @@ from ....ir.op_kinds import OpKind
 from ....ir.sharding import Replicate, Shard
 from ....ops import tp as tpops
 from ..decision import COMM, Call, Decision, LayoutView, register
-from ..spellings import arg_of
+from ..spellings import arg_of, cross_entropy_options
 from .fallback import unknown
 
 
@@ -18,14 +19,14 @@ from .fallback import unknown
 def cross_entropy(node: fx.Node, view: LayoutView) -> Decision:
     x, target = node.args[0], arg_of(node, 1, "target")
     have = view.layout(x)
+    weight, reduction, ignore_index, smoothing = cross_entropy_options(node)
     simple = (
         isinstance(have, Shard) and have.dim == 1 and not have.chunks and len(view.shape(x)) == 2
-        and arg_of(node, 2, "weight") is None and not arg_of(node, 7, "label_smoothing", 0.0)
-        and arg_of(node, 6, "reduction", "mean") in ("mean", "sum", "none")
+        and weight is None and not smoothing and reduction in ("mean", "sum", "none")
         and isinstance(target, fx.Node) and view.layout(target).is_replicate()
     )
     if not simple:
         return unknown(node, view)
-    call = (x, target, arg_of(node, 4, "ignore_index", -100), arg_of(node, 6, "reduction", "mean"), COMM)
+    call = (x, target, ignore_index, reduction, COMM)
     return Decision(Replicate(), swap=Call(tpops.vocab_parallel_cross_entropy, call,
                                            {"vocab": have.size} if have.padded else {}))

@@ -28,7 +28,7 @@ from ....ir.sharding import Partial, Replicate, Shard
 from ..decision import BROADCAST, SELF, Call, Decision, LayoutView, Need, register, replicated
 from ..layout import nearest_divisor, paddable
 from ..lookahead import chunk_layout, column_stop, feeds_output, view_blocking_shard
-from ..spellings import describe, linear_form, op_name_of, without_bias
+from ..spellings import describe, linear_form, op_name_of, param_behind, without_bias
 
 R = Replicate()
 
@@ -36,7 +36,7 @@ R = Replicate()
 @register(OpKind.LINEAR)
 def linear(node: fx.Node, view: LayoutView) -> Decision:
     form = linear_form(node)
-    if form is None or not (isinstance(form[1], fx.Node) and form[1].op == "get_attr"):
+    if form is None or param_behind(form[1]) is None:
         decision = matmul(node, view)  # a product with a computed weight
         if form is not None and decision.out == R and not decision.reason:  # say why a layer stays whole
             weight = form[1].name if isinstance(form[1], fx.Node) else repr(form[1])
@@ -44,6 +44,7 @@ def linear(node: fx.Node, view: LayoutView) -> Decision:
                                             "not read from a parameter")
         return decision
     x, w, b, out_dim, in_dim = form
+    held = param_behind(w)  # the parameter itself, or the one `w` casts
     needs: list[tuple[fx.Node, Need]] = []
     have = view.layout(x)
     if have.is_partial():
@@ -53,11 +54,11 @@ def linear(node: fx.Node, view: LayoutView) -> Decision:
         return _column(node, view, needs)
     if have.dim == len(view.shape(x)) - 1:
         want = Shard(in_dim, have.chunks)
-        given = view.param_layout(w)
+        given = view.param_layout(held)
         if given is not None and given != want:
             return replicated(node, view, f"linear weight already sharded as {given}")
         bias = Call(operator.add, (SELF, b)) if b is not None else None
-        return Decision(Partial(), params=((w, want),), edit=Call(*without_bias(node)) if b is not None else None,
+        return Decision(Partial(), params=((held, want),), edit=Call(*without_bias(node)) if b is not None else None,
                         then=bias)
     if view.sequence_parallel and not have.chunks and not have.padded:
         # the tokens split over tp: gathered into a column-parallel layer where it is one (Megatron's
@@ -66,7 +67,7 @@ def linear(node: fx.Node, view: LayoutView) -> Decision:
         if not column.out.is_replicate():
             return column
     # sharded on a leading (batch-like) dim: every rank applies the whole weight to its rows
-    if view.param_layout(w) is not None:
+    if view.param_layout(held) is not None:
         needs.append((w, R))
     else:
         needs += [(w, BROADCAST)] + ([(b, BROADCAST)] if b is not None else [])
@@ -100,9 +101,10 @@ def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) 
                                                        f"before any row-parallel layer: {stop}")
     size = out_features if pad else None
     want = Shard(out_dim, chunks, size)
-    given = view.param_layout(w)
-    if (ok or pad) and (given is None or given == want):
-        params = ((w, want),) + (((b, Shard(0, chunks, size)),) if b is not None else ())
+    given = view.param_layout(param_behind(w))
+    bias = param_behind(b) if b is not None else None
+    if (ok or pad) and (given is None or given == want) and (b is None or bias is not None):
+        params = ((param_behind(w), want),) + (((bias, Shard(0, chunks, size)),) if bias is not None else ())
         return Decision(Shard(len(view.shape(node)) - 1, chunks, size), inputs=(*needs, (x, BROADCAST)), params=params)
     if out_features % tp:
         why = f"out features {out_features} not divisible by tp={tp}"
