@@ -138,3 +138,27 @@ def test_a_graph_network_has_no_batch_and_runs_as_one_micro_batch():
     assert cmp.ok, cmp.failures
     assert not program.batch.batched and program.plan.num_microbatches == 1
     assert program.batch.inputs == {"input_tensor": None, "adj_mat": None}
+
+
+@pytest.mark.parametrize("name, sharded, nothing_whole", [
+    # Time-Series-Library's attention, `einsum("blhe,bshe->bhls", q, k)`: sharded by heads through the einsums
+    ("tslib_itransformer", ["encoder.attn_layers.0.attention.query_projection.weight",
+                            "encoder.attn_layers.0.attention.out_projection.weight"], False),
+    # whisper's Linear casts its weight in forward (`self.weight.to(x.dtype)`): sharded as the parameter
+    ("whisper", ["encoder.blocks.0.attn.query.weight", "encoder.blocks.0.mlp.2.weight"], True),
+    # nanoGPT's own cross-entropy in its forward: its LM head's logits stay sharded into it (vocab-parallel)
+    ("nanogpt", ["transformer.h.0.attn.c_attn.weight"], True),
+], ids=["einsum attention", "weights cast in forward", "own loss"])
+def test_outside_models_that_were_left_whole_under_tp_are_sharded(name, sharded, nothing_whole):
+    """Code others wrote, parts of which tp left whole until 2026-12-07 (correct, not split): now sharded
+    as Megatron would, and equal to the untouched model."""
+    from graphsplit.ops import tp as tpops
+
+    loaded, traced = traced_once(OUTSIDE / f"{name}_tiny.py")
+    program, cmp = check_locally(loaded, Plan(tp=2), traced=traced.copy())
+    assert cmp.ok, cmp.failures
+    for param in sharded:
+        assert program.param_sharding(param) is not None, (param, program.replicated)
+    assert (program.replicated == []) == nothing_whole, program.replicated
+    if name == "nanogpt":
+        assert any(n.target is tpops.vocab_parallel_cross_entropy for st in program.stages for n in st.gm.graph.nodes)

@@ -286,6 +286,28 @@ def _function(cls: type) -> Callable[[G], fx.Node]:
     return build
 
 
+def _einsum_heads(g: G) -> fx.Node:
+    # Time-Series-Library's scores over sharded heads: h kept, e summed
+    q, k = g.input("q", (2, 8, 4, 16), S(2)), g.input("k", (2, 8, 4, 16), R)
+    return g.call(torch.einsum, "blhe,bshe->bhls", q, k, shape=(2, 4, 8, 8))
+
+
+def _einsum_spaced_broadcast(g: G) -> fx.Node:
+    # x-transformers' spelling, a shared key broadcast over the heads
+    q, k = g.input("q", (2, 4, 8, 16), S(1)), g.input("k", (2, 8, 16), R)
+    return g.call(torch.einsum, "b h i d, b j d -> b h i j", q, k, shape=(2, 4, 8, 8))
+
+
+def _einsum_contracted(g: G) -> fx.Node:
+    a, b = g.input("a", (8, 16), S(1)), g.input("b", (16, 4), R)
+    return g.call(torch.einsum, "ik,kj->ij", a, b, shape=(8, 4))
+
+
+def _einsum_two_letters(g: G) -> fx.Node:
+    a, b = g.input("a", (8, 16), S(0)), g.input("b", (16, 4), S(1))
+    return g.call(torch.einsum, "ik,kj->ij", a, b, shape=(8, 4))
+
+
 def _unknown(g: G) -> fx.Node:
     return g.call(torch.cumsum, g.input("x", (2, 4, 8), S(2)), 2, shape=(2, 4, 8))
 
@@ -326,6 +348,10 @@ RULE_ROWS = [
     ("an elementwise autograd Function", _function(_Gelu), S(2), [("y", S(2))], None),
     ("an autograd Function normalizing the shard", _function(_RowNorm), R, [("x", R)], "custom autograd Function"),
     ("an autograd Function whose backward mixes", _function(_NormedGradient), R, [("x", R)], "custom autograd Function"),
+    ("einsum keeps the heads' letter", _einsum_heads, S(1), [("k", S(2))], None),
+    ("einsum: an operand without the letter read whole", _einsum_spaced_broadcast, S(1), [("k", BROADCAST)], None),
+    ("einsum summing the sharded letter", _einsum_contracted, P, [("b", S(0))], None),
+    ("einsum cut along two letters", _einsum_two_letters, R, [("a", R), ("b", R)], "different letters"),
     ("an op no rule knows", _unknown, R, [("x", R)], "is not known to keep a shard"),
 ]
 
@@ -629,3 +655,22 @@ def test_a_fused_projection_viewed_as_chunks_heads_head_dim_shards_its_heads():
     assert chunked_view_dim((4, 8, 32), (4, 8, 2, 16), 2, 4) is None  # (kv heads, head_dim): never chunks
     assert chunked_view_dim((4, 8, 96), (4, 8, 4, 3, 8), 2, 2) is None  # heads first (GPT-NeoX): a plain shard
     assert split_heads((4, 8, 96), (4, 8, 3, 4, 8)) == 4 and split_heads((4, 8, 32), (4, 8, 4, 8)) == 4
+
+
+@pytest.mark.parametrize("equation, ndims, letters", [
+    ("blhe,bshe->bhls", [4, 4], (["blhe", "bshe"], "bhls")),
+    ("b h i d, b j d -> b h i j", [4, 3], (["bhid", "bjd"], "bhij")),
+    ("ij,jk", [2, 2], (["ij", "jk"], "ik")),  # implicit output: the letters met once, sorted
+    ("ij,jk", [3, 2], None),
+])
+def test_einsum_equations_read_as_letters(equation, ndims, letters):
+    from graphsplit.passes.tensor_parallel.layout import einsum_letters
+
+    assert einsum_letters(equation, ndims) == letters
+
+
+def test_an_ellipsis_is_letters_of_its_own_aligned_from_the_right():
+    from graphsplit.passes.tensor_parallel.layout import einsum_letters
+
+    (a, b), out = einsum_letters("...ij,...jk->...ik", [4, 3])
+    assert a[2:] == "ij" and b[1:] == "jk" and a[1:2] == b[:1] and out == a[:2] + "ik"

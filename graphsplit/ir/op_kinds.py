@@ -90,6 +90,8 @@ class OpKind(enum.Enum):
     SOFTMAX           = ("softmax",           _PS | _NS,           Precision.FP32)
     REDUCTION         = ("reduction",         _NS,                 Precision.UPCAST)
     CROSS_ENTROPY     = ("cross_entropy",     Trait.NONE,          Precision.UPCAST)
+    # torch.einsum: how a shard flows follows its equation's letters (rules/einsum.py)
+    EINSUM            = ("einsum",            Trait.NONE,          None)
     # a user's torch.autograd.Function kept whole (ir/autograd_functions.py: its own backward runs)
     FUNCTION          = ("function",          Trait.NONE,          None)
     # kinds of the nodes passes insert
@@ -261,6 +263,7 @@ for _kind, _names in (
     (OpKind.REPEAT_INTERLEAVE, ("repeat_interleave",)),
     (OpKind.STACK, ("stack",)),
     (OpKind.CROSS_ENTROPY, ("cross_entropy", "cross_entropy_loss")),
+    (OpKind.EINSUM, ("einsum",)),
 ):
     for _n in _names:
         _NAMED.setdefault(_n, _kind)

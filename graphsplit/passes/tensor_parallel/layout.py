@@ -215,3 +215,35 @@ def index_shard_dim(index: Any, nd: int, d: int) -> int | None:
     if n_ellipsis == 0 and d >= in_dim:
         return out_dim + (d - in_dim)
     return None
+
+
+def einsum_letters(equation: str, ndims: list[int]) -> tuple[list[str], str] | None:
+    """Each operand's dims as letters, and the output's, of `torch.einsum(equation, ...)` on operands of
+    `ndims` dims: spaces dropped, an ellipsis spelled out as letters of its own aligned from the right (it
+    broadcasts so), an implicit output (no `->`) the letters met once, sorted. None where the equation does
+    not match the operands."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ndims):
+        return None
+    spare = [chr(c) for c in range(0x3B1, 0x3B1 + 24)]  # Greek letters: never an equation's own
+    widest = 0
+    letters = []
+    for term, nd in zip(terms, ndims):
+        if "..." in term:
+            width = nd - (len(term) - 3)
+            if width < 0:
+                return None
+            widest = max(widest, width)
+            term = term.replace("...", "".join(spare[24 - width:]) if width else "")
+        if len(term) != nd:
+            return None
+        letters.append(term)
+    if not arrow:
+        counts = "".join(letters)
+        out = "".join(sorted(c for c in set(counts) if counts.count(c) == 1 and c not in spare))
+        out = "".join(spare[24 - widest:]) + out if widest else out
+    elif "..." in out:
+        out = out.replace("...", "".join(spare[24 - widest:]) if widest else "")
+    return letters, out

@@ -16,6 +16,7 @@ from ...ir.walk import reachable
 from .elementwise import elementwise_call
 from .layout import (
     chunked_view_dim,
+    einsum_letters,
     moved_dim,
     norm_dim,
     shape_of,
@@ -24,7 +25,14 @@ from .layout import (
     view_layout,
     view_shard_dim,
 )
-from .spellings import ROW_NORMS, cross_entropy_options, linear_form, op_name_of, split_sizes
+from .spellings import (
+    ROW_NORMS,
+    cross_entropy_options,
+    einsum_operands,
+    linear_form,
+    op_name_of,
+    split_sizes,
+)
 
 
 def chunk_layout(linear: fx.Node, out_features: int, tp: int) -> tuple[int, ...] | None:
@@ -202,6 +210,16 @@ def _shard_after(node: fx.Node, kind: OpKind, src: fx.Node, have: Shard, tp: int
         return have if dim != d else Shard(d) if have.chunks else None
     if kind == OpKind.FUNCTION:  # a user's autograd Function: one that computes elementwise keeps it
         return have if elementwise_call(node) else None
+    if kind == OpKind.EINSUM:  # its letter, where the output names it (rules/einsum.py)
+        found = einsum_operands(node)
+        if found is None or have.chunks or have.padded or src not in found[1]:
+            return None
+        shapes = [shape_of(a) if isinstance(a, fx.Node) else None for a in found[1]]
+        parsed = einsum_letters(found[0], [len(s) for s in shapes]) if all(s is not None for s in shapes) else None
+        if parsed is None:
+            return None
+        letter = parsed[0][found[1].index(src)][have.dim]
+        return Shard(parsed[1].index(letter)) if letter in parsed[1] else None
     if ins is None or out is None:  # a container's element, or a value with no shape: as the rules keep it
         return have if kind.passes_shard else None
     if kind == OpKind.VIEW:

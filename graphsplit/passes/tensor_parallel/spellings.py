@@ -149,3 +149,13 @@ ROW_NORMS = {
     F.layer_norm: (2, 3), torch.ops.aten.layer_norm.default: (2, 3),
     F.rms_norm: (2,), torch.ops.aten.rms_norm.default: (2,),
 }
+
+
+def einsum_operands(node: fx.Node) -> tuple[str, list[Any]] | None:
+    """(equation, operands) of an einsum in any spelling: `torch.einsum(eq, a, b)`, `torch.einsum(eq, [a,
+    b])`, `aten.einsum(eq, [a, b], path)`."""
+    if not node.args or not isinstance(node.args[0], str):
+        return None
+    rest = node.args[1:]
+    operands = list(rest[0]) if len(rest) >= 1 and isinstance(rest[0], (list, tuple)) else list(rest)
+    return node.args[0], operands

@@ -6,6 +6,7 @@ its output is whole."""
 from . import (
            attention,
            cross_entropy,
+           einsum,
            embedding,
            experts,
            fallback,
@@ -17,5 +18,5 @@ from . import (
            views,
 )
 
-__all__ = ["attention", "cross_entropy", "embedding", "experts", "fallback", "matrix", "pointwise", "reductions", "sizes",
+__all__ = ["attention", "cross_entropy", "einsum", "embedding", "experts", "fallback", "matrix", "pointwise", "reductions", "sizes",
            "structure", "views"]
