@@ -44,3 +44,39 @@ def test_a_buffers_grad_read_in_forward_is_decided_and_checked():
     traced.gm.get_buffer("centre").grad = torch.ones(16)
     with pytest.raises(RuntimeError, match=r"graphsplit traced centre\.grad as None"):
         traced.gm(x)
+
+
+def test_a_buffer_rebound_in_forward_is_traced_with_its_update(monkeypatch):
+    """`self.calls += 1` on a buffer: torch.fx records no write (it would drop the update and leave its proxy
+    in the module), so graphsplit takes torch.export's graph, whose update is `copy_` into the buffer, moved
+    from the graph's end to where the new count is made: the pipeline still cuts between the layers. The
+    program counts once per micro-batch and says so."""
+    from graphsplit.launch.state_notes import state_notes
+
+    monkeypatch.delenv("REBOUND_REDRAW", raising=False)
+    loaded = load_model(str(MODELS / "rebound_buffer.py"))
+    model = loaded.build("cpu")
+    traced = trace_model(model, loaded.args, {})
+    assert traced.tracer == "export" and "rebinds the module attribute 'calls'" in traced.reason
+    nodes = list(traced.gm.graph.nodes)
+    (write,) = [n for n in nodes if "copy_" in str(n.target)]
+    assert nodes.index(write) < min(i for i, n in enumerate(nodes) if "linear" in str(n.target))
+    traced.gm(*loaded.args)
+    traced.gm(*loaded.args)
+    assert int(traced.gm.get_buffer("calls")) == 2  # the update runs
+    program, cmp = check_locally(loaded, Plan(pp=2))
+    assert cmp.ok, cmp.failures
+    assert len(program.stages) == 2
+    (note,) = state_notes(program)
+    assert "calls" in note and "once per micro-batch (2 a step)" in note
+
+
+def test_a_branch_on_a_rebound_buffer_is_refused_in_one_line(monkeypatch):
+    """performer-pytorch's redraw: forward also branches on the counter's value, which neither tracer can
+    hold in one graph: refused in one line naming the line and the rebinding (it crashed with a traceback)."""
+    from graphsplit.errors import GraphsplitError
+
+    monkeypatch.setenv("REBOUND_REDRAW", "1")
+    loaded = load_model(str(MODELS / "rebound_buffer.py"))
+    with pytest.raises(GraphsplitError, match=r"rebound_buffer\.py:\d+ in forward.*rebinds the module attribute 'calls'"):
+        check_locally(loaded, Plan(pp=2))

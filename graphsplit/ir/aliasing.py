@@ -126,3 +126,27 @@ def written_inputs(node: fx.Node, gm: fx.GraphModule | None = None) -> list[fx.N
     if (name.endswith("_") and not name.endswith("__")) or node.kwargs.get("inplace") is True:
         written += _first(node)
     return written
+
+
+def buffer_writes_early(gm: fx.GraphModule) -> int:
+    """Move each in-place write into a buffer that nothing reads after it (torch.export puts a buffer's
+    update, `self.calls += 1`, at the graph's end as `copy_(buffer, new)`) to just after the last op it
+    must follow: its own inputs, and every read of the buffer's storage. Same values, same order of every
+    read and write of that storage; only the ops between, which do not touch it, now come after. A
+    pipeline then keeps the buffer's span (reads and writes in one stage) short, not the whole model.
+    How many writes moved."""
+    storages = Storages(gm)
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    moved = 0
+    for node in list(gm.graph.nodes):
+        written = written_inputs(node, gm)
+        if node.users or not written or not all(storages.find(w).op == "get_attr" for w in written):
+            continue
+        shared = {storages.find(w) for w in written}
+        members = [n for n in gm.graph.nodes if n is not node and storages.find(n) in shared]
+        after = [*node.all_input_nodes, *(u for m in members for u in m.users if u is not node), *members]
+        anchor = max(after, key=order.__getitem__, default=None)
+        if anchor is not None and order[anchor] + 1 < order[node] and anchor.op != "placeholder":
+            anchor.append(node)
+            moved += 1
+    return moved

@@ -219,6 +219,18 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     return Traced(gm, "fx", list(tensor_names), spec, flatten, tracer.calls, f"torch.fx{decided}")
 
 
+def _no_state_rebound(root: nn.Module) -> None:
+    """Raise where forward rebound a module's buffer to a value it computed (`self.calls += 1`,
+    performer-pytorch's redraw counter): torch.fx records no such write (the graph would drop it,
+    and the GraphModule would hold the proxy), where torch.export keeps it as the buffer's update."""
+    for path, module in root.named_modules():
+        # a registered buffer only: a plain attribute (a causal mask cached from sizes) is traced as read
+        for name, value in module._buffers.items():
+            if isinstance(value, fx.Proxy):
+                where = f"{path}.{name}" if path else name
+                raise TypeError(f"forward rebinds the module attribute {where!r} to a value it computes")
+
+
 def _as_nodes(value: Any) -> Any:
     return pytree.tree_map_only(fx.Proxy, lambda p: p.node, value)
 
@@ -304,10 +316,13 @@ class _Tracer(DecidingTracer):
                            {id(b): n for n, b in root.named_buffers()})
         try:
             with recomputing_traced_through() as self.recomputed:
-                return super().trace(root, concrete_args)
+                graph = super().trace(root, concrete_args)
         finally:
             if self.functions is not None:
                 self.functions.finish()
+        if isinstance(root, nn.Module):
+            _no_state_rebound(root)
+        return graph
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
         # fx finds an attribute's name by walking every parameter of the model at each access, which

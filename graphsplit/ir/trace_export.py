@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.fx.graph import CodeGen
 
+from .aliasing import buffer_writes_early
 from .autograd_functions import functions_as_calls, functions_as_ops, kept_whole, recomputed_through
 from .export_views import views_to_reshapes
 from .grad_regions import inline_grad_regions, mark_inference_mode
@@ -117,6 +118,7 @@ def trace_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     flat_output(graph)  # already flat: the structure is export's out_spec
     inline_grad_regions(gm)
     views_to_reshapes(gm)  # views that relied on the trace device's strides: export_views.py
+    buffer_writes_early(gm)  # a buffer's update where its value is made, not at the graph's end
     check_export_ranges(gm, ranges)
     mark_constants(gm, model)
     for node in graph.nodes:

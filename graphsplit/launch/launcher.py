@@ -45,6 +45,7 @@ from .parity import Comparison
 from .random_ops import find_random_ops, no_dropout, seeded
 from .reference import reference_run, reference_with_weights
 from .run_check import check_run, weight_tolerance
+from .state_notes import state_notes
 from .supervise import DEFAULT_COLLECTIVE_TIMEOUT_S, supervise
 from .tolerance import Precision
 from .worker import RunSpec
@@ -201,7 +202,7 @@ def run_training(
         echo(f"batch: {program.batch.describe(program.traced.input_names)}")
         for line in program.batch.notes:
             echo(f"note: {line}")
-        for line in combination_notes(program):
+        for line in [*combination_notes(program), *state_notes(program)]:
             echo(f"note: {line}")
         if opts.weights is None:
             mode, why = choose_init(opts.init, loaded.build("meta"), opts.check)
