@@ -298,6 +298,12 @@ def _einsum_spaced_broadcast(g: G) -> fx.Node:
     return g.call(torch.einsum, "b h i d, b j d -> b h i j", q, k, shape=(2, 4, 8, 8))
 
 
+def _einsum_merged_heads(g: G) -> fx.Node:
+    # einops' `(b h) n d` then `einsum("b i d, b j d -> b i j")`: each rank's heads of every sample, kept
+    q, k = g.input("q", (8, 6, 4), S(0, (4, 4))), g.input("k", (8, 5, 4), S(0, (4, 4)))
+    return g.call(torch.einsum, "abc,adc->abd", q, k, shape=(8, 6, 5))
+
+
 def _einsum_contracted(g: G) -> fx.Node:
     a, b = g.input("a", (8, 16), S(1)), g.input("b", (16, 4), R)
     return g.call(torch.einsum, "ik,kj->ij", a, b, shape=(8, 4))
@@ -350,6 +356,7 @@ RULE_ROWS = [
     ("an autograd Function whose backward mixes", _function(_NormedGradient), R, [("x", R)], "custom autograd Function"),
     ("einsum keeps the heads' letter", _einsum_heads, S(1), [("k", S(2))], None),
     ("einsum: an operand without the letter read whole", _einsum_spaced_broadcast, S(1), [("k", BROADCAST)], None),
+    ("einsum over merged batch x heads chunks", _einsum_merged_heads, S(0, (4, 4)), [], None),
     ("einsum summing the sharded letter", _einsum_contracted, P, [("b", S(0))], None),
     ("einsum cut along two letters", _einsum_two_letters, R, [("a", R), ("b", R)], "different letters"),
     ("an op no rule knows", _unknown, R, [("x", R)], "is not known to keep a shard"),

@@ -162,7 +162,7 @@ PADDING_SAFE = frozenset({
 CHUNK_SAFE = frozenset({
     OpKind.IDENTITY, OpKind.VIEW, OpKind.TRANSPOSE, OpKind.POINTWISE, OpKind.GETITEM, OpKind.SLICE,
     OpKind.SPLIT, OpKind.EXPAND, OpKind.SOFTMAX, OpKind.REDUCTION, OpKind.LINEAR, OpKind.GROUPED_LINEAR,
-    OpKind.MATMUL, OpKind.ADD_MATMUL, OpKind.FUNCTION,
+    OpKind.MATMUL, OpKind.ADD_MATMUL, OpKind.FUNCTION, OpKind.EINSUM,
     OpKind.SHAPE, OpKind.OUTPUT,
 })
 

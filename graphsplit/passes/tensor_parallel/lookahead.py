@@ -212,14 +212,14 @@ def _shard_after(node: fx.Node, kind: OpKind, src: fx.Node, have: Shard, tp: int
         return have if elementwise_call(node) else None
     if kind == OpKind.EINSUM:  # its letter, where the output names it (rules/einsum.py)
         found = einsum_operands(node)
-        if found is None or have.chunks or have.padded or src not in found[1]:
+        if found is None or have.padded or src not in found[1]:
             return None
         shapes = [shape_of(a) if isinstance(a, fx.Node) else None for a in found[1]]
         parsed = einsum_letters(found[0], [len(s) for s in shapes]) if all(s is not None for s in shapes) else None
         if parsed is None:
             return None
         letter = parsed[0][found[1].index(src)][have.dim]
-        return Shard(parsed[1].index(letter)) if letter in parsed[1] else None
+        return Shard(parsed[1].index(letter), have.chunks) if letter in parsed[1] else None
     if ins is None or out is None:  # a container's element, or a value with no shape: as the rules keep it
         return have if kind.passes_shard else None
     if kind == OpKind.VIEW:

@@ -17,9 +17,11 @@ from ..layout import einsum_letters
 from ..spellings import describe, einsum_operands
 
 
-def einsum_shard(node: fx.Node, shapes: list[tuple[int, ...] | None], layouts: list[Any]) -> tuple[str, list[str], str] | None:
-    """(the sharded letter, each operand's letters, the output's) where every sharded operand is cut along
-    one letter, plainly; None otherwise."""
+def einsum_shard(node: fx.Node, shapes: list[tuple[int, ...] | None],
+                 layouts: list[Any]) -> tuple[str, list[str], str, tuple[int, ...] | None] | None:
+    """(the sharded letter, each operand's letters, the output's, the shard's chunks) where every sharded
+    operand is cut along one letter alike: plainly, or chunk by chunk (each rank's heads of a merged batch x
+    heads dim, einops' `(b h) n d`) where the output keeps the letter; None otherwise."""
     found = einsum_operands(node)
     if found is None or any(s is None for s in shapes):
         return None
@@ -29,9 +31,13 @@ def einsum_shard(node: fx.Node, shapes: list[tuple[int, ...] | None], layouts: l
         return None
     letters, out = parsed
     cut = {letters[i][lay.dim] for i, lay in enumerate(layouts) if isinstance(lay, Shard)}
-    if len(cut) != 1 or any(isinstance(lay, Shard) and (lay.chunks or lay.padded) for lay in layouts):
+    chunks = {lay.chunks for lay in layouts if isinstance(lay, Shard)}
+    if len(cut) != 1 or len(chunks) != 1 or any(isinstance(lay, Shard) and lay.padded for lay in layouts):
         return None
-    return cut.pop(), letters, out
+    letter, kept = cut.pop(), chunks.pop()
+    if kept and letter not in out:
+        return None
+    return letter, letters, out, kept
 
 
 @register(OpKind.EINSUM)
@@ -55,14 +61,14 @@ def einsum(node: fx.Node, view: LayoutView) -> Decision:
     cut = einsum_shard(node, shapes, layouts)
     if cut is None:
         return replicated(node, view, f"{describe(node)} with operands cut along different letters")
-    letter, letters, out = cut
+    letter, letters, out, chunks = cut
     needs: list[tuple[fx.Node, Need]] = []
     for a, lay, term, shape in zip(tensors, layouts, letters, shapes):
         if isinstance(lay, Shard):
             continue
         d = term.find(letter)
         # a factor of every term along the letter (without it, or broadcasting it) is read whole
-        needs.append((a, BROADCAST if d < 0 or shape[d] == 1 else Shard(d)))  # type: ignore[index]
+        needs.append((a, BROADCAST if d < 0 or shape[d] == 1 else Shard(d, chunks)))  # type: ignore[index]
     if letter in out:
-        return Decision(Shard(out.index(letter)), inputs=tuple(needs))
+        return Decision(Shard(out.index(letter), chunks), inputs=tuple(needs))
     return Decision(Partial(), inputs=tuple(needs))
