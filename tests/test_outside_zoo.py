@@ -31,6 +31,7 @@ TRAINS = [
     "attention_is_all_you_need", "tslib_patchtst", "tslib_itransformer", "tslib_dlinear", "tslib_crossformer",
     "tslib_segrnn", "tslib_film", "tslib_lightts", "tslib_pattn", "tslib_scinet", "tslib_tide", "tslib_transformer",
     "tslib_tsmixer", "tslib_frets", "tslib_nonstationary_transformer", "tslib_timexer", "lucidrains_moe", "litgpt",
+    "perceiver",
 ]
 # their loss couples the samples (open_clip's ClipLoss) or their own tail does (openai's CLIP makes the image x
 # text logits, HF's CLIPModel also its contrastive loss): under dp every replica gathers the replicas' outputs

@@ -1,0 +1,2 @@
+from perceiver_pytorch.perceiver_pytorch import Perceiver
+from perceiver_pytorch.perceiver_io import PerceiverIO, PerceiverLM
