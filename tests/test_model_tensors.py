@@ -9,7 +9,7 @@ import torch
 
 from graphsplit import Plan
 from graphsplit.ir.devices import NEUTRAL
-from graphsplit.ir.op_kinds import makes_tensor
+from graphsplit.ir.factories import makes_tensor
 from graphsplit.launch.launcher import RunOptions, run_training
 from graphsplit.launch.parity import check_locally
 

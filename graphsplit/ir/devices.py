@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 import torch.fx as fx
 
-from .op_kinds import makes_tensor
+from .factories import makes_tensor
 
 NEUTRAL = torch.device("meta")  # a graph's device for what it makes; each rank reads its own device there
 
