@@ -27,11 +27,11 @@ from .layout import (
 )
 from .spellings import (
     ROW_NORMS,
-    cross_entropy_options,
     einsum_operands,
     linear_form,
     op_name_of,
     split_sizes,
+    vocab_parallel_loss,
 )
 
 
@@ -141,13 +141,6 @@ def feeds_output(node: fx.Node, gm: fx.GraphModule) -> bool:
         [node], lambda n: [u for u in n.users if u.op == "output" or family(u, gm).layout_only]))
 
 
-def column_pays_off(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[int, ...] | None = None,
-                    size: int | None = None, limit: int = 500) -> bool:
-    """Whether a column-parallel output would reach a row-parallel layer (or the model's output)
-    before anything that needs it whole: only then is splitting it worth a collective (`column_stop`)."""
-    return column_stop(linear, gm, tp, chunks, size, limit) is None
-
-
 def column_stop(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[int, ...] | None = None,
                 size: int | None = None, limit: int = 500) -> str | None:
     """None if a column-parallel output would reach a row-parallel layer (or the model's output) before
@@ -176,7 +169,7 @@ def column_stop(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[int,
             if kind == OpKind.LINEAR and linear_form(user) is not None or kind == OpKind.GROUPED_LINEAR:
                 reached = True
                 continue
-            if kind == OpKind.CROSS_ENTROPY and user.args and user.args[0] is n and _vocab_parallel(user, have):
+            if kind == OpKind.CROSS_ENTROPY and user.args and user.args[0] is n and vocab_parallel_loss(user, have, shape_of(n)):
                 reached = True  # a loss in the model's forward over logits sharded by vocabulary (nanoGPT's)
                 continue
             after = _shard_after(user, kind, n, have, tp)
@@ -185,15 +178,6 @@ def column_stop(linear: fx.Node, gm: fx.GraphModule, tp: int, chunks: tuple[int,
                 return f"{op_name_of(user)} ({user.name}{f', {src}' if src is not None else ''}) needs it whole"
             todo.append((user, after))
     return None if reached else "it reaches no row-parallel layer"
-
-
-def _vocab_parallel(node: fx.Node, have: Shard) -> bool:
-    """Whether the cross-entropy `node` takes its logits so sharded as the vocab-parallel loss does
-    (rules/cross_entropy.py: [tokens, vocab] sharded on the vocabulary, no class weights, no smoothing)."""
-    shape = shape_of(node.args[0])
-    weight, reduction, _, smoothing = cross_entropy_options(node)
-    return shape is not None and len(shape) == 2 and have.dim == 1 and not have.chunks and weight is None \
-        and not smoothing and reduction in ("mean", "sum", "none")
 
 
 def _shard_after(node: fx.Node, kind: OpKind, src: fx.Node, have: Shard, tp: int) -> Shard | None:

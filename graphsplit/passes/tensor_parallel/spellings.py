@@ -14,6 +14,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ...ir.op_kinds import op_name
+from ...ir.sharding import Shard
 from ...ops import tp as tpops
 from ...ops.float8 import float8_linear
 
@@ -40,6 +41,15 @@ def cross_entropy_options(node: fx.Node) -> tuple[Any, str, int, float]:
                 arg_of(node, 4, "ignore_index", -100), arg_of(node, 5, "label_smoothing", 0.0))
     return (arg_of(node, 2, "weight"), arg_of(node, 6, "reduction", "mean"), arg_of(node, 4, "ignore_index", -100),
             arg_of(node, 7, "label_smoothing", 0.0))
+
+
+def vocab_parallel_loss(node: fx.Node, have: Any, shape: tuple[int, ...] | None) -> bool:
+    """Whether the cross-entropy `node` over logits of `shape` held as `have` is one the vocab-parallel loss
+    computes (rules/cross_entropy.py): [tokens, vocab] cut plainly along the vocabulary, no class weights,
+    no label smoothing."""
+    weight, reduction, _, smoothing = cross_entropy_options(node)
+    return shape is not None and len(shape) == 2 and isinstance(have, Shard) and have.dim == 1 \
+        and not have.chunks and weight is None and not smoothing and reduction in ("mean", "sum", "none")
 
 
 def with_arg(node: fx.Node, index: int, name: str, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ....ir.op_kinds import OpKind
-from ....ir.sharding import Replicate, Shard
+from ....ir.sharding import Replicate
 from ....ops import tp as tpops
 from ..decision import COMM, Call, Decision, LayoutView, register
-from ..spellings import arg_of, cross_entropy_options
+from ..spellings import arg_of, cross_entropy_options, vocab_parallel_loss
 from .fallback import unknown
 
 
@@ -19,13 +19,9 @@ from .fallback import unknown
 def cross_entropy(node: fx.Node, view: LayoutView) -> Decision:
     x, target = node.args[0], arg_of(node, 1, "target")
     have = view.layout(x)
-    weight, reduction, ignore_index, smoothing = cross_entropy_options(node)
-    simple = (
-        isinstance(have, Shard) and have.dim == 1 and not have.chunks and len(view.shape(x)) == 2
-        and weight is None and not smoothing and reduction in ("mean", "sum", "none")
-        and isinstance(target, fx.Node) and view.layout(target).is_replicate()
-    )
-    if not simple:
+    _, reduction, ignore_index, _ = cross_entropy_options(node)
+    if not (vocab_parallel_loss(node, have, view.shape(x)) and isinstance(target, fx.Node)
+            and view.layout(target).is_replicate()):
         return unknown(node, view)
     call = (x, target, ignore_index, reduction, COMM)
     return Decision(Replicate(), swap=Call(tpops.vocab_parallel_cross_entropy, call,

@@ -108,6 +108,8 @@ def _column(node: fx.Node, view: LayoutView, needs: list[tuple[fx.Node, Need]]) 
         return Decision(Shard(len(view.shape(node)) - 1, chunks, size), inputs=(*needs, (x, BROADCAST)), params=params)
     if out_features % tp:
         why = f"out features {out_features} not divisible by tp={tp}"
+    elif b is not None and bias is None:
+        why = f"its bias is computed in forward ({b.name if isinstance(b, fx.Node) else b!r}), not read from a parameter"
     elif not ok:
         why = f"its fused chunks of {', '.join(map(str, chunks or ()))} features are not divisible by tp={tp}"
     else:
