@@ -97,3 +97,21 @@ def loss_fn(out):
     for n in products:
         assert info(n).tensor.dtype == torch.bfloat16, n
         assert all(info(a).tensor.dtype == torch.bfloat16 for a in n.all_input_nodes if info(a).tensor is not None), n
+
+
+def test_x_transformers_trains_in_bf16_with_its_rotary_kept_out_of_autocast():
+    """lucidrains' x-transformers, unchanged: its rotary embedding runs under `@autocast('cuda', enabled=False)`,
+    which torch.export records as a region: inlined (tp then shards q and k through it), its ops marked to stay
+    as written under --autocast; its attention mask fills with `-torch.finfo(sim.dtype).max` traced in fp32,
+    a number bf16 cannot hold, so that fill reads its scores in fp32 (it overflowed); its einsums run in bf16,
+    as torch.autocast runs the bmm they become (they failed on mixed dtypes)."""
+    from graphsplit.ir.grad_regions import AUTOCAST_OFF
+    from graphsplit.launch.parity import check_locally
+
+    from .conftest import MODELS
+
+    loaded = load_model(str(MODELS / "outside" / "x_transformers_tiny.py"))
+    program, cmp = check_locally(loaded, Plan(tp=2, autocast="bf16"))
+    assert cmp.ok, cmp.failures
+    assert program.param_sharding("net.attn_layers.layers.0.1.to_q.weight") is not None, program.replicated
+    assert any(info(n).extra.get(AUTOCAST_OFF) for st in program.stages for n in st.gm.graph.nodes)

@@ -57,46 +57,77 @@ for _name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "
 _SET_GRAD_REGION = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
 
 
+# torch.export records an autocast block the model opens (`@autocast('cuda', enabled=False)` around
+# x-transformers' rotary embedding) as wrap_with_autocast(device, dtype, enabled, cache, submodule, *operands)
+_AUTOCAST_REGION = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+# NodeInfo.extra: the op lies in a block the model runs with autocast off (--autocast leaves it as written)
+AUTOCAST_OFF = "autocast_off"
+_OWN_MODE = "grad_mode_of_region"  # the grad mode set by the innermost grad region around the op
+
+
 def inline_grad_regions(gm: fx.GraphModule) -> None:
-    """Replace each of export's grad-mode regions by its nodes, each marked with the region's mode.
+    """Replace each of export's grad-mode regions by its nodes, each marked with the region's mode, and
+    each region the model runs with autocast off by its nodes, each marked so (`AUTOCAST_OFF`).
 
     The region call runs correctly as it is, but as one opaque node no pass can split, shard
     or cost; inlined, the frozen ops are ordinary nodes and passes/grad_mode.py keeps their mode.
+    An autocast region that turns autocast on stays one node (it runs as written).
     """
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op != "call_function" or _SET_GRAD_REGION is None or node.target is not _SET_GRAD_REGION:
+        if node.op != "call_function":
             continue
-        enabled, sub_node, *operands = node.args
-        sub = gm.get_submodule(str(sub_node.target))
-        inline_grad_regions(sub)  # regions inside it first: their nodes keep their own mode
-        env: dict[fx.Node, Any] = {}
-        feed = iter(operands)
-        results: Any = ()
-        with graph.inserting_before(node):
-            for n in sub.graph.nodes:
-                if n.op == "placeholder":
-                    env[n] = next(feed)
-                elif n.op == "output":
-                    results = fx.node.map_arg(n.args[0], env.__getitem__)
-                elif n.op == "get_attr":
-                    env[n] = graph.get_attr(_adopt(gm, sub, str(n.target)))
-                else:
-                    new = graph.node_copy(n, env.__getitem__)
-                    inner = n.meta.get(META_KEY)
-                    new.meta[META_KEY] = NodeInfo(grad_enabled=inner.grad_enabled if inner is not None else bool(enabled))
-                    env[n] = new
-        for user in list(node.users):
-            if user.op != "call_function" or user.target is not operator.getitem:
-                raise GraphsplitError(f"internal: export's grad-mode region {node.name} is used whole by {user.name}")
-            user.replace_all_uses_with(results[user.args[1]])
-            graph.erase_node(user)
-        graph.erase_node(node)
-        if not sub_node.users:
-            graph.erase_node(sub_node)
-            if not any(n.op == "get_attr" and n.target == sub_node.target for n in graph.nodes):
-                gm.delete_submodule(str(sub_node.target))
+        if _SET_GRAD_REGION is not None and node.target is _SET_GRAD_REGION:
+            enabled, sub_node, *operands = node.args
+
+            def mark(inner: NodeInfo | None, enabled: bool = bool(enabled)) -> NodeInfo:
+                own = inner is not None and inner.extra.get(_OWN_MODE, False)
+                return NodeInfo(grad_enabled=inner.grad_enabled if own else enabled,
+                                extra={**(inner.extra if inner is not None else {}), _OWN_MODE: True})
+        elif _AUTOCAST_REGION is not None and node.target is _AUTOCAST_REGION and len(node.args) > 4 \
+                and node.args[2] is False:
+            sub_node, operands = node.args[4], list(node.args[5:])
+
+            def mark(inner: NodeInfo | None) -> NodeInfo:
+                return NodeInfo(grad_enabled=inner.grad_enabled if inner is not None else True,
+                                extra={**(inner.extra if inner is not None else {}), AUTOCAST_OFF: True})
+        else:
+            continue
+        _inline(gm, node, sub_node, operands, mark)
     gm.recompile()
+
+
+def _inline(gm: fx.GraphModule, node: fx.Node, sub_node: fx.Node, operands: list[Any],
+            mark: Any) -> None:
+    """The region call `node` replaced by its submodule's nodes, each annotated by `mark(its own info)`."""
+    graph = gm.graph
+    sub = gm.get_submodule(str(sub_node.target))
+    inline_grad_regions(sub)  # regions inside it first: their nodes keep their own mode
+    env: dict[fx.Node, Any] = {}
+    feed = iter(operands)
+    results: Any = ()
+    with graph.inserting_before(node):
+        for n in sub.graph.nodes:
+            if n.op == "placeholder":
+                env[n] = next(feed)
+            elif n.op == "output":
+                results = fx.node.map_arg(n.args[0], env.__getitem__)
+            elif n.op == "get_attr":
+                env[n] = graph.get_attr(_adopt(gm, sub, str(n.target)))
+            else:
+                new = graph.node_copy(n, env.__getitem__)
+                new.meta[META_KEY] = mark(n.meta.get(META_KEY))
+                env[n] = new
+    for user in list(node.users):
+        if user.op != "call_function" or user.target is not operator.getitem:
+            raise GraphsplitError(f"internal: export's region {node.name} is used whole by {user.name}")
+        user.replace_all_uses_with(results[user.args[1]])
+        graph.erase_node(user)
+    graph.erase_node(node)
+    if not sub_node.users:
+        graph.erase_node(sub_node)
+        if not any(n.op == "get_attr" and n.target == sub_node.target for n in graph.nodes):
+            gm.delete_submodule(str(sub_node.target))
 
 
 def _adopt(gm: fx.GraphModule, sub: nn.Module, target: str) -> str:

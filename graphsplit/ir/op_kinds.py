@@ -90,8 +90,9 @@ class OpKind(enum.Enum):
     SOFTMAX           = ("softmax",           _PS | _NS,           Precision.FP32)
     REDUCTION         = ("reduction",         _NS,                 Precision.UPCAST)
     CROSS_ENTROPY     = ("cross_entropy",     Trait.NONE,          Precision.UPCAST)
-    # torch.einsum: how a shard flows follows its equation's letters (rules/einsum.py)
-    EINSUM            = ("einsum",            Trait.NONE,          None)
+    # torch.einsum: how a shard flows follows its equation's letters (rules/einsum.py); in the low dtype, as
+    # torch.autocast runs the bmm it becomes
+    EINSUM            = ("einsum",            Trait.NONE,          Precision.LOW)
     # a user's torch.autograd.Function kept whole (ir/autograd_functions.py: its own backward runs)
     FUNCTION          = ("function",          Trait.NONE,          None)
     # kinds of the nodes passes insert

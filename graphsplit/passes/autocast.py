@@ -16,12 +16,15 @@ distributed backend keeps (one scale for all ranks, see
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.fx as fx
 import torch.nn as nn
 
 from ..analysis.shapes import annotate
 from ..errors import GraphsplitError
+from ..ir.grad_regions import AUTOCAST_OFF
 from ..ir.meta import TensorSpec, info, insert_node
 from ..ir.op_kinds import OpKind, Precision, family
 from .functionalize import functionalize_modules
@@ -76,12 +79,13 @@ def autocast_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tupl
                       for leaf in node.args[0]]
             node.args = (tuple(leaves),)
             continue
-        if node.op not in ("call_function", "call_method", "call_module") or info(node).value == "scalar":
+        if node.op not in ("call_function", "call_method", "call_module") or info(node).value == "scalar" \
+                or info(node).extra.get(AUTOCAST_OFF):  # the model runs it with autocast off: as written
             continue
         precision = family(node, gm).precision
         if precision == Precision.LOW:
             caster.cast_inputs(node, low)
-        elif precision is not None:
+        elif precision is not None or _beyond(node, low):
             caster.cast_inputs(node, torch.float32)
     if inp.plan.fsdp:
         _parameters_read_in_fp32(gm)
@@ -91,6 +95,13 @@ def autocast_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tupl
     annotate(gm, inp.example_inputs, param_shardings=dict(tp.param_shardings) if tp else {}, tp=inp.plan.tp)
     check_dtypes(gm, low)
     return gm, None
+
+
+def _beyond(node: fx.Node, low: torch.dtype) -> bool:
+    """`node` takes a number the low dtype cannot hold (`masked_fill(scores, -torch.finfo(scores.dtype).max)`
+    traced in fp32, x-transformers' mask): its tensors are read in fp32, where the number was meant."""
+    limit = torch.finfo(low).max
+    return any(isinstance(a, float) and math.isfinite(a) and abs(a) > limit for a in (*node.args, *node.kwargs.values()))
 
 
 def _parameters_read_in_fp32(gm: fx.GraphModule) -> None:
@@ -129,7 +140,8 @@ def check_dtypes(gm: fx.GraphModule, low: torch.dtype) -> dict[str, int]:
     counts = {"low": 0, "fp32": 0}
     for node in gm.graph.nodes:
         spec = info(node).tensor
-        if spec is None or node.op not in ("call_function", "call_method", "call_module"):
+        if spec is None or node.op not in ("call_function", "call_method", "call_module") \
+                or info(node).extra.get(AUTOCAST_OFF):
             continue
         kind = family(node, gm)
         if kind.precision == Precision.LOW and spec.dtype == low:
