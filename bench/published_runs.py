@@ -208,14 +208,22 @@ def _torchtitan_runs() -> Iterator[Run]:
                                      fp8=fp8_),
                       tps, "tokens/s/GPU", micro_batch=2, open=(), note=TITAN_NOTE + "; selective op AC",
                       site=TITAN_H100, memory_gib=gib)
-    yield Run("torchtitan", "Llama 3.1 70B FSDP32 x TP8", f"{TITAN_TP_SRC}, 70B on 256 H100s, bf16 vanilla TP",
-              LLAMA31_70B, "h100", 16 * 32,
-              Plan(dp=32, tp=8, fsdp=True, sequence_parallel=True, autocast="bf16", compile=True, checkpoint="blocks"),
-              597.3, "tokens/s/GPU", micro_batch=16, open=(), note=TITAN_NOTE + "; full AC", site=TITAN_H100)
-    yield Run("torchtitan", "Llama 3.1 8B FSDP8 x TP8", f"{TITAN_TP_SRC}, 8B on 64 H100s, bf16 vanilla TP",
-              LLAMA31_8B, "h100", 12 * 8,
-              Plan(dp=8, tp=8, fsdp=True, sequence_parallel=True, autocast="bf16", compile=True, checkpoint="selective:2"),
-              4378, "tokens/s/GPU", micro_batch=12, open=(), note=TITAN_NOTE + "; per-op SAC", site=TITAN_H100)
+    # its async-TP benchmark: vanilla and async TP, bf16 and float8 (tensorwise, rowwise). The float8 async rows
+    # are not priced: graphsplit's --async-tp leaves a float8 linear's collectives plain (ops/async_tp.py)
+    for model, shape, gpus, dp, local, policy, note, rows in (
+            ("70B", LLAMA31_70B, 256, 32, 16, "blocks", "full AC",
+             ((None, False, 597.3), (None, True, 652.4), ("tensorwise", False, 809.8), ("rowwise", False, 599.6))),
+            ("8B", LLAMA31_8B, 64, 8, 12, "selective:2", "per-op SAC",
+             ((None, False, 4378), (None, True, 4809.4), ("tensorwise", False, 5078.1), ("rowwise", False, 3708.5)))):
+        for fp8, async_tp, tps in rows:
+            label = f"Llama 3.1 {model} FSDP{dp} x TP8{', async TP' if async_tp else ''}{f', Float8 {fp8}' if fp8 else ''}"
+            kind = f"{'float8 ' + fp8 if fp8 else 'bf16'} {'async' if async_tp else 'vanilla'} TP"
+            yield Run("torchtitan", label, f"{TITAN_TP_SRC}, {model} on {gpus} H100s, {kind}", shape, "h100",
+                      local * dp, Plan(dp=dp, tp=8, fsdp=True, sequence_parallel=True, async_tp=async_tp,
+                                       autocast="bf16", compile=True, checkpoint=policy, fp8=fp8),
+                      tps, "tokens/s/GPU", micro_batch=local, open=(), site=TITAN_H100,
+                      note=TITAN_NOTE + f"; {note}" + ("; vanilla float8 rowwise TP slow (torchtitan #1207)"
+                                                       if fp8 == "rowwise" else ""))
     # the H200s the planner's profile was measured on: llama3_8b.toml (8,192 tokens, per-op SAC) with
     # --training.local_batch_size=2 --training.compile --model.converters=float8 (tensorwise, the output layer
     # left in bf16) and FSDP gathering the float8 weights (graphsplit's FSDP gathers them in bf16)
@@ -379,7 +387,7 @@ def price_run(run: Run, cache: dict[Any, ModelProfile] | None = None) -> Result:
 
 def layout_text(plan: Plan) -> str:
     parts = [f"TP{plan.tp}", f"PP{plan.pp}", f"DP{plan.dp // plan.cp}"] + ([f"CP{plan.cp}"] if plan.cp > 1 else [])
-    extra = [x for x, on in (("SP", plan.sequence_parallel), ("FSDP", plan.fsdp), (f"ZeRO-{plan.zero}", plan.zero in (1, 2)),
+    extra = [x for x, on in (("SP", plan.sequence_parallel), ("async TP", plan.async_tp), ("FSDP", plan.fsdp), (f"ZeRO-{plan.zero}", plan.zero in (1, 2)),
                              ("compile", plan.compile), (f"fp8 {plan.fp8}", plan.fp8)) if on]
     return " x ".join(parts) + (f" ({', '.join(extra)})" if extra else "")
 

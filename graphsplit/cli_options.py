@@ -21,6 +21,10 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sequence-parallel", "sequence_parallel", is_flag=True, default=None,
                      help="Megatron's sequence parallelism with --tp: norms, dropout and residual adds run on "
                           "1/tp of the sequence (reduce-scatter + all-gather instead of all-reduce)."),
+        click.option("--async-tp", "async_tp", is_flag=True, default=None,
+                     help="Sequence parallelism (implied) with its all-gathers and reduce-scatters run as rings "
+                          "of point-to-point steps, each overlapping the matmul of a chunk already held "
+                          "(torchtitan's async TP)."),
         click.option("--dp", type=int, default=None, help="Data-parallel replicas (gradients averaged over them)."),
         click.option("--ep", type=int, default=None,
                      help="Expert-parallel ranks, drawn from --dp (default --dp = --ep): each mixture-of-experts "
@@ -72,7 +76,7 @@ def plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "dp", "ep", "cp", "fsdp", "zero", "sync_bn", "microbatches", "schedule", "stages_per_rank",
+_PLAN_KEYS = ("pp", "tp", "sequence_parallel", "async_tp", "dp", "ep", "cp", "fsdp", "zero", "sync_bn", "microbatches", "schedule", "stages_per_rank",
               "split_at", "seed", "checkpoint", "checkpoint_overrides", "autocast", "fp8", "compile",
               "send_flops_per_byte")
 
@@ -93,6 +97,8 @@ def plan_from(kwargs: dict[str, Any], devices: int | None = None) -> tuple[Plan,
         return Plan.load(plan_file), True
     if given.get("zero", 1) > 1:
         given["fsdp"] = True
+    if given.get("async_tp"):
+        given["sequence_parallel"] = True
     if "checkpoint_overrides" in given:
         given["checkpoint_overrides"] = tuple(_override(text) for text in given["checkpoint_overrides"])
     if "split_at" in given:

@@ -147,6 +147,10 @@ class Plan:
     # Megatron's sequence parallelism: between a row-parallel output and the next column-parallel
     # input (norms, dropout, residual adds) activations are split over tp on the sequence dim
     sequence_parallel: bool = False
+    # sequence parallelism's all-gathers and reduce-scatters run as rings of point-to-point steps, each
+    # step's transfer overlapping the matmul of a chunk already held (torchtitan's async TP, Megatron's
+    # --tp-comm-overlap): ops/async_tp.py
+    async_tp: bool = False
     microbatches: int | None = None
     schedule: str = "1f1b"
     stages_per_rank: int = 1
@@ -204,6 +208,11 @@ class Plan:
         if self.sequence_parallel and self.tp < 2:
             raise _fail("sequence_parallel", f"splits activations over the tensor-parallel ranks but tp={self.tp}; "
                                              "give tp=2 or more, or drop sequence parallelism")
+        if not isinstance(self.async_tp, bool):
+            raise _fail("async_tp", f"must be true or false, got {self.async_tp!r}")
+        if self.async_tp and not self.sequence_parallel:
+            raise _fail("async_tp", "overlaps sequence parallelism's all-gathers and reduce-scatters with the "
+                                    "matmuls beside them; give --sequence-parallel (and --tp 2 or more) with it")
         if self.microbatches is not None and (
             not isinstance(self.microbatches, int) or self.microbatches < 1
         ):

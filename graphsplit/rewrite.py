@@ -39,6 +39,7 @@ from .ir.trace import trace_model
 from .ir.traced_model import Traced
 from .ops.context_parallel import shard_tree, shard_values
 from .passes.activation_checkpoint import checkpoint_pass
+from .passes.async_tp import async_tp_pass
 from .passes.attention_form import attention_form
 from .passes.autocast import autocast_pass
 from .passes.bag_offsets import own_bag_offsets
@@ -71,6 +72,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("vocab_parallel_loss", vocab_parallel_loss_pass),
     ("float8", float8_pass),
     ("autocast", autocast_pass),
+    ("async_tp", async_tp_pass),
     ("context_parallel", context_parallel_pass),
     ("pipeline_split", pipeline_split_pass),
     ("checkpoint", checkpoint_pass),

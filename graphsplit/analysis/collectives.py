@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from ..ir.meta import group_of, info
 from ..ops import tp as tpops
+from ..ops.async_tp import ring_column_linears, ring_linear_reduce_scatter
 
 # op -> the (direction, collective) it runs; backward ones only when its input needs a gradient
 COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
@@ -45,6 +46,13 @@ def node_collectives(node: fx.Node) -> list[tuple[str, str]]:
         # the kept shard all-gathered again for the weight's gradient (the tokens' all-gather and
         # the input gradient's reduce-scatter are its input's, `gather_for_column`)
         return [("backward", "all_gather")] if _needs_grad(node.args[2]) else []
+    if node.op == "call_function" and node.target is ring_column_linears:  # (shard, weights, biases, dim, comm)
+        # the tokens' ring forward; backward, the input gradient's and the shard's again (the weights')
+        return ([("forward", "all_gather")] + ([("backward", "reduce_scatter")] if _needs_grad(node.args[0]) else [])
+                + ([("backward", "all_gather")] if any(_needs_grad(w) for w in node.args[1]) else []))
+    if node.op == "call_function" and node.target is ring_linear_reduce_scatter:  # (x, weight, bias, dim, comm)
+        needs = _needs_grad(node.args[0]) or _needs_grad(node.args[1])
+        return [("forward", "reduce_scatter")] + ([("backward", "all_gather")] if needs else [])
     if node.op == "call_function" and node.target is tpops.vocab_parallel_embedding and node.kwargs.get("seq_dim") is not None:
         # its sum left split on the sequence dim: reduce-scatter forward, all-gather of the gradient
         return [("forward", "reduce_scatter")] + ([("backward", "all_gather")] if _needs_grad(node.args[1]) else [])
@@ -92,6 +100,10 @@ def payload_bytes(node: fx.Node, tp: int) -> int:
     first = node.args[0] if node.args else None
     if node.target is tpops.column_linear_from_seq_shard:
         return _bytes(first)  # the gathered tokens, all-gathered again in backward
+    if node.target is ring_column_linears:
+        return _bytes(first) * tp  # the gathered tokens (a reduce-scatter's whole input backward)
+    if node.target is ring_linear_reduce_scatter:
+        return _bytes(node) * tp  # the partial sums (their gradient's gathered whole backward)
     if node.target is tpops.vocab_parallel_embedding:
         return _bytes(node) * (tp if node.kwargs.get("seq_dim") is not None else 1)
     if node.target is tpops.vocab_parallel_cross_entropy:

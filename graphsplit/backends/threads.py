@@ -71,6 +71,18 @@ class ThreadLink:
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
         return self.hub.exchange(self.rank, x, lambda parts: torch.stack(parts).sum(0).chunk(self.size)[self.rank].clone())
 
+    def shift(self, x: torch.Tensor) -> _Received:
+        """A ring step, done at once: the previous rank's tensor."""
+        return _Received(self.hub.exchange(self.rank, x, lambda parts: parts[(self.rank - 1) % self.size].clone()))
+
+
+class _Received:
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def wait(self) -> torch.Tensor:
+        return self.x
+
 
 def run_ranks(hub: ThreadHub, work: Callable[[int], T]) -> list[T]:
     """`work(rank)` for every rank of `hub`, each in its own thread; the results in rank order.

@@ -41,6 +41,39 @@ class TPLink(Protocol):
         """The sum over ranks of `x`, this rank's block of its dim 0."""
         ...
 
+    def shift(self, x: torch.Tensor) -> Pending:
+        """Send `x` to the next rank and receive the previous rank's (a ring step), in flight until
+        `wait()` on what it returns gives the received tensor."""
+        ...
+
+
+class Pending(Protocol):
+    """A ring step in flight: `wait()` returns what the previous rank sent."""
+
+    def wait(self) -> torch.Tensor: ...
+
+
+class _Arrived:
+    """A ring step already done (one process's threads exchange at once)."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def wait(self) -> torch.Tensor:
+        return self.x
+
+
+class _InFlight:
+    """A ring step over a process group: its send and receive posted, waited for at `wait()`."""
+
+    def __init__(self, works: list[dist.Work], received: torch.Tensor) -> None:
+        self.works, self.received = works, received
+
+    def wait(self) -> torch.Tensor:
+        for work in self.works:
+            work.wait()
+        return self.received
+
 
 class GroupLink:
     """Collectives over a `torch.distributed` process group (one rank per process)."""
@@ -63,6 +96,14 @@ class GroupLink:
         out = x.new_empty((x.shape[0] // self.size, *x.shape[1:]))
         dist.reduce_scatter_tensor(out, x, group=self.group)
         return out
+
+    def shift(self, x: torch.Tensor) -> Pending:
+        received = torch.empty_like(x)
+        ahead, behind = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+        # both posted together, so neither waits for the other side's matching call
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, group=self.group, group_peer=ahead),
+                                        dist.P2POp(dist.irecv, received, group=self.group, group_peer=behind)])
+        return _InFlight(works, received)
 
 
 class TPComm(Communicator):
@@ -124,6 +165,19 @@ class TPComm(Communicator):
         # the link scatters dim 0: move `dim` there and back (a copy only when dim != 0)
         moved = x.movedim(dim, 0).contiguous()
         return self.link.reduce_scatter(moved).movedim(0, dim).contiguous()
+
+    def shift(self, x: torch.Tensor) -> Pending:
+        """A ring step (ops/async_tp.py): `x` to the next rank, the previous rank's tensor back once
+        `wait()` is called on the result. Unbound: the rank's own tensor comes back (as `all_gather`
+        repeats it). Not counted: a ring of them counts as the collective it replaces (`count`)."""
+        if self.link is None or self.size == 1:
+            return _Arrived(x)
+        return self.link.shift(x.contiguous())
+
+    def count(self, direction: str, kind: str) -> None:
+        """One collective run as a ring of `shift`s (ops/async_tp.py)."""
+        if self.link is not None:
+            self.counts[(direction, kind)] += 1
 
     def local_slice(self, x: torch.Tensor, dim: int, size: int | None = None) -> torch.Tensor:
         """This rank's block of `x`; `size` given: of `x` padded with zeros to a multiple of tp."""

@@ -27,6 +27,7 @@ from ..errors import GraphsplitError
 from ..ir.grad_regions import AUTOCAST_OFF
 from ..ir.meta import TensorSpec, info, insert_node
 from ..ir.op_kinds import OpKind, Precision, family
+from ..ops import tp as tpops
 from .functionalize import functionalize_modules
 from .manager import PassInput, PassResults
 from .tensor_parallel import TensorParallelResult
@@ -89,12 +90,37 @@ def autocast_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tupl
             caster.cast_inputs(node, torch.float32)
     if inp.plan.fsdp:
         _parameters_read_in_fp32(gm)
+    _gather_cast_tokens(gm)
     gm.graph.lint()
     gm.recompile()
     tp = done.get(TensorParallelResult)
     annotate(gm, inp.example_inputs, param_shardings=dict(tp.param_shardings) if tp else {}, tp=inp.plan.tp)
     check_dtypes(gm, low)
     return gm, None
+
+
+def _gather_cast_tokens(gm: fx.GraphModule) -> None:
+    """Sequence parallelism's all-gather of tokens only cast linears read (`gather_for_column(x).to(bf16)`)
+    gathers them cast (`gather_for_column(x.to(bf16))`, the cast the linears' kept shard already is):
+    half the bytes each way, as Megatron gathers its bf16 activations. A cast commutes with the gather;
+    backward, the input gradients' sum is reduce-scattered in the low dtype, as Megatron's is."""
+    for gather in list(gm.graph.nodes):
+        if gather.op != "call_function" or gather.target is not tpops.gather_for_column:
+            continue
+        casts = list(gather.users)
+        if len(casts) != 1 or casts[0].op != "call_method" or casts[0].target != "to":
+            continue
+        cast, x = casts[0], gather.args[0]
+        shard = next((u for u in x.users if u is not gather and u.op == "call_method" and u.target == "to"
+                      and u.args[1:] == cast.args[1:]), None)
+        if shard is None:
+            shard = insert_node(gm.graph, "to", (x, *cast.args[1:]), op="call_method", after=x, owner=cast,
+                                kind=OpKind.CAST, tensor=info(cast).tensor)
+        elif list(gm.graph.nodes).index(shard) > list(gm.graph.nodes).index(gather):
+            gather.prepend(shard)
+        gather.args = (shard, *gather.args[1:])
+        cast.replace_all_uses_with(gather)
+        gm.graph.erase_node(cast)
 
 
 def _beyond(node: fx.Node, low: torch.dtype) -> bool:

@@ -13,6 +13,8 @@ once per (stages, micro-batch size) and cached on the table.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..analysis.balance import balanced_cuts
@@ -26,6 +28,7 @@ from .links import group_link
 from .param_reads import held, stage_of, unit_bytes
 from .profile import ModelProfile, OpTable
 from .recompute import policy_kept, region_spans, stage_shifts
+from .rings import DROPPED
 
 
 def cuts(table: OpTable, stages: int, b: int, send_flops_per_byte: float | None = None) -> list[int]:
@@ -170,6 +173,38 @@ def tp_op_seconds(table: OpTable, b: float, hw: Hardware, direction: str | None 
     return found
 
 
+def ring_op_seconds(table: OpTable, b: float, hw: Hardware, compute: np.ndarray, key: Any,
+                    direction: str | None = None) -> np.ndarray:
+    """`tp_op_seconds` of the program --async-tp writes (planner/rings.py's tags): a collective it makes
+    a ring of tp - 1 steps, each a shard of the bytes and one latency, runs beside the matmuls of the
+    chunks already held (`compute`: each op's seconds; a tag's factor: how many of its forward matmuls'
+    work hides it), so only what a step takes beyond its chunk's matmuls shows, (tp - 1) x max(0,
+    step - matmul / tp); one a ring does for another (each linear's re-gather of one shard) is gone.
+    `compute` all zeros: the rings exposed in full (a recompute whose matmuls were kept). `key`: what
+    `compute` was made from, for the cache."""
+    cache_key = ("ring_seconds", b, hw.name, direction, key)
+    found = table.cache.get(cache_key)
+    if found is not None:
+        return found
+    tp = table.tp
+    found = tp_op_seconds(table, b, hw, direction).copy()
+    tagged = [c for c in table.collectives if len(c) > 5 and c[5] is not None
+              and (direction is None or c[1] == direction)]
+    if tagged and tp > 1:
+        bw, lat = group_link(hw, tp)
+        for op, _, _, per_sample, constant, ring in tagged:
+            plain = per_sample * b + constant
+            found[op] -= (tp - 1) / tp * plain / bw + (tp - 1) * lat if plain > 0 else 0.0
+            if ring == DROPPED:
+                continue
+            nbytes = ring[0] * b + ring[1]
+            step = nbytes / tp / bw + lat
+            hidden = ring[3] * float(sum(compute[op + offset] for offset in ring[2])) / tp
+            found[op] += (tp - 1) * max(0.0, step - hidden) if nbytes > 0 else 0.0
+    table.cache[cache_key] = found
+    return found
+
+
 def _gathered_low(plan: Plan) -> bool:
     """FSDP gathers the parameters in the low dtype: under --autocast bf16/fp16 (apply_fsdp)."""
     return plan.fsdp and plan.autocast in ("bf16", "fp16")
@@ -188,7 +223,7 @@ def as_run(table: OpTable, plan: Plan) -> OpTable:
 def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.ndarray | list[int]]:
     """What the policy does not change, for `plan.num_stages` stages at `b` samples per micro-batch."""
     key = ("split", plan.num_stages, b, plan.tp, plan.ep, plan.cp, plan.pp, hw.name, plan.compile, _gathered_low(plan),
-           plan.fp8, plan.send_flops_per_byte)
+           plan.fp8, plan.send_flops_per_byte, plan.async_tp)
     if key in table.cache:
         return table.cache[key]
     n, count = table.n, plan.num_stages
@@ -199,7 +234,8 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
     secs = op_seconds(as_run(table, plan), b, hw, plan.compile)
     prefix = np.concatenate([[0.0], np.cumsum(secs)])
     forward = prefix[bounds[1:]] - prefix[bounds[:-1]]
-    per_op = tp_op_seconds(table, b, hw)
+    per_op = ring_op_seconds(table, b, hw, secs, (plan.compile, _gathered_low(plan), plan.fp8)) if plan.async_tp \
+        else tp_op_seconds(table, b, hw)
     tp_seconds = np.bincount(stage_of(bounds, np.arange(n)), weights=per_op, minlength=count) if per_op.any() \
         else np.zeros(count)
     a2a_seconds = np.zeros(count)
@@ -233,23 +269,34 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
     return found
 
 
-def _recompute_seconds(table: OpTable, b: float, hw: Hardware, fused: bool) -> np.ndarray:
+def _forward_tp_seconds(table: OpTable, b: float, hw: Hardware, fused: bool, rings: str | None) -> np.ndarray:
+    """Each op's forward tp collectives as a recompute runs them again: `rings` (--async-tp) "hidden"
+    where the region recomputes the matmuls beside them, "exposed" where it kept their outputs."""
+    if rings is None:
+        return tp_op_seconds(table, b, hw, "forward")
+    compute = op_seconds(table, b, hw, fused) if rings == "hidden" else np.zeros(table.n)
+    return ring_op_seconds(table, b, hw, compute, ("recompute", fused, rings), "forward")
+
+
+def _recompute_seconds(table: OpTable, b: float, hw: Hardware, fused: bool, rings: str | None = None) -> np.ndarray:
     """What recomputing each op costs: its forward, and its forward tp collectives, which a
     checkpointed region runs again in backward (report/summary.py lists them as "recompute")."""
-    key = ("recompute_seconds", b, hw.name, fused)
+    key = ("recompute_seconds", b, hw.name, fused, rings)
     found = table.cache.get(key)
     if found is None:
-        found = table.cache[key] = op_seconds(table, b, hw, fused) + tp_op_seconds(table, b, hw, "forward")
+        found = table.cache[key] = op_seconds(table, b, hw, fused) + _forward_tp_seconds(table, b, hw, fused, rings)
     return found
 
 
 def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hardware, fused: bool = False,
-                early_stop: bool = True) -> tuple[np.ndarray, ...]:
+                early_stop: bool = True, rings: bool = False) -> tuple[np.ndarray, ...]:
     """`policy_kept` of every stage of `bounds` as arrays, each shape priced once (a deep model's middle
     stages are the same ops): kept, peak, recompute, the tp collectives among the recompute's, and what
     the regions keep once recomputed."""
     # plans that differ only where this does not look (dp, FSDP, schedule) share their stages: priced once
-    whole = ("stage_kept", policy, tuple(bounds), b, hw.name, fused, early_stop)
+    # --async-tp: a selective region keeps its matmuls' outputs, so its recomputed rings run alone
+    ring_mode = None if not rings else "exposed" if policy.startswith("selective") else "hidden"
+    whole = ("stage_kept", policy, tuple(bounds), b, hw.name, fused, early_stop, ring_mode)
     cached = table.cache.get(whole)
     if cached is not None:
         return cached
@@ -259,12 +306,12 @@ def _stage_kept(table: OpTable, policy: str, bounds: list[int], b: int, hw: Hard
     found = []
     for code in shapes.tolist():
         a, e = divmod(code, table.n + 1)
-        key = ("kept", policy, a, e, b, hw.name, fused, early_stop)
+        key = ("kept", policy, a, e, b, hw.name, fused, early_stop, ring_mode)
         kept = table.cache.get(key)
         if kept is None:
-            comm = tp_op_seconds(table, b, hw, "forward")
-            kept = table.cache[key] = policy_kept(table, policy, a, e, b, _recompute_seconds(table, b, hw, fused), comm,
-                                            early_stop)
+            comm = _forward_tp_seconds(table, b, hw, fused, ring_mode)
+            kept = table.cache[key] = policy_kept(table, policy, a, e, b,
+                                                  _recompute_seconds(table, b, hw, fused, ring_mode), comm, early_stop)
         found.append(kept)
     saved, peak, recompute, recomputed, again = (np.array([k[i] for k in found]) for i in range(5))
     cached = table.cache[whole] = (saved[which].astype(np.int64), peak[which].astype(np.int64),
@@ -286,14 +333,14 @@ def stage_sums(table: OpTable, plan: Plan, batch: int, hw: Hardware) -> Stages:
     b: float = samples / plan.cp if plan.cp > 1 else samples
     key = ("stages", plan.num_stages, b, plan.checkpoint, plan.tp, plan.dp if plan.fsdp else 1, plan.ep, plan.cp,
            plan.pp, hw.name, plan.compile, plan.schedule in SPLIT_BACKWARD_SCHEDULES, plan.fsdp_reshards, plan.fp8,
-           plan.send_flops_per_byte)
+           plan.send_flops_per_byte, plan.async_tp)
     if key in table.cache:
         return table.cache[key]
     split = _split(table, plan, b, hw)
     bounds = split["bounds"]
     saved, peak, recompute, recompute_tp, recomputed = _stage_kept(
         as_run(table, plan), plan.checkpoint, bounds, b, hw, plan.compile,
-        early_stop=plan.schedule not in SPLIT_BACKWARD_SCHEDULES)
+        early_stop=plan.schedule not in SPLIT_BACKWARD_SCHEDULES, rings=plan.async_tp)
     gathered = split["gathered"]
     if gathered.any():  # the gathered keys and values: kept for backward, or live while a region recomputes
         per_stage = np.array([gathered[a:e].sum() for a, e in zip(bounds[:-1], bounds[1:])])

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from ..analysis.attention_cores import attention_cores
-from ..analysis.collectives import node_collectives
+from ..analysis.collectives import node_collectives, payload_bytes
 from ..analysis.recompute import recomputable
 from ..analysis.shapes import annotate
 from ..errors import GraphsplitError
@@ -28,6 +28,7 @@ from ..ops.tp import column_linear_from_seq_shard
 from ..passes.manager import LossInput
 from .fold import Fold
 from .measure import measure, node_params, out_bytes
+from .rings import DROPPED, ring_tags
 from .table import OpTable
 from .tile import expand, short_fold
 
@@ -108,6 +109,9 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
     grouped = np.zeros(n, dtype=bool)
     gemm = np.zeros((n, 2), dtype=np.int64)  # a plain GEMM's (K, N)
     core_of = {node: c for c, nodes in enumerate(attention_cores(a.gm)) for node in nodes}
+    same = dict(zip(a.gm.graph.nodes, b.gm.graph.nodes))  # the node of the compile at four samples
+    position = {op: i for i, op in enumerate(a.unf.sequence)}
+    rings = ring_tags(a.gm, same, tp)
     expert_layers: dict[tuple[Any, int], list[tuple[int, fx.Node, fx.Node]]] = {}  # (offsets, copy) -> its linears
     for i, ((node, k), (node2, _)) in enumerate(zip(a.unf.sequence, b.unf.sequence)):
         ni = info(node)
@@ -140,10 +144,14 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
             expert_layers.setdefault((node.args[2], k), []).append((i, node, node2))
         if ni.kind == OpKind.ATTENTION and node.op == "call_function":  # what context parallelism gathers
             kv_a, kv_b = _gathered_bytes(node), _gathered_bytes(node2)
-            collectives += [(i, direction, "cp_gather", *_pair(kv_a, kv_b)) for direction in ("forward", "backward")]
+            collectives += [(i, direction, "cp_gather", *_pair(kv_a, kv_b), None) for direction in ("forward", "backward")]
         for direction, kind in node_collectives(node):
-            src, src2 = (node, node2) if kind == "all_gather" else (node.args[0], node2.args[0])
-            collectives.append((i, direction, kind, *_pair(info(src).out_bytes, info(src2).out_bytes)))
+            # the message as nccl-tests size it (a gather's whole, a reduce-scatter's whole input), whichever
+            # way it runs: backward, a gather's gradient is reduce-scattered whole
+            ring = rings.get((node, direction, kind))
+            if ring is not None and ring is not DROPPED:  # the matmuls it would hide behind, by their place here
+                ring = (*ring[:2], tuple(position[(m, k)] - i for m in ring[2]), ring[3])
+            collectives.append((i, direction, kind, *_pair(payload_bytes(node, tp), payload_bytes(node2, tp)), ring))
     # what expert parallelism divides: values made from expert weights alone (a transpose, a cast), the
     # bytes each op moves of them, and the storages holding them
     expert_names = {name for i in np.flatnonzero(grouped) for name in params[i]}
@@ -168,8 +176,7 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         rows_in = _pair(info(first.args[0]).out_bytes, info(first2.args[0]).out_bytes)
         rows_out = _pair(info(last).out_bytes, info(last2).out_bytes)
         for direction in ("forward", "backward"):
-            collectives += [(i, direction, "all_to_all", *rows_in), (j, direction, "all_to_all", *rows_out)]
-    same = dict(zip(a.gm.graph.nodes, b.gm.graph.nodes))  # the node of the compile at four samples
+            collectives += [(i, direction, "all_to_all", *rows_in, None), (j, direction, "all_to_all", *rows_out, None)]
     size_a, size_b = out_bytes(a.gm), out_bytes(b.gm)
     # every tensor each op reads (parameters aside), with where it was made
     value_ids: dict[tuple[fx.Node, int], int] = {}
