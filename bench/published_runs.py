@@ -182,8 +182,9 @@ def _megatron_runs() -> Iterator[Run]:
         # after the step) exposes that broadcast, which Megatron does not. Sequence parallelism with tp;
         # Megatron's fused kernels (Transformer Engine's LayerNorm and GeLU, fused bias and softmax) priced as
         # torch.compile's fusion of the same elementwise ops
-        layout = Plan(tp=tp, pp=pp, dp=48, fsdp=True, zero=2, sequence_parallel=tp > 1, autocast="bf16",
-                      compile=True)
+        # --tp-comm-overlap (its configuration's): graphsplit's program that overlaps so is --async-tp
+        layout = Plan(tp=tp, pp=pp, dp=48, fsdp=True, zero=2, sequence_parallel=tp > 1, async_tp=tp > 1,
+                      autocast="bf16", compile=True)
         yield Run("Megatron-LM", f"GPT {name}", MEGATRON_SRC, _megatron(heads, hidden, layers), "h100", batch,
                   layout, tflops, "TFLOP/s/GPU (Megatron)", note=MEGATRON_NOTE)
 
@@ -243,9 +244,9 @@ def _llama3_runs() -> Iterator[Run]:
     for gpus, dp, mb, tflops in ((8192, 64, 32, 430), (16384, 128, 16, 400)):
         yield Run("Llama 3 (Meta)", f"Llama 3 405B, {gpus:,} GPUs", LLAMA3_SRC, LLAMA3_405B, "h100", 2048,
                   Plan(tp=8, pp=16, dp=dp, microbatches=mb, autocast="bf16", sequence_parallel=True),
-                  tflops, "TFLOP/s/GPU (model)", open=("schedule", "checkpoint", "fsdp", "compile"),
+                  tflops, "TFLOP/s/GPU (model)", open=("schedule", "checkpoint", "fsdp", "compile", "async_tp"),
                   checkpoints=("none", "selective", "first:1", "first:2", "blocks"),
-                  note="BF16 MFU 38-43%; the schedule's knobs, FSDP and fused kernels not published")
+                  note="BF16 MFU 38-43%; the schedule's knobs, FSDP, fused kernels and tp overlap not published")
 
 
 BRIDGE_SRC = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md"
@@ -314,8 +315,9 @@ def _candidates(run: Run, hw: Hardware) -> Iterator[Plan]:
     checkpoints = run.checkpoints if "checkpoint" in run.open else (base.checkpoint,)
     fsdps = (False, True) if "fsdp" in run.open else (base.fsdp,)
     compiles = (False, True) if "compile" in run.open else (base.compile,)
-    for size, (schedule, v), checkpoint, fsdp, compiled in itertools.product(sizes, schedules, checkpoints, fsdps,
-                                                                             compiles):
+    rings = (False, True) if "async_tp" in run.open and base.sequence_parallel else (base.async_tp,)
+    for size, (schedule, v), checkpoint, fsdp, compiled, ring in itertools.product(sizes, schedules, checkpoints,
+                                                                                   fsdps, compiles, rings):
         per_replica = run.batch // replicas
         count = base.microbatches if base.microbatches and "micro_batch" not in run.open and not run.micro_batch \
             else per_replica // size
@@ -324,7 +326,7 @@ def _candidates(run: Run, hw: Hardware) -> Iterator[Plan]:
         if schedule in MULTI_STAGE_SCHEDULES and not rounds_fit(schedule, base.pp, count):
             continue
         yield base.replace(microbatches=count, schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
-                           compile=compiled, send_flops_per_byte=send)
+                           compile=compiled, async_tp=ring, send_flops_per_byte=send)
 
 
 def _throughput(run: Run, est: Estimate, peak: float) -> float:
@@ -379,7 +381,7 @@ def price_run(run: Run, cache: dict[Any, ModelProfile] | None = None) -> Result:
     if run.site is not None:
         ends = [_fastest(run, profile, run.site.hardware(base, peak)) for peak in run.site.bf16_peak]
         bounds = tuple(_throughput(run, e[1], hw.peak_flops["bfloat16"]) for e in ends if e is not None)
-    chosen = {k: getattr(est.plan, k) for k in ("microbatches", "schedule", "stages_per_rank", "checkpoint", "fsdp",
+    chosen = {k: getattr(est.plan, k) for k in ("microbatches", "schedule", "stages_per_rank", "checkpoint", "fsdp", "async_tp",
                                                 "compile")}
     return Result(run, est, fits, _throughput(run, est, hw.peak_flops["bfloat16"]), time.perf_counter() - start,
                   chosen, bounds)
@@ -399,7 +401,7 @@ def chosen_text(result: Result) -> str:
     sched = c["schedule"] + (f" x{c['stages_per_rank']}" if c["stages_per_rank"] > 1 else "")
     count = c["microbatches"]
     return (f"{count} micro-batch{'es' if count > 1 else ''}, {sched}, {c['checkpoint']}"
-            f"{', fsdp' if c['fsdp'] else ''}{', compile' if c['compile'] else ''}")
+            f"{', fsdp' if c['fsdp'] else ''}{', compile' if c['compile'] else ''}{', async tp' if c['async_tp'] else ''}")
 
 
 def _memory(r: Result) -> str:

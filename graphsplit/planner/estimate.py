@@ -124,7 +124,7 @@ def plan_fields(plan: Plan) -> dict[str, Any]:
             "zero": (plan.zero or 3) if plan.fsdp else plan.zero, "microbatches": plan.num_microbatches,
             "schedule": plan.schedule, "stages_per_rank": plan.stages_per_rank, "checkpoint": plan.checkpoint,
             "autocast": plan.autocast, "compile": plan.compile, "sequence_parallel": plan.sequence_parallel,
-            "send_flops_per_byte": plan.send_flops_per_byte}
+            "async_tp": plan.async_tp, "send_flops_per_byte": plan.send_flops_per_byte}
 
 
 @dataclass

@@ -44,6 +44,10 @@ class Hardware:
     fused_attention: bool = False
     # measured fractions of peak by matmul shape (planner/gemm_table.py): how shape moves the rate
     matmul_table: dict[str, Any] | None = None
+    # the fraction of a ring step's transfer that the matmul running beside it hides (--async-tp): 1 would be
+    # perfect overlap; contention (the transfer's kernels take SMs and memory bandwidth from the GEMM, the
+    # chunked GEMMs' waves and stream joins) leaves part of it exposed
+    overlap_efficiency: float = 1.0
     # processes sharing `shared_cores` cores (a CPU machine running more ranks than cores): 0 = none
     shared_cores: int = 0
     sources: dict[str, str] = field(default_factory=dict)
@@ -80,7 +84,8 @@ def load_hardware(name_or_path: str) -> Hardware:
         numbers = [hw.memory_bytes, hw.memory_bandwidth, hw.gpus_per_node, hw.intra_node_bandwidth,
                    hw.inter_node_bandwidth, hw.matmul_efficiency, hw.memory_efficiency, hw.link_efficiency,
                    *hw.peak_flops.values()]
-        bad = any(float(v) <= 0 for v in numbers) or "float32" not in hw.peak_flops
+        bad = any(float(v) <= 0 for v in numbers) or "float32" not in hw.peak_flops \
+            or not 0 <= float(hw.overlap_efficiency) <= 1
     except (TypeError, ValueError, AttributeError):
         bad = True
     if not bad and hw.matmul_table is not None:

@@ -152,7 +152,8 @@ def _shapes(tp: int, pp: int, dp: int, cp: int, batch: int, max_stages: int, has
             try:
                 yield Plan(tp=tp, pp=pp, dp=dp, fsdp=fsdp, zero=zero, ep=ep, cp=cp, microbatches=m if pp > 1 else None,
                            schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, autocast=autocast,
-                           compile=compiled, sequence_parallel=sp, send_flops_per_byte=weights[autocast is not None])
+                           compile=compiled, sequence_parallel=sp, async_tp=sp,
+                           send_flops_per_byte=weights[autocast is not None])
             except GraphsplitError as exc:  # a combination the program refuses (plan.py says why)
                 left_out[str(exc).split(": ", 1)[-1]] += 1
 

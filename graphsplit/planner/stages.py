@@ -178,8 +178,9 @@ def ring_op_seconds(table: OpTable, b: float, hw: Hardware, compute: np.ndarray,
     """`tp_op_seconds` of the program --async-tp writes (planner/rings.py's tags): a collective it makes
     a ring of tp - 1 steps, each a shard of the bytes and one latency, runs beside the matmuls of the
     chunks already held (`compute`: each op's seconds; a tag's factor: how many of its forward matmuls'
-    work hides it), so only what a step takes beyond its chunk's matmuls shows, (tp - 1) x max(0,
-    step - matmul / tp); one a ring does for another (each linear's re-gather of one shard) is gone.
+    work hides it), which hide the part of it they overlap as well as the hardware overlaps
+    (`overlap_efficiency`): (tp - 1) x (step - efficiency x min(step, matmul / tp)); one a ring does
+    for another (each linear's re-gather of one shard) is gone.
     `compute` all zeros: the rings exposed in full (a recompute whose matmuls were kept). `key`: what
     `compute` was made from, for the cache."""
     cache_key = ("ring_seconds", b, hw.name, direction, key)
@@ -199,8 +200,8 @@ def ring_op_seconds(table: OpTable, b: float, hw: Hardware, compute: np.ndarray,
                 continue
             nbytes = ring[0] * b + ring[1]
             step = nbytes / tp / bw + lat
-            hidden = ring[3] * float(sum(compute[op + offset] for offset in ring[2])) / tp
-            found[op] += (tp - 1) * max(0.0, step - hidden) if nbytes > 0 else 0.0
+            beside = ring[3] * float(sum(compute[op + offset] for offset in ring[2])) / tp
+            found[op] += (tp - 1) * (step - hw.overlap_efficiency * min(step, beside)) if nbytes > 0 else 0.0
     table.cache[cache_key] = found
     return found
 

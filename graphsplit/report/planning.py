@@ -25,7 +25,7 @@ def _plan_cell(p: dict[str, Any]) -> str:
     ep = f" ep{p['ep']}" if p.get("ep", 1) > 1 else ""
     ep += f" cp{p['cp']}" if p.get("cp", 1) > 1 else ""
     sched = "" if p["pp"] == 1 else f" {p['schedule']}" + (f"x{p['stages_per_rank']}" if p["stages_per_rank"] > 1 else "")
-    return (f"tp{p['tp']}{' sp' if p.get('sequence_parallel') else ''} pp{p['pp']} dp{p['dp']}"
+    return (f"tp{p['tp']}{' sp' if p.get('sequence_parallel') else ''}{' async' if p.get('async_tp') else ''} pp{p['pp']} dp{p['dp']}"
             f"{(' zero2' if p.get('zero') == 2 else ' fsdp') if p['fsdp'] else ' zero1' if p.get('zero') == 1 else ''}"
             f"{ep} mb{p['microbatches']}{sched} "
             f"{p['checkpoint']} {p['autocast'] or 'fp32'}{' fp8-' + p['fp8'] if p.get('fp8') else ''}"
