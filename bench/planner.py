@@ -113,7 +113,7 @@ def describe(plan: Plan) -> str:
 def label(plan: Plan) -> str:
     schedule = plan.schedule + (f" x{plan.stages_per_rank}" if plan.stages_per_rank > 1 else "")
     return (f"mb{plan.num_microbatches} {schedule}, {plan.checkpoint}{', fsdp' if plan.fsdp else ''}"
-            f"{', sp' if plan.sequence_parallel else ''}, "
+            f"{', sp' if plan.sequence_parallel else ''}{', async tp' if plan.async_tp else ''}, "
             f"{plan.autocast or 'fp32'}{', compiled' if plan.compile else ''}")
 
 
@@ -126,14 +126,15 @@ def breakdown(est: Any) -> str:
 def fastest_fitting(profile: Any, hw: Any, shape: Plan) -> Any:
     """A published layout (tp, pp, dp, cp, micro-batches, precision) with the fastest choice that fits of
     what the publication leaves open: schedule and stages per rank, checkpointing, FSDP, compile, sequence
-    parallelism; None when nothing fits."""
+    parallelism and async TP; None when nothing fits."""
     best = None
     for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("interleaved-1f1b", 8)):
         for checkpoint in CHECKPOINT_CHOICES:
-            for fsdp, compiled, sp in itertools.product((False, True), (False, True), (False, True)):
+            for fsdp, compiled, (sp, ring) in itertools.product((False, True), (False, True),
+                                                                ((False, False), (True, False), (True, True))):
                 # the cut weighs a byte sent as the search does on this hardware
                 plan = shape.replace(schedule=schedule, stages_per_rank=v, checkpoint=checkpoint, fsdp=fsdp,
-                                     compile=compiled, sequence_parallel=sp,
+                                     compile=compiled, sequence_parallel=sp, async_tp=ring,
                                      send_flops_per_byte=send_flops_per_byte(hw, shape.tp, shape.autocast is not None))
                 est = estimate(plan, plan_stages(profile, plan), hw, profile.batch, profile.tokens_per_sample,
                                profile.model_flops_per_sample)

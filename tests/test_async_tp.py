@@ -161,7 +161,7 @@ def test_the_table_sizes_tp_collectives_as_the_program_sends_them(gpt_sp_profile
     table = profile.table(Plan(tp=2, sequence_parallel=True))
     b = loaded.args[0].shape[0]
     volume: Counter = Counter()
-    for op, direction, kind, per_sample, constant, *_ in table.collectives:
+    for _op, direction, kind, per_sample, constant, *_ in table.collectives:
         volume[(direction, kind)] += per_sample * b + constant
     program = summarize(rewrite_loaded(loaded, Plan(tp=2, sequence_parallel=True)).program)["collective_bytes"]
     want = {(d, k): v for d, kinds in program.items() for k, v in kinds.items() if not (d, k) == ("forward", "all_reduce")}
