@@ -12,6 +12,9 @@ The passes, in the order they run (each in graphsplit/passes/):
 - vocab_parallel_loss.py: keep vocab-sharded logits sharded into a cross-entropy;
 - float8.py: with --fp8, the linears in float8 (torchao's recipes), scales agreed across tp shards;
 - autocast.py: matmuls in bf16 / fp16, norms, softmax and the loss in fp32;
+- float8_gather.py: with --fp8 tensorwise and --sequence-parallel, the tokens the float8 column
+  linears read cast once on the shard and gathered in float8;
+- async_tp.py: with --async-tp, sequence parallelism's collectives as rings beside their matmuls;
 - context_parallel.py: with --cp, each rank's shard of the sequence; keys and values gathered at
   every attention call, positions made global;
 - pipeline_split.py: assign every node to a pipeline stage;
@@ -51,6 +54,7 @@ from .passes.context_parallel import (
 )
 from .passes.expert_parallel import ExpertParallelResult, expert_parallel_pass
 from .passes.float8 import Float8Result, float8_pass
+from .passes.float8_gather import float8_gather_pass
 from .passes.grad_mode import grad_mode_pass
 from .passes.manager import LossInput, Pass, PassInput, run_passes
 from .passes.pipeline_split import cut_places, pipeline_split_pass, too_few_cuts
@@ -72,6 +76,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("vocab_parallel_loss", vocab_parallel_loss_pass),
     ("float8", float8_pass),
     ("autocast", autocast_pass),
+    ("float8_gather", float8_gather_pass),
     ("async_tp", async_tp_pass),
     ("context_parallel", context_parallel_pass),
     ("pipeline_split", pipeline_split_pass),

@@ -119,19 +119,28 @@ def test_async_tp_equals_the_untouched_model(spec, plan):
 
 
 def test_what_is_not_a_ring_site_keeps_its_collectives():
-    """A float8 linear keeps the plain collectives (--async-tp rings the high-precision linears only):
-    llama's tiny linears whose dims float8 takes keep their gathers, the others become rings."""
+    """A float8 linear is no ring site (--async-tp rings the high-precision linears only): under rowwise
+    scaling llama's gathers read by float8 linears stay plain gathers, the others become rings; under
+    tensorwise scaling they are float8 gathers (passes/float8_gather.py), and no ring reads a float8 value."""
     pytest.importorskip("torchao")
-    loaded = load_model(str(EXAMPLES / "llama.py"))
-    program = rewrite_loaded(loaded, ASYNC.replace(fp8="tensorwise", autocast="bf16")).program
-    found = targets(program)
     from graphsplit.ops.float8 import float8_linear
+    from graphsplit.ops.float8_gather import float8_gathered_linears
 
+    loaded = load_model(str(EXAMPLES / "llama.py"))
+    program = rewrite_loaded(loaded, ASYNC.replace(fp8="rowwise", autocast="bf16")).program
+    found = targets(program)
     assert found[float8_linear] and found[tpops.gather_for_column]
     for g in graphs(program):
         for node in g.nodes:
             if node.target is tpops.gather_for_column:  # read by float8 linears alone
                 assert {u.target for u in node.users} == {float8_linear}
+    program = rewrite_loaded(loaded, ASYNC.replace(fp8="tensorwise", autocast="bf16")).program
+    found = targets(program)
+    assert found[float8_gathered_linears] and not found[tpops.gather_for_column]
+    assert found[float8_linear]  # the row linears, whose reduce-scatters stay plain
+    assert not found[async_tp.ring_linear_reduce_scatter] or all(
+        not isinstance(a, fx.Node) or a.target is not float8_linear
+        for g in graphs(program) for n in g.nodes if n.target is async_tp.ring_linear_reduce_scatter for a in n.args)
 
 
 @pytest.mark.slow
@@ -191,7 +200,7 @@ def test_the_planner_prices_the_rings_the_pass_writes(gpt_sp_profile):
     hidden = ring_op_seconds(table, b, hw, compute, "1ms")
     assert (hidden <= plain + 1e-12).all() and hidden.sum() < plain.sum()
     once = Counter(c[0] for c in tags)
-    op, _, _, per_sample, constant, ring = next(c for c in tags if once[c[0]] == 1 and c[5] != DROPPED)
+    op, _, _, per_sample, constant, ring, *_ = next(c for c in tags if once[c[0]] == 1 and c[5] != DROPPED)
     step = (ring[0] * b + ring[1]) / 2 / hw.intra_node_bandwidth / hw.link_efficiency + hw.intra_node_latency
     behind = ring[3] * 1e-3 * len(ring[2]) / 2
     others = plain[op] - (0.5 * (per_sample * b + constant) / hw.intra_node_bandwidth / hw.link_efficiency

@@ -82,5 +82,5 @@ def test_the_graph_is_linted_after_each_pass_that_moves_nodes_and_after_the_last
 def test_the_compiler_lists_every_pass_once():
     names = [name for name, _ in PASSES]
     assert names == ["grad_mode", "token_mean", "sync_batch_norm", "expert_parallel", "tensor_parallel",
-                     "vocab_parallel_loss", "float8", "autocast", "async_tp", "context_parallel", "pipeline_split", "checkpoint"]
+                     "vocab_parallel_loss", "float8", "autocast", "float8_gather", "async_tp", "context_parallel", "pipeline_split", "checkpoint"]
     assert isinstance(PassResults().adding(None), PassResults)

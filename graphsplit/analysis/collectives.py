@@ -17,6 +17,8 @@ import torch.fx as fx
 from ..ir.meta import group_of, info
 from ..ops import tp as tpops
 from ..ops.async_tp import ring_column_linears, ring_linear_reduce_scatter
+from ..ops.float8 import float8_linear
+from ..ops.float8_gather import float8_gathered_linears
 
 # op -> the (direction, collective) it runs; backward ones only when its input needs a gradient
 COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
@@ -46,7 +48,11 @@ def node_collectives(node: fx.Node) -> list[tuple[str, str]]:
         # the kept shard all-gathered again for the weight's gradient (the tokens' all-gather and
         # the input gradient's reduce-scatter are its input's, `gather_for_column`)
         return [("backward", "all_gather")] if _needs_grad(node.args[2]) else []
-    if node.op == "call_function" and node.target is ring_column_linears:  # (shard, weights, biases, dim, comm)
+    if node.op == "call_function" and node.target is float8_linear and len(node.args) > 6 and node.args[6] is not None:
+        # (x, weight, bias, comm, recipe, style, shard, dim): a float8 gathering linear, as the one above
+        return [("backward", "all_gather")] if _needs_grad(node.args[1]) else []
+    if node.op == "call_function" and node.target in (ring_column_linears, float8_gathered_linears):
+        # (shard, weights, biases, dim, comm, ..)
         # the tokens' ring forward; backward, the input gradient's and the shard's again (the weights')
         return ([("forward", "all_gather")] + ([("backward", "reduce_scatter")] if _needs_grad(node.args[0]) else [])
                 + ([("backward", "all_gather")] if any(_needs_grad(w) for w in node.args[1]) else []))
@@ -93,12 +99,17 @@ def _bytes(value: Any) -> int:
     return spec.nbytes if spec is not None else 0
 
 
-def payload_bytes(node: fx.Node, tp: int) -> int:
-    """The size of the tensor one of `node`'s collectives works on, per rank (the message size, as
-    nccl-tests count it): an all-reduce's tensor, an all-gather's gathered whole, a reduce-scatter's
-    whole input. The graphs hold one rank's shapes."""
+def payload_bytes(node: fx.Node, tp: int, kind: str | None = None) -> int:
+    """The size of the tensor one of `node`'s collectives (of `kind`, where they differ) works on, per
+    rank (the message size, as nccl-tests count it): an all-reduce's tensor, an all-gather's gathered
+    whole, a reduce-scatter's whole input. The graphs hold one rank's shapes."""
     first = node.args[0] if node.args else None
-    if node.target is tpops.column_linear_from_seq_shard:
+    if node.target is float8_gathered_linears:
+        # the tokens gathered in float8, a byte each; their input gradient reduce-scattered in their dtype
+        spec = info(first).tensor if isinstance(first, fx.Node) else None
+        whole = _bytes(first) * tp
+        return whole if kind == "reduce_scatter" or spec is None else whole // max(spec.dtype.itemsize, 1)
+    if node.target is tpops.column_linear_from_seq_shard or node.target is float8_linear:
         return _bytes(first)  # the gathered tokens, all-gathered again in backward
     if node.target is ring_column_linears:
         return _bytes(first) * tp  # the gathered tokens (a reduce-scatter's whole input backward)
@@ -119,7 +130,7 @@ def collective_volume(graphs: Iterable[fx.Graph], tp: int) -> dict[str, dict[str
     for graph in graphs:
         for node in graph.nodes:
             for direction, kind in node_collectives(node):
-                volume.setdefault(direction, Counter())[kind] += payload_bytes(node, tp)
+                volume.setdefault(direction, Counter())[kind] += payload_bytes(node, tp, kind)
     return {d: dict(v) for d, v in volume.items()}
 
 

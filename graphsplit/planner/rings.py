@@ -1,4 +1,5 @@
-"""What --async-tp makes of a table's tp collectives: which become rings, over which matmuls.
+"""What --async-tp and --fp8 make of a table's tp collectives: which become rings, over which matmuls;
+which a float8 linear keeps plain, and which tensorwise float8 gathers a byte an element.
 
 `ring_tags(gm, same, tp)` reads the sites `passes/async_tp.py` rewrites (`ring_sites`, the one rule)
 and tags each collective they replace, keyed by (node, direction, kind):
@@ -12,10 +13,18 @@ and tags each collective they replace, keyed by (node, direction, kind):
 A tag is (bytes per sample, constant, the matmul nodes, how many forward matmuls' work they are): the
 bytes are what the ring moves, the gathered shard in the dtype the linears read it (under autocast, the
 low one, where the plain program gathers fp32 tokens and casts them after).
+
+`float8_tags(gm, same, tp, is_float8)` says, for the same sites, what --fp8 changes: a site with a float8
+linear is no ring (`ring_sites` of the program's graph leaves it); a gather read by float8 column linears
+alone is, under the tensorwise recipe, `float8_gathered_linears` (passes/float8_gather.py): its forward
+gather and the first linear's backward re-gather move a byte per element, the others' re-gathers are
+`DROPPED`, and the linears cast the shard once (`Float8Site`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx
@@ -36,6 +45,46 @@ def _pair(two: int, four: int) -> tuple[int, int]:
 def _bytes(node: fx.Node) -> int:
     spec = info(node).tensor
     return spec.nbytes if spec is not None else 0
+
+
+@dataclass(frozen=True)
+class Float8Tags:
+    """--fp8's changes to the sites' collectives and casts."""
+
+    # (node, direction, kind) -> (ring void under --fp8, the bytes under tensorwise gathering: a
+    # (per sample, constant) pair, DROPPED, or None where unchanged)
+    collectives: dict[tuple[fx.Node, str, str], tuple[bool, Any]]
+    # a tensorwise-gathering site's linear -> the shard it casts (the first linear), or None (the others)
+    casts: dict[fx.Node, fx.Node | None]
+
+
+def float8_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int,
+                is_float8: Callable[[fx.Node], bool]) -> Float8Tags:
+    """What --fp8 changes of the ring sites' collectives (module docstring); `is_float8`: whether
+    passes/float8.py makes a linear float8."""
+    columns, rows = ring_sites(gm)
+    tags: dict[tuple[fx.Node, str, str], tuple[bool, Any]] = {}
+    casts: dict[fx.Node, fx.Node | None] = {}
+    for site in columns:
+        floats = [is_float8(linear) for linear in site.linears]
+        if not any(floats):
+            continue
+        gathered: Any = None
+        if all(floats):  # tensorwise: float8_gathered_linears
+            spec = info(site.shard).tensor
+            size = max(spec.dtype.itemsize, 1) if spec is not None else 1
+            gathered = _pair(_bytes(site.shard) * tp // size, _bytes(same[site.shard]) * tp // size)
+            casts.update({linear: (site.shard if i == 0 else None) for i, linear in enumerate(site.linears)})
+        tags[(site.gather, "forward", "all_gather")] = (True, gathered)
+        tags[(site.gather, "backward", "reduce_scatter")] = (True, None)
+        for i, linear in enumerate(site.linears):
+            tags[(linear, "backward", "all_gather")] = (True, None if gathered is None else
+                                                        gathered if i == 0 else DROPPED)
+    for site in rows:
+        if is_float8(site.linear):
+            tags[(site.reduce_scatter, "forward", "reduce_scatter")] = (True, None)
+            tags[(site.reduce_scatter, "backward", "all_gather")] = (True, None)
+    return Float8Tags(tags, casts)
 
 
 def ring_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int) -> dict[tuple[fx.Node, str, str], Any]:

@@ -193,7 +193,7 @@ def ring_op_seconds(table: OpTable, b: float, hw: Hardware, compute: np.ndarray,
               and (direction is None or c[1] == direction)]
     if tagged and tp > 1:
         bw, lat = group_link(hw, tp)
-        for op, _, _, per_sample, constant, ring in tagged:
+        for op, _, _, per_sample, constant, ring, *_ in tagged:
             plain = per_sample * b + constant
             found[op] -= (tp - 1) / tp * plain / bw + (tp - 1) * lat if plain > 0 else 0.0
             if ring == DROPPED:
@@ -217,7 +217,7 @@ def as_run(table: OpTable, plan: Plan) -> OpTable:
     the compiler's, priced on the table as compiled.)"""
     table = table.for_ep(plan.ep)
     table = table.for_gathered_low() if _gathered_low(plan) else table
-    table = table.for_fp8() if plan.fp8 is not None else table
+    table = table.for_fp8(plan.fp8) if plan.fp8 is not None else table
     return table.for_compiled() if plan.compile else table
 
 

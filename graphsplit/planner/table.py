@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from .rings import DROPPED
+
 
 @dataclass
 class OpTable:
@@ -70,6 +72,12 @@ class OpTable:
     fp8_elems: tuple[np.ndarray, np.ndarray] | None = None
     gemm_k: np.ndarray | None = None
     gemm_n: np.ndarray | None = None
+    # --fp8 tensorwise: a float8 linear's operand bytes and elements as it casts them where its gather
+    # is float8 (planner/rings.py's `float8_tags`: the shard once, by the gather's first linear); per
+    # storage: such a gather's shard, which its linears keep in float8, a byte an element
+    fp8_gather_cast: tuple[np.ndarray, np.ndarray] | None = None
+    fp8_gather_elems: tuple[np.ndarray, np.ndarray] | None = None
+    fp8_shard_storage: np.ndarray | None = None
     # --fp8: the `fp8` linears run at the float8 rate, their operands cast first (`for_fp8`)
     float8: bool = False
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
@@ -188,12 +196,33 @@ class OpTable:
             found = self.cache[key] = np.where(breaks, -1, np.cumsum(starts) - 1)
         return found
 
-    def for_fp8(self) -> OpTable:
-        """This table as --fp8 runs it: its float8 linears at the float8 rate, each operand cast first
-        (stages.op_seconds)."""
-        found = self.cache.get("fp8")
+    def for_fp8(self, recipe: str) -> OpTable:
+        """This table as --fp8 `recipe` runs it: its float8 linears at the float8 rate, each operand cast
+        first (stages.op_seconds); no ring at a site with a float8 linear; under tensorwise scaling, a
+        gather its float8 column linears alone read moves a byte an element, its linears' re-gathers are
+        one, the shard is cast once and kept in float8 (planner/rings.py's `float8_tags`)."""
+        key = ("fp8", recipe)
+        found = self.cache.get(key)
         if found is None:
-            found = self.cache["fp8"] = dataclasses.replace(self, float8=True, cache={})
+            gathers = recipe == "tensorwise" and self.fp8_gather_cast is not None
+            collectives = []
+            for c in self.collectives:
+                tag = c[6] if len(c) > 6 else None
+                if tag is None:
+                    collectives.append(c)
+                    continue
+                void, moved = tag
+                if gathers and moved == DROPPED:
+                    continue
+                pair = moved if gathers and moved is not None else c[3:5]
+                collectives.append((*c[:3], *pair, None if void else c[5], tag))
+            changes: dict[str, Any] = {"float8": True, "collectives": collectives, "cache": {}}
+            if gathers:
+                changes.update(fp8_cast=self.fp8_gather_cast, fp8_elems=self.fp8_gather_elems)
+                if self.fp8_shard_storage is not None and self.fp8_shard_storage.any():
+                    size = 2 if self.low else 4
+                    changes["storage"] = tuple(np.where(self.fp8_shard_storage, x // size, x) for x in self.storage)
+            found = self.cache[key] = dataclasses.replace(self, **changes)
         return found
 
     def for_compiled(self) -> OpTable:

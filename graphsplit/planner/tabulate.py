@@ -28,7 +28,7 @@ from ..ops.tp import column_linear_from_seq_shard
 from ..passes.manager import LossInput
 from .fold import Fold
 from .measure import measure, node_params, out_bytes
-from .rings import DROPPED, ring_tags
+from .rings import DROPPED, float8_tags, ring_tags
 from .table import OpTable
 from .tile import expand, short_fold
 
@@ -112,6 +112,9 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
     same = dict(zip(a.gm.graph.nodes, b.gm.graph.nodes))  # the node of the compile at four samples
     position = {op: i for i, op in enumerate(a.unf.sequence)}
     rings = ring_tags(a.gm, same, tp)
+    floats = float8_tags(a.gm, same, tp, lambda node: _fp8_linear(a.gm, node))
+    gather_cast = np.zeros((n, 2), dtype=np.int64)  # the operands' bytes where tensorwise float8 gathers
+    gather_elems = np.zeros((n, 2), dtype=np.int64)
     expert_layers: dict[tuple[Any, int], list[tuple[int, fx.Node, fx.Node]]] = {}  # (offsets, copy) -> its linears
     for i, ((node, k), (node2, _)) in enumerate(zip(a.unf.sequence, b.unf.sequence)):
         ni = info(node)
@@ -139,6 +142,11 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         if fp8[i]:
             cast[i] = _pair(_operand_bytes(node), _operand_bytes(node2))
             elems[i] = _pair(_operand_bytes(node, per_element=True), _operand_bytes(node2, per_element=True))
+            gather_cast[i], gather_elems[i] = cast[i], elems[i]
+            if node in floats.casts:  # the weight's cast, and the first linear's of the shard
+                shard = floats.casts[node]
+                gather_cast[i] = _pair(_operand_bytes(node, shard=shard), _operand_bytes(node2, shard=same.get(shard)))
+                gather_elems[i] = _pair(_operand_bytes(node, True, shard), _operand_bytes(node2, True, same.get(shard)))
         if ni.kind == OpKind.GROUPED_LINEAR and len(node.args) > 2:
             grouped[i] = True
             expert_layers.setdefault((node.args[2], k), []).append((i, node, node2))
@@ -151,7 +159,9 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
             ring = rings.get((node, direction, kind))
             if ring is not None and ring is not DROPPED:  # the matmuls it would hide behind, by their place here
                 ring = (*ring[:2], tuple(position[(m, k)] - i for m in ring[2]), ring[3])
-            collectives.append((i, direction, kind, *_pair(payload_bytes(node, tp), payload_bytes(node2, tp)), ring))
+            fp8_tag = floats.collectives.get((node, direction, kind))
+            collectives.append((i, direction, kind, *_pair(payload_bytes(node, tp, kind), payload_bytes(node2, tp, kind)), ring,
+                                fp8_tag))
     # what expert parallelism divides: values made from expert weights alone (a transpose, a cast), the
     # bytes each op moves of them, and the storages holding them
     expert_names = {name for i in np.flatnonzero(grouped) for name in params[i]}
@@ -221,6 +231,9 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
             row.append(kid)
         kept_ids.append(tuple(row))
     storage = np.array([kept_bytes[i] for i in range(len(ids))], dtype=np.int64).reshape(-1, 2)
+    # the shards tensorwise float8 gathering keeps a byte an element, where its linears keep them
+    shard_names = {x.name for x in floats.casts.values() if x is not None}
+    kept_by_sites = {key for (op, _), mine in zip(a.unf.sequence, a.kept) if op in floats.casts for key, _ in mine}
     outputs = next(x for x in reversed(a.gm.graph.nodes) if x.op == "output").all_input_nodes
     period = None
     if fold_ is not None:
@@ -245,6 +258,8 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         storage_maker=np.array([a.maker_pos.get(key, -1) for key in ids], dtype=np.int64),
         gemm_k=gemm[:, 0], gemm_n=gemm[:, 1],
         fp8_elems=(elems[:, 0], elems[:, 1]),
+        fp8_gather_cast=(gather_cast[:, 0], gather_cast[:, 1]), fp8_gather_elems=(gather_elems[:, 0], gather_elems[:, 1]),
+        fp8_shard_storage=np.array([a.makers.get(key) in shard_names and key in kept_by_sites for key in ids], dtype=bool),
         core=np.array([core_of.get(node, -1) for node, _ in a.unf.sequence], dtype=np.int64),
     )
     return expand(table, fold_, whole) if fold_ is not whole else table
@@ -274,10 +289,13 @@ def _gemm_dims(node: fx.Node, kind: OpKind) -> tuple[int, int]:
     return int(x.shape[-1]), int(out.shape[-1])
 
 
-def _operand_bytes(node: fx.Node, per_element: bool = False) -> int:
+def _operand_bytes(node: fx.Node, per_element: bool = False, shard: Any = False) -> int:
     """A linear's input and weight, as it reads them: what --fp8 casts to float8 first (`per_element`:
-    their elements)."""
+    their elements). `shard` given: a tensorwise float8 gathering linear's, which casts that shard
+    (None: nothing, the first linear of its gather casts it) and its weight."""
     pair = (node.args[0], node.args[2]) if node.target is column_linear_from_seq_shard else node.args[:2]
+    if shard is not False:
+        pair = (shard, pair[1])
     operands = [x for x in pair if isinstance(x, fx.Node)]
     if not per_element:
         return sum(info(x).out_bytes for x in operands)

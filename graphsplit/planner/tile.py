@@ -72,6 +72,7 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
     old_storage = list(zip(table.storage[0].tolist(), table.storage[1].tolist()))
     storage_flags: list[bool] = []
     cast_flags: list[bool] = []
+    shard_flags: list[bool] = []
     makers: list[int] = []
     by_op: dict[int, list[tuple[int, str, str, int, int]]] = {}
     for c in table.collectives:
@@ -96,6 +97,7 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
                 storage.append(old_storage[sid])
                 storage_flags.append(bool(table.expert_storage[sid]) if table.expert_storage is not None else False)
                 cast_flags.append(bool(table.cast_storage[sid]) if table.cast_storage is not None else False)
+                shard_flags.append(bool(table.fp8_shard_storage[sid]) if table.fp8_shard_storage is not None else False)
                 made = int(table.storage_maker[sid]) if table.storage_maker is not None else -1
                 makers.append(moved(made, i, j) if made >= 0 else -1)
             mine.append(keys[key])
@@ -143,4 +145,7 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         fp8_elems=pair(table.fp8_elems) if table.fp8_elems is not None else None,
         gemm_k=per_op(table.gemm_k) if table.gemm_k is not None else None,
         gemm_n=per_op(table.gemm_n) if table.gemm_n is not None else None,
+        fp8_gather_cast=pair(table.fp8_gather_cast) if table.fp8_gather_cast is not None else None,
+        fp8_gather_elems=pair(table.fp8_gather_elems) if table.fp8_gather_elems is not None else None,
+        fp8_shard_storage=np.array(shard_flags, dtype=bool) if table.fp8_shard_storage is not None else None,
     )

@@ -1,0 +1,110 @@
+"""--fp8 tensorwise with --sequence-parallel: the gathered tokens cast once and gathered in float8.
+
+Where sequence parallelism's `gathered = gather_for_column(shard)` is read only by float8 column
+linears of the tensorwise recipe (passes/float8.py's `float8_linear(gathered, w, b, comm, "tensorwise",
+"column", shard, dim)`, after autocast through at most one cast), they become one
+`float8_gathered_linears(shard, weights, biases, dim, comm, recipe)` (ops/float8_gather.py): the shard
+cast to float8 with the whole tensor's scale, gathered as bytes, read by every linear; backward keeps
+the float8 shard and gathers it once for all the weights' gradients. torchao's float8 tensor
+parallelism gathers so (`PrepareFloat8ModuleInput`).
+
+`float8_gather_sites(graph)` finds them, for this pass and for the planner (planner/tabulate.py), so
+what is priced is what the pass rewrites. Runs after autocast (which has the gather read the shard in
+the linears' dtype) and before --async-tp, whose rings leave float8 linears alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import getitem as operator_getitem
+
+import torch.fx as fx
+
+from ..analysis.shapes import annotate
+from ..ir.meta import info, insert_node
+from ..ir.op_kinds import OpKind
+from ..ops import tp as tpops
+from ..ops.float8 import float8_linear
+from ..ops.float8_gather import float8_gathered_linears
+from .async_tp import _hoist, _is_cast
+from .manager import PassInput, PassResults
+from .tensor_parallel import TensorParallelResult
+
+
+@dataclass(frozen=True)
+class Float8GatherSite:
+    """`gather` (sequence parallelism's all-gather of `shard`) read by the float8 column `linears` alone."""
+
+    gather: fx.Node
+    shard: fx.Node
+    linears: tuple[fx.Node, ...]
+
+
+def _readers(gather: fx.Node) -> list[fx.Node]:
+    readers = list(gather.users)
+    if len(readers) == 1 and _is_cast(readers[0]):  # a cast of the gathered tokens all the linears read
+        readers = list(readers[0].users)
+    return readers
+
+
+def _site(gather: fx.Node) -> Float8GatherSite | None:
+    readers = _readers(gather)
+    dim = gather.args[1]
+    if not readers or any(r.op != "call_function" or r.target is not float8_linear or len(r.args) < 8
+                          or r.args[4] != "tensorwise" or r.args[5] != "column" or r.args[7] != dim
+                          for r in readers):
+        return None
+    order = {n: i for i, n in enumerate(gather.graph.nodes)}
+    return Float8GatherSite(gather, gather.args[0], tuple(sorted(readers, key=order.__getitem__)))
+
+
+def float8_gather_sites(gm: fx.GraphModule) -> list[Float8GatherSite]:
+    """The gathers read by tensorwise float8 column linears alone."""
+    return [site for node in gm.graph.nodes
+            if node.op == "call_function" and node.target is tpops.gather_for_column
+            and (site := _site(node)) is not None]
+
+
+def _rewrite(gm: fx.GraphModule, site: Float8GatherSite) -> None:
+    first = site.linears[0]
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    weights = tuple(r.args[1] for r in site.linears)
+    biases = tuple(r.args[2] for r in site.linears)
+    for value in (*weights, *biases):
+        _hoist(value, first, order)
+    comm, recipe = first.args[3], first.args[4]
+    fused = insert_node(gm.graph, float8_gathered_linears, (site.shard, weights, biases, site.gather.args[1], comm,
+                                                            recipe),
+                        before=first, owner=first, kind=OpKind.LINEAR, value="container")
+    for i, linear in enumerate(site.linears):
+        out = insert_node(gm.graph, operator_getitem, (fused, i), before=first, owner=linear, kind=OpKind.GETITEM,
+                          tensor=info(linear).tensor, sharding=info(linear).sharding)
+        linear.replace_all_uses_with(out)
+    for linear in reversed(site.linears):
+        gm.graph.erase_node(linear)
+    for node in (*site.gather.users, site.gather):  # the cast (if any), then the gather: no readers left
+        if not node.users:
+            gm.graph.erase_node(node)
+
+
+def float8_gather_pass(gm: fx.GraphModule, inp: PassInput,
+                       done: PassResults) -> tuple[fx.GraphModule, Float8GatherResult | None]:
+    """The float8 column linears' gathers in float8 (None without --fp8 tensorwise and tp)."""
+    if inp.plan.fp8 != "tensorwise" or inp.plan.tp == 1 or not inp.plan.sequence_parallel:
+        return gm, None
+    sites = float8_gather_sites(gm)
+    for site in sites:
+        _rewrite(gm, site)
+    if sites:
+        gm.graph.lint()
+        gm.recompile()
+        tp = done.get(TensorParallelResult)
+        annotate(gm, inp.example_inputs, param_shardings=dict(tp.param_shardings) if tp else {}, tp=inp.plan.tp)
+    return gm, Float8GatherResult(len(sites))
+
+
+@dataclass(frozen=True)
+class Float8GatherResult:
+    """How many gathers (each with its float8 column linears) gather float8."""
+
+    gathers: int
