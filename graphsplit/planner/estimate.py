@@ -194,6 +194,14 @@ def plan_memory(plan: Plan, st: Stages, optimizer: str = "adamw") -> Memory:
             held = np.maximum(sharded - regions, 0) + min(2 * int(largest), int(regions))
             grads_held = held // 2 if low else held
             buffers = buffers + 2 * grads_held
+        elif pp > 1:
+            # torch's pipeline stage runs every backward without gradient sync and reduce-scatters a stage
+            # after its last one (`perform_reduce_grad`): the unsharded gradients, accumulated from each
+            # stage's first backward (in fp32 under a low param dtype), are what the activations' peak
+            # holds beside them; the sharded ones are made from them once the stage's activations are gone
+            # (and a stage's low-dtype gradients, as a backward makes them before adding them in)
+            parts["gradients"] = sharded
+            buffers = buffers + gathered + (by_rank(st.param_bytes, "max") // 2 if low else 0)
         else:
             buffers = buffers + gathered + grads_held
     parts.update(activations=acts, outputs_and_loss=outputs, communication_buffers=buffers)

@@ -232,11 +232,12 @@ def _split(table: OpTable, plan: Plan, b: int, hw: Hardware) -> dict[str, np.nda
     bounds = [0, *cuts(table, count, b, plan.send_flops_per_byte), n]
     param_bytes = held(table, bounds, 1, plan.ep)
     expert_bytes = held(table, bounds, 1, plan.ep, only_experts=True)
-    secs = op_seconds(as_run(table, plan), b, hw, plan.compile)
+    run = as_run(table, plan)  # its ops' seconds and collectives as the plan's program runs them
+    secs = op_seconds(run, b, hw, plan.compile)
     prefix = np.concatenate([[0.0], np.cumsum(secs)])
     forward = prefix[bounds[1:]] - prefix[bounds[:-1]]
-    per_op = ring_op_seconds(table, b, hw, secs, (plan.compile, _gathered_low(plan), plan.fp8)) if plan.async_tp \
-        else tp_op_seconds(table, b, hw)
+    per_op = ring_op_seconds(run, b, hw, secs, (plan.compile, _gathered_low(plan), plan.fp8)) if plan.async_tp \
+        else tp_op_seconds(run, b, hw)
     tp_seconds = np.bincount(stage_of(bounds, np.arange(n)), weights=per_op, minlength=count) if per_op.any() \
         else np.zeros(count)
     a2a_seconds = np.zeros(count)

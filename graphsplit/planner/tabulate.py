@@ -302,9 +302,10 @@ def _operand_bytes(node: fx.Node, per_element: bool = False, shard: Any = False)
     return sum(info(x).out_bytes // max(info(x).tensor.dtype.itemsize, 1) for x in operands if info(x).tensor is not None)
 
 
-def _fp8_linear(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """Whether --fp8 runs this linear in float8 (passes/float8.py): an nn.Linear's weight in `F.linear` or
-    in sequence parallelism's gathering linear, its two dims as this tp rank holds it multiples of 16."""
+def _fp8_weight(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+    """The weight (its get_attr) of a linear --fp8 runs in float8 (passes/float8.py): an nn.Linear's weight
+    in `F.linear` or in sequence parallelism's gathering linear, its two dims as this tp rank holds it
+    multiples of 16; None for any other op."""
     from ..passes.tensor_parallel.spellings import linear_form
 
     if node.op == "call_function" and node.target is column_linear_from_seq_shard:  # sequence parallelism's
@@ -315,14 +316,20 @@ def _fp8_linear(gm: fx.GraphModule, node: fx.Node) -> bool:
     while isinstance(weight, fx.Node) and weight.op == "call_method" and weight.target == "to":  # autocast's cast
         weight = weight.args[0]
     if not isinstance(weight, fx.Node) or weight.op != "get_attr":
-        return False
+        return None
     try:
         owner = gm.get_submodule(str(weight.target).rpartition(".")[0])
     except AttributeError:
-        return False
+        return None
     spec = info(weight).tensor
-    return isinstance(owner, torch.nn.Linear) and spec is not None and len(spec.shape) == 2 \
+    ok = isinstance(owner, torch.nn.Linear) and spec is not None and len(spec.shape) == 2 \
         and all(int(d) % 16 == 0 for d in spec.shape)
+    return weight if ok else None
+
+
+def _fp8_linear(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether --fp8 runs this linear in float8 (passes/float8.py)."""
+    return _fp8_weight(gm, node) is not None
 
 
 FP8_LINEARS = (torch.nn.functional.linear, torch.ops.aten.linear.default)  # what passes/float8.py converts
