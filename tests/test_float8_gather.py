@@ -198,3 +198,21 @@ def test_the_table_casts_the_shard_once_and_keeps_it_in_float8(llama_sp):
     kept_t, kept_r = tensorwise.storage[0][shards], rowwise.storage[0][shards]
     assert (kept_t * 4 == kept_r).all()  # the fp32 table: four bytes an element, one in float8
     assert (tensorwise.storage[0][~shards] == rowwise.storage[0][~shards]).all()
+
+
+@pytest.mark.slow
+def test_float8_linears_compile_whole_across_a_real_tp_group():
+    """What the planner prices as fused under --compile: a float8 linear that agrees its scales over a real
+    2-rank tp group (column, row) and the float8 gather compile into one graph each (no graph break: the
+    collectives' counts are not kept while dynamo traces), and compute exactly what they compute eagerly."""
+    from .conftest import ROOT
+
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                        str(ROOT / "tests" / "workers" / "float8_graph_breaks.py")],
+                       capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = {words[0]: words[1:] for words in map(str.split, r.stdout.splitlines())
+             if words[:1] in (["column"], ["row"], ["replicated"], ["gather"])}
+    assert set(found) == {"column", "row", "replicated", "gather"}, r.stdout
+    for name, (breaks, error) in found.items():
+        assert int(breaks) == 0 and float(error) == 0.0, (name, breaks, error)

@@ -18,6 +18,10 @@ all the linears. `float8_gathered_linears(shard, weights, biases, dim, comm, rec
   once more in float8 for all the weights' gradients; the input's gradient, summed over the linears, is
   reduce-scattered in the shard's dtype, as `gather_for_column`'s backward does.
 
+It is not an eager op (as the other tp collectives are): under --compile dynamo traces its gather and
+amax all-reduce (the communicator keeps no counts while it traces), so its casts fuse as a float8
+linear's do, and the weights' casts run once per micro-batch in compiled code.
+
 Rowwise scales along the tokens' features for the forward GEMM but along the tokens for the weight's
 gradient, which a shard of tokens cannot give: torchao gathers rowwise tensors in the high dtype, and
 so does graphsplit (passes/float8.py rewrites tensorwise sites only).
@@ -31,7 +35,6 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.op_kinds import OpKind, register_function_kind
-from .eager import eager as _eager
 from .float8 import _cast, _config, _mm_config
 
 if TYPE_CHECKING:
@@ -113,7 +116,6 @@ class _Float8GatheredLinears(torch.autograd.Function):
 
 
 @torch.fx.wrap
-@_eager
 def float8_gathered_linears(shard: torch.Tensor, weights: tuple[torch.Tensor, ...],
                             biases: tuple[torch.Tensor | None, ...], dim: int, comm: TPComm,
                             recipe: str) -> tuple[torch.Tensor, ...]:

@@ -136,7 +136,8 @@ class TPComm(Communicator):
     def all_reduce(self, x: torch.Tensor, direction: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
         if self.link is None:
             return x
-        self.counts[(direction, "all_reduce")] += 1
+        if not torch.compiler.is_compiling():  # a count is Python state: dynamo would break the graph for it
+            self.counts[(direction, "all_reduce")] += 1
         if self.size == 1:
             return x
         return self.link.all_reduce(x.contiguous(), op)
@@ -147,7 +148,7 @@ class TPComm(Communicator):
         if self.link is None:
             whole = torch.cat([x] * self.size, dim=dim)
         else:
-            if direction is not None:
+            if direction is not None and not torch.compiler.is_compiling():
                 self.counts[(direction, "all_gather")] += 1
             if self.size == 1:
                 return x
@@ -159,7 +160,8 @@ class TPComm(Communicator):
         """The sum over the ranks of `x`, this rank's block of `dim` (which tp divides)."""
         if self.link is None:
             return self.local_slice(x, dim)
-        self.counts[(direction, "reduce_scatter")] += 1
+        if not torch.compiler.is_compiling():
+            self.counts[(direction, "reduce_scatter")] += 1
         if self.size == 1:
             return x
         # the link scatters dim 0: move `dim` there and back (a copy only when dim != 0)

@@ -1,0 +1,70 @@
+"""torch.compile of one float8 linear of each tp style, and of the float8 gather, on a real 2-rank tp group
+whose shards scale differently: rank 0 prints `name breaks error` lines, the graph breaks dynamo makes
+and the largest difference of the outputs and gradients from the eager run's."""
+
+import datetime
+import operator
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+import torch.nn as nn
+
+from graphsplit.ops import float8
+from graphsplit.ops.float8_gather import float8_gathered_linears
+from graphsplit.ops.tp_comm import TPComm, bind_tp_group
+
+
+def module(name: str, rank: int) -> fx.GraphModule:
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    comm = None if name == "replicated" else graph.get_attr("comm")
+    if name == "gather":
+        outs = graph.call_function(float8_gathered_linears, (x, (graph.get_attr("w"), graph.get_attr("v")),
+                                                             (graph.get_attr("b"), None), 1, comm, "tensorwise"))
+        graph.output(tuple(graph.call_function(operator.getitem, (outs, i)) for i in range(2)))
+    else:
+        graph.output(graph.call_function(float8.float8_linear, (x, graph.get_attr("w"), graph.get_attr("b"), comm,
+                                                                "tensorwise", name)))
+    root = nn.Module()
+    g = torch.Generator().manual_seed(rank)
+    root.w = nn.Parameter(torch.randn(32, 64, generator=g) * (1 + 7 * rank))
+    root.v = nn.Parameter(torch.randn(16, 64, generator=g))
+    root.b = nn.Parameter(torch.randn(32, generator=g))
+    root.comm = TPComm(2)
+    gm = fx.GraphModule(root, graph)
+    bind_tp_group(gm, dist.group.WORLD)
+    float8.prime(gm)
+    return gm
+
+
+def step(fn, gm: fx.GraphModule, x: torch.Tensor) -> list[torch.Tensor]:
+    for t in [*gm.parameters(), x]:
+        t.grad = None
+    out = fn(x)
+    outs = out if isinstance(out, tuple) else (out,)
+    sum(o.sum() * (i + 1) for i, o in enumerate(outs)).backward()
+    return [o.detach() for o in outs] + [t.grad.clone() for t in [x, *gm.parameters()] if t.grad is not None]
+
+
+def main() -> None:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank = dist.get_rank()
+    lines = []
+    for name in ("column", "row", "replicated", "gather"):
+        gm = module(name, rank)
+        x = (torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(10 + rank)) * (1 + 3 * rank)).requires_grad_(True)
+        eager = step(gm, gm, x)
+        torch._dynamo.reset()
+        breaks = torch._dynamo.explain(gm)(x).graph_break_count
+        torch._dynamo.reset()
+        compiled = step(torch.compile(gm), gm, x)
+        error = max(float((a - b).abs().max()) for a, b in zip(eager, compiled))
+        lines.append(f"{name} {breaks} {error}")
+    if rank == 0:
+        print("\n".join(lines))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
