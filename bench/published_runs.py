@@ -254,6 +254,11 @@ BRIDGE_SRC = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md"
 # distributed_fused_adam_with_cosine_annealing: use_distributed_optimizer=True) and overlap the dp traffic
 # (training/comm_overlap.py): graphsplit's program that communicates so is --zero 2, as for Megatron-LM above
 BRIDGE_NOTE = "FP8 current scaling (tensorwise); distributed optimizer"
+# the recipes recompute nothing (perf_recipes/llama/h100/llama3.py sets no recompute_granularity), which
+# graphsplit's program, keeping more per layer than Megatron's (its norms and residual stream in fp32 as
+# autocast runs them, TE's fused norm-linears keeping float8 inputs), does not fit: the least recompute
+# that fits is taken, a block of each stage's (first:1) among them
+BRIDGE_CHECKPOINTS = ("none", "selective", "first:1", "blocks")
 
 
 def _bridge_runs() -> Iterator[Run]:
@@ -261,12 +266,14 @@ def _bridge_runs() -> Iterator[Run]:
               LLAMA31_70B, "h100", 256,
               Plan(tp=4, pp=8, dp=2, fsdp=True, zero=2, sequence_parallel=True, schedule="interleaved-1f1b",
                    stages_per_rank=5, autocast="bf16", fp8="tensorwise", compile=True),
-              1664, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), note=BRIDGE_NOTE + ", VP 5")
+              1664, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), checkpoints=BRIDGE_CHECKPOINTS,
+              note=BRIDGE_NOTE + ", VP 5")
     yield Run("Megatron-Bridge (NeMo)", "Llama 3.1 405B FP8", f"{BRIDGE_SRC}, LLAMA3.1_405B, DGX-H100, 26.04.01",
               LLAMA3_405B, "h100", 1536,
               Plan(tp=8, pp=8, cp=2, dp=16, fsdp=True, zero=2, sequence_parallel=True, schedule="interleaved-1f1b",
                    stages_per_rank=8, autocast="bf16", fp8="tensorwise", compile=True),
-              328, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), note=BRIDGE_NOTE + ", CP 2, VP 8")
+              328, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), checkpoints=BRIDGE_CHECKPOINTS,
+              note=BRIDGE_NOTE + ", CP 2, VP 8")
     # Megatron FSDP (its table's FSDP column) over one node, 16 micro-batches of one sequence a step
     yield Run("Megatron-Bridge (NeMo)", "Llama 3 8B FP8 FSDP", f"{BRIDGE_SRC}, 25.11 container, DGX-H100, LLAMA3_8B",
               LLAMA31_8B, "h100", 128, Plan(dp=8, fsdp=True, autocast="bf16", fp8="tensorwise", compile=True),
