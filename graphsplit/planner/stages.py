@@ -102,9 +102,11 @@ def _shape_scale(table: OpTable, flops: np.ndarray, hw: Hardware, dtype: str) ->
 
 def fused_groups(table: OpTable) -> np.ndarray:
     """Each op's fused group as torch.compile (inductor) runs a stage: every maximal run of ops
-    between matmul-class ops (which stay library kernels) is one group; a matmul-class op is -1.
-    (A group is not cut where a tp collective runs eagerly between compiled pieces.)"""
-    return table.pieces()
+    between matmul-class ops (which stay library kernels) and tp collectives is one group; a
+    matmul-class op is -1. A collective is an eager op (ops/eager.py: a graph break), so inductor
+    fuses nothing across it: the ops before it write what it reads, the ops after it read what it
+    wrote, each a kernel of its own piece."""
+    return table.pieces(at_collectives=True)
 
 
 def fused_seconds(table: OpTable, b: int, hw: Hardware) -> np.ndarray:
