@@ -23,7 +23,7 @@ from graphsplit.ops import float8_gather
 from graphsplit.ops import tp as tpops
 from graphsplit.ops.async_tp import ring_column_linears
 from graphsplit.ops.float8 import float8_linear
-from graphsplit.ops.float8_gather import float8_gathered_linears
+from graphsplit.ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
 from graphsplit.ops.tp_comm import TPComm
 from graphsplit.planner.profile import build_all_tables, start_profile
 from graphsplit.planner.rings import DROPPED
@@ -102,6 +102,46 @@ def test_the_float8_gather_equals_the_plain_float8_linears(tp):
         assert set(plain[rank][2]) == {torch.float32}
 
 
+def _run_row(tp: int, fused: bool):
+    """A row linear with a bias into sequence parallelism's reduce-scatter at tp `tp`, its output's
+    gradient from a loss on the shard: (each rank's output and gradients, counts, dtypes gathered)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 8, 64, generator=g)
+    w, b = torch.randn(32, 64, generator=g), torch.randn(32, generator=g)
+    upstream = torch.randn(2, 8, 32, generator=g)
+    upstream[:, : 8 // tp] *= 8  # the first rank's shard of the gradient holds its largest values
+    hub = threads.ThreadHub(tp)
+
+    def work(rank):
+        seen: list[torch.dtype] = []
+        comm = TPComm(tp)
+        comm.bind(_Recording(hub, rank, seen))
+        xs = x.chunk(tp, -1)[rank].clone().requires_grad_(True)
+        ws = w.chunk(tp, 1)[rank].clone().requires_grad_(True)
+        bs = (b / tp).clone().requires_grad_(True)  # each rank's share of the bias, summed by the reduce-scatter
+        if fused:
+            y = float8_linear_reduce_scatter(xs, ws, bs, 1, comm, "tensorwise")
+        else:
+            y = tpops.reduce_scatter_to_tp(float8_linear(xs, ws, bs, comm, "tensorwise", "row"), 1, comm)
+        (y * upstream.chunk(tp, 1)[rank]).sum().backward()
+        return [y.detach(), xs.grad, ws.grad, bs.grad], dict(comm.counts), seen
+
+    return threads.run_ranks(hub, work)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_the_row_linears_gradient_gathered_in_float8_equals_the_plain_one(tp):
+    """Threads at tp 2 and 4: a float8 row linear's reduce-scatter whose backward gathers the output's
+    gradient in float8 (cast on each shard with the tp-reduced amax) gives the plain program's output and
+    every gradient on every rank; the gradient moves as bytes."""
+    plain, fused = _run_row(tp, False), _run_row(tp, True)
+    for rank in range(tp):
+        for got, want in zip(fused[rank][0], plain[rank][0]):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+        assert fused[rank][1][("backward", "all_gather")] == 1 == plain[rank][1][("backward", "all_gather")]
+        assert set(fused[rank][2]) == {torch.uint8} and set(plain[rank][2]) == {torch.float32}
+
+
 def test_shards_cast_with_their_own_scale_would_be_wrong(monkeypatch):
     """The shard's amax reduced over tp is what makes its cast the gathered tokens' cast: without it the
     rank whose shard is largest scales differently, and the outputs move."""
@@ -128,13 +168,14 @@ def test_the_program_gathers_float8_and_equals_torchao(example):
     program, cmp = check_locally(loaded, SP8)
     assert cmp.ok, cmp.failures[:3]
     found = targets(program)
-    assert found[float8_gathered_linears]
+    assert found[float8_gathered_linears] and found[float8_linear_reduce_scatter]
     for m in (m for st in program.stages for m in st.gm.modules() if isinstance(m, fx.GraphModule)):
         for node in m.graph.nodes:  # a gather left is read by a linear float8 does not take (llama's small k, v)
             if node.target is tpops.gather_for_column:
                 assert any(u.target is not float8_linear for u in node.users), node
     rowwise = targets(rewrite_loaded(loaded, SP8.replace(fp8="rowwise")).program)
     assert not rowwise[float8_gathered_linears] and rowwise[tpops.gather_for_column]
+    assert not rowwise[float8_linear_reduce_scatter] and rowwise[tpops.reduce_scatter_to_tp]
 
 
 @pytest.mark.slow
@@ -203,7 +244,7 @@ def test_the_table_casts_the_shard_once_and_keeps_it_in_float8(llama_sp):
 @pytest.mark.slow
 def test_float8_linears_compile_whole_across_a_real_tp_group():
     """What the planner prices as fused under --compile: a float8 linear that agrees its scales over a real
-    2-rank tp group (column, row) and the float8 gather compile into one graph each (no graph break: the
+    2-rank tp group (column, row), the float8 gather and the float8 row reduce-scatter compile into one graph each (no graph break: the
     collectives' counts are not kept while dynamo traces), and compute exactly what they compute eagerly."""
     from .conftest import ROOT
 
@@ -212,7 +253,7 @@ def test_float8_linears_compile_whole_across_a_real_tp_group():
                        capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     found = {words[0]: words[1:] for words in map(str.split, r.stdout.splitlines())
-             if words[:1] in (["column"], ["row"], ["replicated"], ["gather"])}
-    assert set(found) == {"column", "row", "replicated", "gather"}, r.stdout
+             if words[:1] in (["column"], ["row"], ["replicated"], ["gather"], ["reduce_scatter"])}
+    assert set(found) == {"column", "row", "replicated", "gather", "reduce_scatter"}, r.stdout
     for name, (breaks, error) in found.items():
         assert int(breaks) == 0 and float(error) == 0.0, (name, breaks, error)

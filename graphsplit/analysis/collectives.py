@@ -18,7 +18,7 @@ from ..ir.meta import group_of, info
 from ..ops import tp as tpops
 from ..ops.async_tp import ring_column_linears, ring_linear_reduce_scatter
 from ..ops.float8 import float8_linear
-from ..ops.float8_gather import float8_gathered_linears
+from ..ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
 
 # op -> the (direction, collective) it runs; backward ones only when its input needs a gradient
 COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
@@ -56,7 +56,8 @@ def node_collectives(node: fx.Node) -> list[tuple[str, str]]:
         # the tokens' ring forward; backward, the input gradient's and the shard's again (the weights')
         return ([("forward", "all_gather")] + ([("backward", "reduce_scatter")] if _needs_grad(node.args[0]) else [])
                 + ([("backward", "all_gather")] if any(_needs_grad(w) for w in node.args[1]) else []))
-    if node.op == "call_function" and node.target is ring_linear_reduce_scatter:  # (x, weight, bias, dim, comm)
+    if node.op == "call_function" and node.target in (ring_linear_reduce_scatter, float8_linear_reduce_scatter):
+        # (x, weight, bias, dim, comm, ..)
         needs = _needs_grad(node.args[0]) or _needs_grad(node.args[1])
         return [("forward", "reduce_scatter")] + ([("backward", "all_gather")] if needs else [])
     if node.op == "call_function" and node.target is tpops.vocab_parallel_embedding and node.kwargs.get("seq_dim") is not None:
@@ -115,6 +116,10 @@ def payload_bytes(node: fx.Node, tp: int, kind: str | None = None) -> int:
         return _bytes(first) * tp  # the gathered tokens (a reduce-scatter's whole input backward)
     if node.target is ring_linear_reduce_scatter:
         return _bytes(node) * tp  # the partial sums (their gradient's gathered whole backward)
+    if node.target is float8_linear_reduce_scatter:  # the partial sums; backward, the gradient gathered in float8
+        spec = info(node).tensor
+        whole = _bytes(node) * tp
+        return whole if kind != "all_gather" or spec is None else whole // max(spec.dtype.itemsize, 1)
     if node.target is tpops.vocab_parallel_embedding:
         return _bytes(node) * (tp if node.kwargs.get("seq_dim") is not None else 1)
     if node.target is tpops.vocab_parallel_cross_entropy:

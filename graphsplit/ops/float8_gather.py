@@ -132,3 +132,74 @@ def float8_gathered_linears(shard: torch.Tensor, weights: tuple[torch.Tensor, ..
 
 
 register_function_kind(float8_gathered_linears, OpKind.LINEAR)
+
+
+class _Float8RowReduceScatter(torch.autograd.Function):
+    """`reduce_scatter(float8_linear(x, weight, bias, "row"))` whose backward gathers the output's gradient in
+    float8: each rank casts its shard of the gradient with the amax all-reduced over tp (the whole gradient's
+    scale, as the plain linear takes it of the gathered gradient), the bytes are gathered, and both GEMMs
+    read them (tensorwise casts the gradient for the weight's gradient with the same scale)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dim: int, comm: TPComm,
+                recipe: tuple[str, bool]) -> torch.Tensor:
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        c = _config(*recipe)
+        ctx.dim, ctx.comm, ctx.recipe, ctx.has_bias = dim, comm, recipe, bias is not None
+        ctx.save_for_backward(x, weight)
+        x8 = _cast(x, c.cast_config_input, GemmInputRole.INPUT, -1, _ROW["input"], recipe, comm, "fwd")
+        w8 = _cast(weight.t(), c.cast_config_weight, GemmInputRole.WEIGHT, 0, _ROW["weight"], recipe, comm, "fwd")
+        out = torch.mm(x8.reshape(-1, x.shape[-1]), w8).reshape(*x.shape[:-1], weight.shape[0])
+        if bias is not None:
+            out = out + bias.to(out.dtype)
+        return comm.reduce_scatter(out, dim, "forward")
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        x, weight = ctx.saved_tensors
+        comm, recipe, dim = ctx.comm, ctx.recipe, ctx.dim
+        c = _config(*recipe)
+        grad = grad.to(x.dtype)
+        shard8 = _cast(grad, c.cast_config_grad_output, GemmInputRole.GRAD_OUTPUT, -1, 0, recipe, comm, "bwd")
+        g8 = _float8_like(_gather_float8(shard8._data, dim, comm, "backward"), shard8, recipe, GemmInputRole.GRAD_OUTPUT)
+        rows = g8.reshape(-1, g8.shape[-1])
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            w8 = _cast(weight.t(), c.cast_config_weight_for_grad_input, GemmInputRole.WEIGHT, -1, _ROW["weight"],
+                       recipe, comm, "bwd")
+            grad_x = torch.mm(rows, w8.t()).reshape(*g8.shape[:-1], weight.shape[1])
+        if ctx.needs_input_grad[1]:
+            x8 = _cast(x.reshape(-1, x.shape[-1]), c.cast_config_input_for_grad_weight, GemmInputRole.INPUT, 0,
+                       _ROW["input"], recipe, comm, "bwd")
+            grad_w = torch.mm(rows.t(), x8).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            # the whole gradient's sum over its rows: each rank's shard's, summed over tp
+            grad_b = comm.all_reduce(grad.flatten(0, -2).sum(0), "bwd")
+        return grad_x, grad_w, grad_b, None, None, None
+
+
+_ROW = {"input": 1, "weight": 0, "grad_output": None}  # ops/float8.py's row cut
+
+
+def _float8_like(data: torch.Tensor, like: Any, recipe: tuple[str, bool], role: Any) -> Any:
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor
+
+    return Float8TrainingTensor(data, like._scale, like._orig_dtype, _mm_config(*recipe), role)
+
+
+@torch.fx.wrap
+def float8_linear_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dim: int,
+                                 comm: TPComm, recipe: str) -> torch.Tensor:
+    """`reduce_scatter_to_tp(float8_linear(x, weight, bias, comm, recipe, "row"), dim)`, the output's gradient
+    gathered in float8 (tensorwise; `_Float8RowReduceScatter`)."""
+    if x.device.type == "meta":
+        return comm.local_slice(F.linear(x, weight, bias), dim)
+    if torch.is_autocast_enabled(x.device.type):  # as Float8Linear: the input in autocast's dtype
+        x = x.to(torch.get_autocast_dtype(x.device.type))
+    return _Float8RowReduceScatter.apply(x, weight, bias, dim, comm, (recipe, x.device.type != "cuda"))
+
+
+register_function_kind(float8_linear_reduce_scatter, OpKind.LINEAR)

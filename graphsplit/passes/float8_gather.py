@@ -8,7 +8,11 @@ cast to float8 with the whole tensor's scale, gathered as bytes, read by every l
 the float8 shard and gathers it once for all the weights' gradients. torchao's float8 tensor
 parallelism gathers so (`PrepareFloat8ModuleInput`).
 
-`float8_gather_sites(graph)` finds them, for this pass and for the planner (planner/tabulate.py), so
+Likewise a tensorwise float8 row linear whose output only sequence parallelism's reduce-scatter reads
+becomes `float8_linear_reduce_scatter`: backward, the output's gradient is cast on its shard and gathered
+in float8 (torchao's `Float8RowwiseParallel` casts the gradient before that gather too).
+
+`float8_gather_sites(graph)` and `float8_row_sites(graph)` find them, for this pass and for the planner (planner/tabulate.py), so
 what is priced is what the pass rewrites. Runs after autocast (which has the gather read the shard in
 the linears' dtype) and before --async-tp, whose rings leave float8 linears alone.
 """
@@ -25,7 +29,7 @@ from ..ir.meta import info, insert_node
 from ..ir.op_kinds import OpKind
 from ..ops import tp as tpops
 from ..ops.float8 import float8_linear
-from ..ops.float8_gather import float8_gathered_linears
+from ..ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
 from .async_tp import _hoist, _is_cast
 from .manager import PassInput, PassResults
 from .tensor_parallel import TensorParallelResult
@@ -65,6 +69,32 @@ def float8_gather_sites(gm: fx.GraphModule) -> list[Float8GatherSite]:
             and (site := _site(node)) is not None]
 
 
+def float8_row_sites(gm: fx.GraphModule) -> list[fx.Node]:
+    """The reduce-scatters of a tensorwise float8 row linear's output, which only they read: their
+    backward gathers the gradient in float8."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not tpops.reduce_scatter_to_tp:
+            continue
+        linear = node.args[0]
+        if isinstance(linear, fx.Node) and linear.op == "call_function" and linear.target is float8_linear \
+                and len(linear.users) == 1 and len(linear.args) >= 6 and linear.args[4] == "tensorwise" \
+                and linear.args[5] == "row" and (len(linear.args) < 7 or linear.args[6] is None):
+            found.append(node)
+    return found
+
+
+def _rewrite_row(gm: fx.GraphModule, reduce_scatter: fx.Node) -> None:
+    linear = reduce_scatter.args[0]
+    x, weight, bias, comm, recipe = linear.args[:5]
+    fused = insert_node(gm.graph, float8_linear_reduce_scatter, (x, weight, bias, reduce_scatter.args[1], comm, recipe),
+                        before=reduce_scatter, owner=reduce_scatter, kind=OpKind.LINEAR,
+                        tensor=info(reduce_scatter).tensor, sharding=info(reduce_scatter).sharding)
+    reduce_scatter.replace_all_uses_with(fused)
+    gm.graph.erase_node(reduce_scatter)
+    gm.graph.erase_node(linear)
+
+
 def _rewrite(gm: fx.GraphModule, site: Float8GatherSite) -> None:
     first = site.linears[0]
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -92,19 +122,23 @@ def float8_gather_pass(gm: fx.GraphModule, inp: PassInput,
     """The float8 column linears' gathers in float8 (None without --fp8 tensorwise and tp)."""
     if inp.plan.fp8 != "tensorwise" or inp.plan.tp == 1 or not inp.plan.sequence_parallel:
         return gm, None
-    sites = float8_gather_sites(gm)
+    sites, rows = float8_gather_sites(gm), float8_row_sites(gm)
     for site in sites:
         _rewrite(gm, site)
-    if sites:
+    for reduce_scatter in rows:
+        _rewrite_row(gm, reduce_scatter)
+    if sites or rows:
         gm.graph.lint()
         gm.recompile()
         tp = done.get(TensorParallelResult)
         annotate(gm, inp.example_inputs, param_shardings=dict(tp.param_shardings) if tp else {}, tp=inp.plan.tp)
-    return gm, Float8GatherResult(len(sites))
+    return gm, Float8GatherResult(len(sites), len(rows))
 
 
 @dataclass(frozen=True)
 class Float8GatherResult:
-    """How many gathers (each with its float8 column linears) gather float8."""
+    """How many gathers (each with its float8 column linears) gather float8, and how many row linears'
+    reduce-scatters gather their gradient in float8."""
 
     gathers: int
+    reduce_scatters: int

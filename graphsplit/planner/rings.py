@@ -18,7 +18,8 @@ low one, where the plain program gathers fp32 tokens and casts them after).
 linear is no ring (`ring_sites` of the program's graph leaves it); a gather read by float8 column linears
 alone is, under the tensorwise recipe, `float8_gathered_linears` (passes/float8_gather.py): its forward
 gather and the first linear's backward re-gather move a byte per element, the others' re-gathers are
-`DROPPED`, and the linears cast the shard once (`Float8Site`).
+`DROPPED`, and the linears cast the shard once; a float8 row linear's reduce-scatter gathers its
+gradient a byte an element backward (`float8_linear_reduce_scatter`).
 """
 
 from __future__ import annotations
@@ -81,9 +82,13 @@ def float8_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int,
             tags[(linear, "backward", "all_gather")] = (True, None if gathered is None else
                                                         gathered if i == 0 else DROPPED)
     for site in rows:
-        if is_float8(site.linear):
-            tags[(site.reduce_scatter, "forward", "reduce_scatter")] = (True, None)
-            tags[(site.reduce_scatter, "backward", "all_gather")] = (True, None)
+        if is_float8(site.linear):  # tensorwise: float8_linear_reduce_scatter, its gradient gathered in float8
+            rs = site.reduce_scatter
+            spec = info(rs).tensor
+            size = max(spec.dtype.itemsize, 1) if spec is not None else 1
+            gradient = _pair(payload_bytes(rs, tp) // size, payload_bytes(same[rs], tp) // size)
+            tags[(rs, "forward", "reduce_scatter")] = (True, None)
+            tags[(rs, "backward", "all_gather")] = (True, gradient)
     return Float8Tags(tags, casts)
 
 

@@ -1,4 +1,4 @@
-"""torch.compile of one float8 linear of each tp style, and of the float8 gather, on a real 2-rank tp group
+"""torch.compile of one float8 linear of each tp style, and of the float8 gather and the float8 row linear's reduce-scatter, on a real 2-rank tp group
 whose shards scale differently: rank 0 prints `name breaks error` lines, the graph breaks dynamo makes
 and the largest difference of the outputs and gradients from the eager run's."""
 
@@ -11,7 +11,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from graphsplit.ops import float8
-from graphsplit.ops.float8_gather import float8_gathered_linears
+from graphsplit.ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
 from graphsplit.ops.tp_comm import TPComm, bind_tp_group
 
 
@@ -23,6 +23,9 @@ def module(name: str, rank: int) -> fx.GraphModule:
         outs = graph.call_function(float8_gathered_linears, (x, (graph.get_attr("w"), graph.get_attr("v")),
                                                              (graph.get_attr("b"), None), 1, comm, "tensorwise"))
         graph.output(tuple(graph.call_function(operator.getitem, (outs, i)) for i in range(2)))
+    elif name == "reduce_scatter":
+        graph.output(graph.call_function(float8_linear_reduce_scatter, (x, graph.get_attr("w"), graph.get_attr("b"), 1,
+                                                                        comm, "tensorwise")))
     else:
         graph.output(graph.call_function(float8.float8_linear, (x, graph.get_attr("w"), graph.get_attr("b"), comm,
                                                                 "tensorwise", name)))
@@ -51,7 +54,7 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     lines = []
-    for name in ("column", "row", "replicated", "gather"):
+    for name in ("column", "row", "replicated", "gather", "reduce_scatter"):
         gm = module(name, rank)
         x = (torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(10 + rank)) * (1 + 3 * rank)).requires_grad_(True)
         eager = step(gm, gm, x)
