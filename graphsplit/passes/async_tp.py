@@ -48,13 +48,13 @@ class RowSite:
     reduce_scatter: fx.Node
 
 
-def _is_cast(node: fx.Node) -> bool:
+def is_cast(node: fx.Node) -> bool:
     return node.op == "call_method" and node.target == "to"
 
 
 def _column_site(gather: fx.Node) -> ColumnSite | None:
     readers = list(gather.users)
-    if len(readers) == 1 and _is_cast(readers[0]):  # autocast's one cast of the gathered tokens
+    if len(readers) == 1 and is_cast(readers[0]):  # autocast's one cast of the gathered tokens
         readers = list(readers[0].users)
     if not readers or any(r.op != "call_function" or r.target is not tpops.column_linear_from_seq_shard
                           for r in readers):
@@ -90,13 +90,13 @@ def ring_sites(gm: fx.GraphModule) -> tuple[list[ColumnSite], list[RowSite]]:
     return columns, rows
 
 
-def _hoist(value: object, before: fx.Node, order: dict[fx.Node, int]) -> None:
+def hoist(value: object, before: fx.Node, order: dict[fx.Node, int]) -> None:
     """Move `value` (a weight's chain from its parameter: get_attr, casts) and what it reads to just
     before `before`, where it lies after it."""
     if not isinstance(value, fx.Node) or order[value] < order[before]:
         return
     for src in value.all_input_nodes:
-        _hoist(src, before, order)
+        hoist(src, before, order)
     before.prepend(value)
     order[value] = order[before] - 0.5
 
@@ -107,7 +107,7 @@ def _rewrite_column(gm: fx.GraphModule, site: ColumnSite) -> None:
     weights = tuple(r.args[2] for r in site.linears)
     biases = tuple(r.args[3] for r in site.linears)
     for value in (*weights, *biases):
-        _hoist(value, first, order)
+        hoist(value, first, order)
     comm = first.args[5]
     fused = insert_node(gm.graph, ring_column_linears, (site.shard, weights, biases, first.args[4], comm),
                         before=first, owner=first, kind=OpKind.LINEAR, value="container")

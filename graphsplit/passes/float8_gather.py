@@ -30,7 +30,7 @@ from ..ir.op_kinds import OpKind
 from ..ops import tp as tpops
 from ..ops.float8 import float8_linear
 from ..ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
-from .async_tp import _hoist, _is_cast
+from .async_tp import hoist, is_cast
 from .manager import PassInput, PassResults
 from .tensor_parallel import TensorParallelResult
 
@@ -46,7 +46,7 @@ class Float8GatherSite:
 
 def _readers(gather: fx.Node) -> list[fx.Node]:
     readers = list(gather.users)
-    if len(readers) == 1 and _is_cast(readers[0]):  # a cast of the gathered tokens all the linears read
+    if len(readers) == 1 and is_cast(readers[0]):  # a cast of the gathered tokens all the linears read
         readers = list(readers[0].users)
     return readers
 
@@ -101,7 +101,7 @@ def _rewrite(gm: fx.GraphModule, site: Float8GatherSite) -> None:
     weights = tuple(r.args[1] for r in site.linears)
     biases = tuple(r.args[2] for r in site.linears)
     for value in (*weights, *biases):
-        _hoist(value, first, order)
+        hoist(value, first, order)
     comm, recipe = first.args[3], first.args[4]
     fused = insert_node(gm.graph, float8_gathered_linears, (site.shard, weights, biases, site.gather.args[1], comm,
                                                             recipe),
