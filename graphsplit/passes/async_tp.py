@@ -14,6 +14,7 @@ read) and before the pipeline cut and checkpointing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import getitem as operator_getitem
 
@@ -101,25 +102,35 @@ def hoist(value: object, before: fx.Node, order: dict[fx.Node, int]) -> None:
     order[value] = order[before] - 0.5
 
 
-def _rewrite_column(gm: fx.GraphModule, site: ColumnSite) -> None:
-    first = site.linears[0]
+def fuse_gathered_linears(gm: fx.GraphModule, gather: fx.Node, linears: tuple[fx.Node, ...], fn: object,
+                          weight_at: int, args: Callable[[tuple[object, ...], tuple[object, ...]], tuple[object, ...]]) -> None:
+    """`linears` (each reading `gather`'s tokens, in graph order; its weight argument `weight_at`, its bias
+    the next) as one call of `fn` returning their outputs in order, its arguments `args(weights, biases)`:
+    the weights and biases moved before the first linear, each linear's readers reading its item, the
+    linears, the gather and its cast erased."""
+    first = linears[0]
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    weights = tuple(r.args[2] for r in site.linears)
-    biases = tuple(r.args[3] for r in site.linears)
+    weights = tuple(r.args[weight_at] for r in linears)
+    biases = tuple(r.args[weight_at + 1] for r in linears)
     for value in (*weights, *biases):
         hoist(value, first, order)
-    comm = first.args[5]
-    fused = insert_node(gm.graph, ring_column_linears, (site.shard, weights, biases, first.args[4], comm),
-                        before=first, owner=first, kind=OpKind.LINEAR, value="container")
-    for i, linear in enumerate(site.linears):
+    fused = insert_node(gm.graph, fn, args(weights, biases), before=first, owner=first, kind=OpKind.LINEAR,
+                        value="container")
+    for i, linear in enumerate(linears):
         out = insert_node(gm.graph, operator_getitem, (fused, i), before=first, owner=linear, kind=OpKind.GETITEM,
                           tensor=info(linear).tensor, sharding=info(linear).sharding)
         linear.replace_all_uses_with(out)
-    for linear in reversed(site.linears):
+    for linear in reversed(linears):
         gm.graph.erase_node(linear)
-    for node in (*site.gather.users, site.gather):  # the cast (if any), then the gather: no readers left
+    for node in (*gather.users, gather):  # the cast (if any), then the gather: no readers left
         if not node.users:
             gm.graph.erase_node(node)
+
+
+def _rewrite_column(gm: fx.GraphModule, site: ColumnSite) -> None:
+    first = site.linears[0]
+    fuse_gathered_linears(gm, site.gather, site.linears, ring_column_linears, 2,
+                          lambda weights, biases: (site.shard, weights, biases, first.args[4], first.args[5]))
 
 
 def _rewrite_row(gm: fx.GraphModule, site: RowSite) -> None:

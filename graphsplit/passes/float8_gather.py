@@ -20,7 +20,6 @@ the linears' dtype) and before --async-tp, whose rings leave float8 linears alon
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import getitem as operator_getitem
 
 import torch.fx as fx
 
@@ -30,7 +29,7 @@ from ..ir.op_kinds import OpKind
 from ..ops import tp as tpops
 from ..ops.float8 import float8_linear
 from ..ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
-from .async_tp import hoist, is_cast
+from .async_tp import fuse_gathered_linears, is_cast
 from .manager import PassInput, PassResults
 from .tensor_parallel import TensorParallelResult
 
@@ -96,25 +95,9 @@ def _rewrite_row(gm: fx.GraphModule, reduce_scatter: fx.Node) -> None:
 
 
 def _rewrite(gm: fx.GraphModule, site: Float8GatherSite) -> None:
-    first = site.linears[0]
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    weights = tuple(r.args[1] for r in site.linears)
-    biases = tuple(r.args[2] for r in site.linears)
-    for value in (*weights, *biases):
-        hoist(value, first, order)
-    comm, recipe = first.args[3], first.args[4]
-    fused = insert_node(gm.graph, float8_gathered_linears, (site.shard, weights, biases, site.gather.args[1], comm,
-                                                            recipe),
-                        before=first, owner=first, kind=OpKind.LINEAR, value="container")
-    for i, linear in enumerate(site.linears):
-        out = insert_node(gm.graph, operator_getitem, (fused, i), before=first, owner=linear, kind=OpKind.GETITEM,
-                          tensor=info(linear).tensor, sharding=info(linear).sharding)
-        linear.replace_all_uses_with(out)
-    for linear in reversed(site.linears):
-        gm.graph.erase_node(linear)
-    for node in (*site.gather.users, site.gather):  # the cast (if any), then the gather: no readers left
-        if not node.users:
-            gm.graph.erase_node(node)
+    comm, recipe = site.linears[0].args[3:5]
+    fuse_gathered_linears(gm, site.gather, site.linears, float8_gathered_linears, 1,
+                          lambda weights, biases: (site.shard, weights, biases, site.gather.args[1], comm, recipe))
 
 
 def float8_gather_pass(gm: fx.GraphModule, inp: PassInput,
