@@ -56,11 +56,12 @@ def _cast_shard(shard: torch.Tensor, recipe: tuple[str, bool], comm: TPComm) -> 
     return _cast(shard, _config(*recipe).cast_config_input, GemmInputRole.INPUT, -1, 0, recipe, comm, "fwd")
 
 
-def _float8_tokens(data: torch.Tensor, like: Any, recipe: tuple[str, bool]) -> Any:
-    """Gathered float8 bytes as the Float8TrainingTensor the shard's cast made, with its scale."""
-    from torchao.float8.float8_training_tensor import Float8TrainingTensor, GemmInputRole
+def _float8_gathered(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, recipe: tuple[str, bool],
+                     role: Any) -> Any:
+    """Gathered float8 bytes as a Float8TrainingTensor, with the scale their shard was cast with."""
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor
 
-    return Float8TrainingTensor(data, like._scale, like._orig_dtype, _mm_config(*recipe), GemmInputRole.INPUT)
+    return Float8TrainingTensor(data, scale, dtype, _mm_config(*recipe), role)
 
 
 class _Float8GatheredLinears(torch.autograd.Function):
@@ -72,7 +73,8 @@ class _Float8GatheredLinears(torch.autograd.Function):
         c = _config(*recipe)
         ctx.dim, ctx.comm, ctx.recipe, ctx.dtype = dim, comm, recipe, shard.dtype
         shard8 = _cast_shard(shard, recipe, comm)
-        x8 = _float8_tokens(_gather_float8(shard8._data, dim, comm, "forward"), shard8, recipe)
+        x8 = _float8_gathered(_gather_float8(shard8._data, dim, comm, "forward"), shard8._scale, shard.dtype, recipe,
+                              GemmInputRole.INPUT)
         rows = x8.reshape(-1, x8.shape[-1])
         outs = []
         for w in weights:
@@ -83,7 +85,7 @@ class _Float8GatheredLinears(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        from torchao.float8.float8_training_tensor import Float8TrainingTensor, GemmInputRole
+        from torchao.float8.float8_training_tensor import GemmInputRole
 
         data, scale, *weights = ctx.saved_tensors
         comm, recipe, dim = ctx.comm, ctx.recipe, ctx.dim
@@ -92,8 +94,8 @@ class _Float8GatheredLinears(torch.autograd.Function):
         want_w = [i for i in live if ctx.needs_input_grad[5 + i]]
         grad_w: list[torch.Tensor | None] = [None] * len(weights)
         if want_w:
-            shard8 = Float8TrainingTensor(data, scale, ctx.dtype, _mm_config(*recipe), GemmInputRole.INPUT)
-            x8 = _float8_tokens(_gather_float8(data, dim, comm, "backward"), shard8, recipe)
+            x8 = _float8_gathered(_gather_float8(data, dim, comm, "backward"), scale, ctx.dtype, recipe,
+                                  GemmInputRole.INPUT)
             rows = x8.reshape(-1, x8.shape[-1])
             for i in want_w:
                 go = grads[i].to(ctx.dtype).reshape(-1, grads[i].shape[-1])
@@ -164,7 +166,8 @@ class _Float8RowReduceScatter(torch.autograd.Function):
         c = _config(*recipe)
         grad = grad.to(x.dtype)
         shard8 = _cast(grad, c.cast_config_grad_output, GemmInputRole.GRAD_OUTPUT, -1, 0, recipe, comm, "bwd")
-        g8 = _float8_like(_gather_float8(shard8._data, dim, comm, "backward"), shard8, recipe, GemmInputRole.GRAD_OUTPUT)
+        g8 = _float8_gathered(_gather_float8(shard8._data, dim, comm, "backward"), shard8._scale, grad.dtype, recipe,
+                              GemmInputRole.GRAD_OUTPUT)
         rows = g8.reshape(-1, g8.shape[-1])
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
@@ -182,12 +185,6 @@ class _Float8RowReduceScatter(torch.autograd.Function):
 
 
 _ROW = {"input": 1, "weight": 0, "grad_output": None}  # ops/float8.py's row cut
-
-
-def _float8_like(data: torch.Tensor, like: Any, recipe: tuple[str, bool], role: Any) -> Any:
-    from torchao.float8.float8_training_tensor import Float8TrainingTensor
-
-    return Float8TrainingTensor(data, like._scale, like._orig_dtype, _mm_config(*recipe), role)
 
 
 @torch.fx.wrap
