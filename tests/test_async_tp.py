@@ -119,26 +119,49 @@ def test_async_tp_equals_the_untouched_model(spec, plan):
 
 
 def test_what_is_not_a_ring_site_keeps_its_collectives():
-    """A float8 linear is no ring site (--async-tp rings the high-precision linears only): under rowwise
-    scaling llama's gathers read by float8 linears stay plain gathers, the others become rings; under
-    tensorwise scaling they are float8 gathers (passes/float8_gather.py), and no ring reads a float8 value."""
+    """Under rowwise float8 a gather read by float8 linears is no ring site (torchao gathers rowwise tokens
+    in the high dtype, each linear casting them): llama's such gathers stay plain gathers, the others
+    become rings. Under tensorwise the float8 gathers (passes/float8_gather.py) become rings of float8
+    chunks (ops/float8_ring.py), and no ring reads a float8 linear's high-precision tokens."""
     pytest.importorskip("torchao")
     from graphsplit.ops.float8 import float8_linear
     from graphsplit.ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
+    from graphsplit.ops.float8_ring import (
+        ring_float8_gathered_linears,
+        ring_float8_linear_reduce_scatter,
+    )
 
     loaded = load_model(str(EXAMPLES / "llama.py"))
     program = rewrite_loaded(loaded, ASYNC.replace(fp8="rowwise", autocast="bf16")).program
     found = targets(program)
-    assert found[float8_linear] and found[tpops.gather_for_column]
+    assert found[float8_linear] and found[tpops.gather_for_column] and found[async_tp.ring_column_linears]
     for g in graphs(program):
         for node in g.nodes:
             if node.target is tpops.gather_for_column:  # read by float8 linears alone
                 assert {u.target for u in node.users} == {float8_linear}
     program = rewrite_loaded(loaded, ASYNC.replace(fp8="tensorwise", autocast="bf16")).program
     found = targets(program)
-    assert found[float8_gathered_linears] and not found[tpops.gather_for_column]
-    # the float8 row linears' reduce-scatters gather their gradient in float8, not in a ring
-    assert found[float8_linear_reduce_scatter]
+    assert found[ring_float8_gathered_linears] and found[ring_float8_linear_reduce_scatter]
+    assert not found[tpops.gather_for_column] and not found[float8_gathered_linears]
+    assert not found[float8_linear_reduce_scatter] and not found[tpops.reduce_scatter_to_tp]
+
+
+@pytest.mark.parametrize("example", ["llama.py", "gpt.py"])
+def test_float8_rings_equal_torchao(example):
+    """`--fp8 tensorwise --async-tp` at tp 2 (threads): the program's every float8 gather a ring of float8
+    chunks, and the local check against torchao's float8 model (outputs, loss, every rank's gradients)
+    passes."""
+    pytest.importorskip("torchao")
+    from graphsplit.ops.float8_ring import (
+        ring_float8_gathered_linears,
+        ring_float8_linear_reduce_scatter,
+    )
+
+    loaded = load_model(str(EXAMPLES / example))
+    program, cmp = check_locally(loaded, ASYNC.replace(fp8="tensorwise"))
+    assert cmp.ok, cmp.failures[:3]
+    found = targets(program)
+    assert found[ring_float8_gathered_linears] and found[ring_float8_linear_reduce_scatter]
 
 
 @pytest.mark.slow

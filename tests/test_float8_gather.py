@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 import torch.fx as fx
@@ -24,6 +25,10 @@ from graphsplit.ops import tp as tpops
 from graphsplit.ops.async_tp import ring_column_linears
 from graphsplit.ops.float8 import float8_linear
 from graphsplit.ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
+from graphsplit.ops.float8_ring import (
+    ring_float8_gathered_linears,
+    ring_float8_linear_reduce_scatter,
+)
 from graphsplit.ops.tp_comm import TPComm
 from graphsplit.planner.profile import build_all_tables, start_profile
 from graphsplit.planner.rings import DROPPED
@@ -35,6 +40,10 @@ from .conftest import EXAMPLES
 pytest.importorskip("torchao")
 
 SP8 = Plan(tp=2, sequence_parallel=True, fp8="tensorwise")
+
+
+def graphs(program) -> list[fx.Graph]:
+    return [m.graph for st in program.stages for m in st.gm.modules() if isinstance(m, fx.GraphModule)]
 
 
 def targets(program) -> Counter:
@@ -53,8 +62,12 @@ class _Recording(threads.ThreadLink):
         self.seen.append(x.dtype)
         return super().all_gather(x)
 
+    def shift(self, x: torch.Tensor):  # a ring step
+        self.seen.append(x.dtype)
+        return super().shift(x)
 
-def _run(tp: int, fused: bool, scaled_alone: bool = False):
+
+def _run(tp: int, fused: bool | str):
     """Two column linears (one with a bias) reading one gather of a sequence shard at tp `tp`, then a
     loss on their outputs: (each rank's outputs and gradients, its collective counts, the dtypes gathered)."""
     g = torch.Generator().manual_seed(0)
@@ -71,7 +84,8 @@ def _run(tp: int, fused: bool, scaled_alone: bool = False):
         leaf = lambda t, dim: t.chunk(tp, dim)[rank].clone().requires_grad_(True)  # noqa: E731
         xs, a, bb, c = leaf(x, 1), leaf(w1, 0), leaf(b1, 0), leaf(w2, 0)
         if fused:
-            o1, o2 = float8_gathered_linears(xs, (a, c), (bb, None), 1, comm, "tensorwise")
+            op = ring_float8_gathered_linears if fused == "ring" else float8_gathered_linears
+            o1, o2 = op(xs, (a, c), (bb, None), 1, comm, "tensorwise")
         else:
             gathered = tpops.gather_for_column(xs, 1, comm)
             o1 = float8_linear(gathered, a, bb, comm, "tensorwise", "column", xs, 1)
@@ -102,7 +116,7 @@ def test_the_float8_gather_equals_the_plain_float8_linears(tp):
         assert set(plain[rank][2]) == {torch.float32}
 
 
-def _run_row(tp: int, fused: bool):
+def _run_row(tp: int, fused: bool | str):
     """A row linear with a bias into sequence parallelism's reduce-scatter at tp `tp`, its output's
     gradient from a loss on the shard: (each rank's output and gradients, counts, dtypes gathered)."""
     g = torch.Generator().manual_seed(1)
@@ -120,7 +134,8 @@ def _run_row(tp: int, fused: bool):
         ws = w.chunk(tp, 1)[rank].clone().requires_grad_(True)
         bs = (b / tp).clone().requires_grad_(True)  # each rank's share of the bias, summed by the reduce-scatter
         if fused:
-            y = float8_linear_reduce_scatter(xs, ws, bs, 1, comm, "tensorwise")
+            op = ring_float8_linear_reduce_scatter if fused == "ring" else float8_linear_reduce_scatter
+            y = op(xs, ws, bs, 1, comm, "tensorwise")
         else:
             y = tpops.reduce_scatter_to_tp(float8_linear(xs, ws, bs, comm, "tensorwise", "row"), 1, comm)
         (y * upstream.chunk(tp, 1)[rank]).sum().backward()
@@ -140,6 +155,24 @@ def test_the_row_linears_gradient_gathered_in_float8_equals_the_plain_one(tp):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
         assert fused[rank][1][("backward", "all_gather")] == 1 == plain[rank][1][("backward", "all_gather")]
         assert set(fused[rank][2]) == {torch.uint8} and set(plain[rank][2]) == {torch.float32}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_the_float8_rings_equal_the_float8_gathers(tp):
+    """Threads at tp 2 and 4, --async-tp under tensorwise float8: the column linears' ring of float8 chunks
+    and the row linear's reduce-scatter ring (its gradient's float8 chunks gathered in a ring) give the
+    float8 gathers' outputs and every gradient on every rank (the same float8 values, each chunk with its
+    tensor's one scale; the weight gradients summed chunk by chunk in fp32), and move bytes alike: one
+    gather forward, one re-gather and one reduce-scatter backward, every chunk uint8."""
+    for run in (_run, _run_row):
+        gathered, ring = run(tp, True), run(tp, "ring")
+        for rank in range(tp):
+            for got, want in zip(ring[rank][0], gathered[rank][0]):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+            assert ring[rank][1] == gathered[rank][1]
+            # the float8 chunks as bytes; the partial sums (forward, rows; backward, columns) in their dtype
+            assert set(ring[rank][2]) == {torch.uint8, torch.float32}
+            assert ring[rank][2].count(torch.uint8) == (tp - 1) * (2 if run is _run else 1)
 
 
 def test_shards_cast_with_their_own_scale_would_be_wrong(monkeypatch):
@@ -179,11 +212,13 @@ def test_the_program_gathers_float8_and_equals_torchao(example):
 
 
 @pytest.mark.slow
-def test_run_check_with_float8_gathers_on_real_processes(tmp_path):
-    """`run --fp8 tensorwise --sequence-parallel --check` at tp 2 on 2 gloo processes: the float8 bytes
-    cross processes, the check against torchao's model passes and the loss falls."""
+def test_run_check_with_float8_rings_on_real_processes(tmp_path):
+    """`run --fp8 tensorwise --sequence-parallel --async-tp --check` at tp 2 on 2 gloo processes: the float8
+    chunks cross processes in rings of point-to-point sends (the plain float8 gathers cross them in
+    `test_float8_linears_compile_whole_across_a_real_tp_group`), the check against torchao's model passes
+    and the loss falls."""
     r = subprocess.run([sys.executable, "-m", "graphsplit", "run", str(EXAMPLES / "gpt.py"), "--tp", "2", "--fp8",
-                        "tensorwise", "--sequence-parallel", "--steps", "3", "--lr", "0.05", "--check"],
+                        "tensorwise", "--sequence-parallel", "--async-tp", "--steps", "3", "--lr", "0.05", "--check"],
                        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
                        cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
@@ -198,10 +233,12 @@ def llama_sp():
     return loaded, profile
 
 
-def _volume(collectives, b: int) -> dict:
+def _volume(collectives, b: int, rings: bool = False) -> dict:
     volume: Counter = Counter()
-    for _op, direction, kind, per_sample, constant, *_ in collectives:
+    for _op, direction, kind, per_sample, constant, *rest in collectives:
         if kind in ("cp_gather", "all_to_all"):  # what --cp and --ep would move
+            continue
+        if rings and rest and rest[0] == DROPPED:  # a re-gather a ring does for another linear
             continue
         volume[(direction, kind)] += per_sample * b + constant
     return dict(volume)
@@ -210,19 +247,33 @@ def _volume(collectives, b: int) -> dict:
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_the_table_prices_the_gathers_the_program_sends(llama_sp, recipe):
     """Per direction and kind, the float8 table's tp bytes equal what the float8 program's own count says
-    it moves (tensorwise: its gathers a byte an element, one backward re-gather a site); no ring is priced
-    where the program has none (a site with a float8 linear), under --async-tp too."""
+    it moves (tensorwise: its gathers a byte an element, one backward re-gather a site), with and without
+    --async-tp; a ring is priced where the program has one and nowhere else: under --async-tp the bf16
+    rings and, tensorwise, the float8 ones (their casts eager, the rest fused under --compile); none at a
+    rowwise float8 linear."""
     loaded, profile = llama_sp
     plan = SP8.replace(fp8=recipe)
-    table = profile.table(plan).for_fp8(recipe)
     b = loaded.args[0].shape[0]
-    program = rewrite_loaded(loaded, plan).program
-    sent = summarize(program)["collective_bytes"]
-    want = {(d, k): v for d, kinds in sent.items() for k, v in kinds.items() if (d, k) != ("forward", "all_reduce")}
-    assert _volume(table.collectives, b) == want
-    rings = targets(rewrite_loaded(loaded, plan.replace(async_tp=True)).program)[ring_column_linears]
-    tagged = [c for c in table.collectives if c[5] is not None and c[5] != DROPPED and c[1:3] == ("forward", "all_gather")]
-    assert len(tagged) == rings
+    for rings in (False, True):
+        table = profile.table(plan).for_fp8(recipe, rings)
+        program = rewrite_loaded(loaded, plan.replace(async_tp=rings)).program
+        sent = summarize(program)["collective_bytes"]
+        want = {(d, k): v for d, kinds in sent.items() for k, v in kinds.items() if (d, k) != ("forward", "all_reduce")}
+        assert _volume(table.collectives, b, rings) == want
+        found = targets(program)
+        tagged = [c for c in table.collectives if c[5] is not None and c[5] != DROPPED
+                  and c[1:3] == ("forward", "all_gather")]
+        if rings:
+            assert len(tagged) == found[ring_column_linears] + found[ring_float8_gathered_linears]
+            assert bool(found[ring_float8_gathered_linears]) == (recipe == "tensorwise")
+            eager = table.fp8_eager if table.fp8_eager is not None else np.zeros(table.n, dtype=bool)
+            assert eager.sum() == (sum(len(n.args[1]) for g in graphs(program) for n in g.nodes
+                                       if n.target is ring_float8_gathered_linears)
+                                   + found[ring_float8_linear_reduce_scatter])
+        else:
+            assert table.fp8_eager is None
+            unringed = rewrite_loaded(loaded, plan.replace(async_tp=True)).program
+            assert len(tagged) == targets(unringed)[ring_column_linears]
 
 
 def test_the_table_casts_the_shard_once_and_keeps_it_in_float8(llama_sp):

@@ -19,6 +19,7 @@ from ..ops import tp as tpops
 from ..ops.async_tp import ring_column_linears, ring_linear_reduce_scatter
 from ..ops.float8 import float8_linear
 from ..ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
+from ..ops.float8_ring import ring_float8_gathered_linears, ring_float8_linear_reduce_scatter
 
 # op -> the (direction, collective) it runs; backward ones only when its input needs a gradient
 COLLECTIVES_OF: dict[Any, list[tuple[str, str]]] = {
@@ -51,12 +52,14 @@ def node_collectives(node: fx.Node) -> list[tuple[str, str]]:
     if node.op == "call_function" and node.target is float8_linear and len(node.args) > 6 and node.args[6] is not None:
         # (x, weight, bias, comm, recipe, style, shard, dim): a float8 gathering linear, as the one above
         return [("backward", "all_gather")] if _needs_grad(node.args[1]) else []
-    if node.op == "call_function" and node.target in (ring_column_linears, float8_gathered_linears):
+    if node.op == "call_function" and node.target in (ring_column_linears, float8_gathered_linears,
+                                                   ring_float8_gathered_linears):
         # (shard, weights, biases, dim, comm, ..)
         # the tokens' ring forward; backward, the input gradient's and the shard's again (the weights')
         return ([("forward", "all_gather")] + ([("backward", "reduce_scatter")] if _needs_grad(node.args[0]) else [])
                 + ([("backward", "all_gather")] if any(_needs_grad(w) for w in node.args[1]) else []))
-    if node.op == "call_function" and node.target in (ring_linear_reduce_scatter, float8_linear_reduce_scatter):
+    if node.op == "call_function" and node.target in (ring_linear_reduce_scatter, float8_linear_reduce_scatter,
+                                                   ring_float8_linear_reduce_scatter):
         # (x, weight, bias, dim, comm, ..)
         needs = _needs_grad(node.args[0]) or _needs_grad(node.args[1])
         return [("forward", "reduce_scatter")] + ([("backward", "all_gather")] if needs else [])
@@ -105,7 +108,7 @@ def payload_bytes(node: fx.Node, tp: int, kind: str | None = None) -> int:
     rank (the message size, as nccl-tests count it): an all-reduce's tensor, an all-gather's gathered
     whole, a reduce-scatter's whole input. The graphs hold one rank's shapes."""
     first = node.args[0] if node.args else None
-    if node.target is float8_gathered_linears:
+    if node.target in (float8_gathered_linears, ring_float8_gathered_linears):
         # the tokens gathered in float8, a byte each; their input gradient reduce-scattered in their dtype
         spec = info(first).tensor if isinstance(first, fx.Node) else None
         whole = _bytes(first) * tp
@@ -116,7 +119,7 @@ def payload_bytes(node: fx.Node, tp: int, kind: str | None = None) -> int:
         return _bytes(first) * tp  # the gathered tokens (a reduce-scatter's whole input backward)
     if node.target is ring_linear_reduce_scatter:
         return _bytes(node) * tp  # the partial sums (their gradient's gathered whole backward)
-    if node.target is float8_linear_reduce_scatter:  # the partial sums; backward, the gradient gathered in float8
+    if node.target in (float8_linear_reduce_scatter, ring_float8_linear_reduce_scatter):  # the partial sums; backward, the gradient gathered in float8
         spec = info(node).tensor
         whole = _bytes(node) * tp
         return whole if kind != "all_gather" or spec is None else whole // max(spec.dtype.itemsize, 1)

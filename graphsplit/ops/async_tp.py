@@ -46,7 +46,7 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | N
     return t if t is None or dtype is None else t.to(dtype)
 
 
-def _gather_ring(shard: torch.Tensor, comm: TPComm, direction: str, use: Any) -> None:
+def gather_ring(shard: torch.Tensor, comm: TPComm, direction: str, use: Any) -> None:
     """Every rank's shard, `use(rank, shard)` on each as it arrives (this rank's first), the next
     one's transfer in flight meanwhile."""
     comm.count(direction, "all_gather")
@@ -58,7 +58,7 @@ def _gather_ring(shard: torch.Tensor, comm: TPComm, direction: str, use: Any) ->
             here = pending.wait()
 
 
-def _reduce_scatter_ring(comm: TPComm, direction: str, part: Any) -> torch.Tensor:
+def reduce_scatter_ring(comm: TPComm, direction: str, part: Any) -> torch.Tensor:
     """The sum over ranks of `part(chunk)` for this rank's chunk: each rank adds its part of a chunk
     to the partial sum it receives and sends it on; the next part is computed while it travels."""
     comm.count(direction, "reduce_scatter")
@@ -71,7 +71,7 @@ def _reduce_scatter_ring(comm: TPComm, direction: str, part: Any) -> torch.Tenso
     return total
 
 
-def _chunk(x: torch.Tensor, dim: int, index: int, n: int) -> torch.Tensor:
+def chunk(x: torch.Tensor, dim: int, index: int, n: int) -> torch.Tensor:
     size = x.shape[dim] // n
     return x.narrow(dim, index * size, size)
 
@@ -95,7 +95,7 @@ class _RingColumnLinears(torch.autograd.Function):
                 pieces[i][rank] = F.linear(x, w, b)
 
         with torch.autocast(shard.device.type, enabled=False) if low is not None else contextlib.nullcontext():
-            _gather_ring(shard, comm, "forward", use)
+            gather_ring(shard, comm, "forward", use)
         return tuple(torch.cat(p, dim) for p in pieces)
 
     @staticmethod
@@ -112,9 +112,9 @@ class _RingColumnLinears(torch.autograd.Function):
             def use(rank: int, x: torch.Tensor) -> None:  # each chunk's share of the weights' gradients
                 rows = x.flatten(0, -2)
                 for i, total in sums.items():
-                    total.addmm_(_chunk(grads[i], dim, rank, n).flatten(0, -2).t(), rows)
+                    total.addmm_(chunk(grads[i], dim, rank, n).flatten(0, -2).t(), rows)
 
-            _gather_ring(shard, comm, "backward", use)
+            gather_ring(shard, comm, "backward", use)
             for i, total in sums.items():
                 grad_w[i] = total.to(ctx.dtypes[1][i])
         for i in live:
@@ -125,11 +125,11 @@ class _RingColumnLinears(torch.autograd.Function):
             def part(index: int) -> torch.Tensor:  # this rank's columns' share of a chunk's input gradient
                 total = None
                 for i in live:
-                    piece = _chunk(grads[i], dim, index, n).matmul(weights[i])
+                    piece = chunk(grads[i], dim, index, n).matmul(weights[i])
                     total = piece if total is None else total + piece
                 return total
 
-            grad_x = _reduce_scatter_ring(comm, "backward", part).to(ctx.dtypes[0])
+            grad_x = reduce_scatter_ring(comm, "backward", part).to(ctx.dtypes[0])
         return (grad_x, None, None, None, *grad_w, *grad_b)
 
 
@@ -145,7 +145,7 @@ class _RingLinearReduceScatter(torch.autograd.Function):
         n = comm.size
         with torch.autocast(x.device.type, enabled=False) if low is not None else contextlib.nullcontext():
             # each rank adds its bias to its partial sums, as the linear before a reduce-scatter does
-            return _reduce_scatter_ring(comm, "forward", lambda index: F.linear(_chunk(x, dim, index, n), weight, bias))
+            return reduce_scatter_ring(comm, "forward", lambda index: F.linear(chunk(x, dim, index, n), weight, bias))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -162,11 +162,11 @@ class _RingLinearReduceScatter(torch.autograd.Function):
             if want_x:
                 pieces[rank] = g.matmul(weight)
             if grad_w is not None:
-                grad_w.addmm_(rows.t(), _chunk(x, dim, rank, n).flatten(0, -2))
+                grad_w.addmm_(rows.t(), chunk(x, dim, rank, n).flatten(0, -2))
             if grad_b is not None:
                 grad_b.add_(rows.sum(0))
 
-        _gather_ring(grad, comm, "backward", use)
+        gather_ring(grad, comm, "backward", use)
         grad_x = torch.cat(pieces, dim).to(ctx.dtypes[0]) if want_x else None
         return (grad_x, grad_w.to(ctx.dtypes[1]) if grad_w is not None else None,
                 grad_b.to(ctx.dtypes[2]) if grad_b is not None else None, None, None)

@@ -3,8 +3,11 @@
 Where sequence parallelism left `gathered = gather_for_column(x)` read only by column-parallel linears
 (`column_linear_from_seq_shard`, after autocast through one cast), the linears become one
 `ring_column_linears(shard, weights, biases)`; where a row-parallel linear's output goes only to
-`reduce_scatter_to_tp`, the pair becomes `ring_linear_reduce_scatter` (ops/async_tp.py). Anything
-else reading the gathered tokens, and float8 linears, keep the plain collectives.
+`reduce_scatter_to_tp`, the pair becomes `ring_linear_reduce_scatter` (ops/async_tp.py). Under
+`--fp8 tensorwise` the float8 gathers passes/float8_gather.py wrote (`float8_gathered_linears`,
+`float8_linear_reduce_scatter`) become their rings of float8 chunks (ops/float8_ring.py). Anything else
+reading the gathered tokens, and the other float8 linears (rowwise: torchao gathers their tokens in the
+high dtype, each linear casting them itself), keep the plain collectives.
 
 `ring_sites(graph)` finds them, for this pass and for the planner (planner/tabulate.py marks the
 collectives each site replaces and the matmuls each ring hides behind), so what is priced is what the
@@ -27,6 +30,8 @@ from ..ir.meta import info, insert_node
 from ..ir.op_kinds import OpKind
 from ..ops import tp as tpops
 from ..ops.async_tp import ring_column_linears, ring_linear_reduce_scatter
+from ..ops.float8_gather import float8_gathered_linears, float8_linear_reduce_scatter
+from ..ops.float8_ring import ring_float8_gathered_linears, ring_float8_linear_reduce_scatter
 from .manager import PassInput, PassResults
 from .tensor_parallel import TensorParallelResult
 from .tensor_parallel.spellings import linear_form
@@ -144,6 +149,10 @@ def _rewrite_row(gm: fx.GraphModule, site: RowSite) -> None:
     gm.graph.erase_node(site.linear)
 
 
+FLOAT8_RINGS = {float8_gathered_linears: ring_float8_gathered_linears,
+                float8_linear_reduce_scatter: ring_float8_linear_reduce_scatter}
+
+
 def async_tp_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tuple[fx.GraphModule, AsyncTPResult | None]:
     """Sequence parallelism's collectives as rings (None without --async-tp)."""
     if not inp.plan.async_tp:
@@ -153,11 +162,17 @@ def async_tp_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tupl
         _rewrite_column(gm, site)
     for site in rows:
         _rewrite_row(gm, site)
+    floats = [0, 0]
+    for node in gm.graph.nodes:  # the float8 gathers: the same arguments, their gathers rings
+        ring = FLOAT8_RINGS.get(node.target) if node.op == "call_function" else None
+        if ring is not None:
+            floats[ring is ring_float8_linear_reduce_scatter] += 1
+            node.target = ring
     gm.graph.lint()
     gm.recompile()
     tp = done.get(TensorParallelResult)
     annotate(gm, inp.example_inputs, param_shardings=dict(tp.param_shardings) if tp else {}, tp=inp.plan.tp)
-    return gm, AsyncTPResult(len(columns), len(rows))
+    return gm, AsyncTPResult(len(columns) + floats[0], len(rows) + floats[1])
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,14 @@ A tag is (bytes per sample, constant, the matmul nodes, how many forward matmuls
 bytes are what the ring moves, the gathered shard in the dtype the linears read it (under autocast, the
 low one, where the plain program gathers fp32 tokens and casts them after).
 
-`float8_tags(gm, same, tp, is_float8)` says, for the same sites, what --fp8 changes: a site with a float8
-linear is no ring (`ring_sites` of the program's graph leaves it); a gather read by float8 column linears
-alone is, under the tensorwise recipe, `float8_gathered_linears` (passes/float8_gather.py): its forward
-gather and the first linear's backward re-gather move a byte per element, the others' re-gathers are
-`DROPPED`, and the linears cast the shard once; a float8 row linear's reduce-scatter gathers its
-gradient a byte an element backward (`float8_linear_reduce_scatter`).
+`float8_tags(gm, same, tp, is_float8)` says, for the same sites, what --fp8 changes: a gather read by
+float8 column linears alone is, under the tensorwise recipe, `float8_gathered_linears`
+(passes/float8_gather.py): its forward gather and the first linear's backward re-gather move a byte per
+element, the others' re-gathers are `DROPPED`, and the linears cast the shard once; a float8 row
+linear's reduce-scatter gathers its gradient a byte an element backward (`float8_linear_reduce_scatter`).
+Under --async-tp those stay rings, of float8 chunks (ops/float8_ring.py), their casts run eagerly inside
+the ring op; every other site with a float8 linear (rowwise, or a gather read by a linear float8 leaves
+alone as well) is no ring: `ring_sites` of the program's graph leaves it.
 """
 
 from __future__ import annotations
@@ -52,11 +54,13 @@ def _bytes(node: fx.Node) -> int:
 class Float8Tags:
     """--fp8's changes to the sites' collectives and casts."""
 
-    # (node, direction, kind) -> (ring void under --fp8, the bytes under tensorwise gathering: a
-    # (per sample, constant) pair, DROPPED, or None where unchanged)
+    # (node, direction, kind) -> (a ring under tensorwise float8 --async-tp, else none under --fp8; the
+    # bytes under tensorwise gathering: a (per sample, constant) pair, DROPPED, or None where unchanged)
     collectives: dict[tuple[fx.Node, str, str], tuple[bool, Any]]
     # a tensorwise-gathering site's linear -> the shard it casts (the first linear), or None (the others)
     casts: dict[fx.Node, fx.Node | None]
+    # the float8 linears of the sites tensorwise rings under --async-tp (column and row)
+    rings: frozenset[fx.Node] = frozenset()
 
 
 def float8_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int,
@@ -66,20 +70,23 @@ def float8_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int,
     columns, rows = ring_sites(gm)
     tags: dict[tuple[fx.Node, str, str], tuple[bool, Any]] = {}
     casts: dict[fx.Node, fx.Node | None] = {}
+    rings: set[fx.Node] = set()
     for site in columns:
         floats = [is_float8(linear) for linear in site.linears]
         if not any(floats):
             continue
         gathered: Any = None
-        if all(floats):  # tensorwise: float8_gathered_linears
+        ringed = all(floats)
+        if ringed:  # tensorwise: float8_gathered_linears (ring_float8_gathered_linears under --async-tp)
             spec = info(site.shard).tensor
             size = max(spec.dtype.itemsize, 1) if spec is not None else 1
             gathered = _pair(_bytes(site.shard) * tp // size, _bytes(same[site.shard]) * tp // size)
             casts.update({linear: (site.shard if i == 0 else None) for i, linear in enumerate(site.linears)})
-        tags[(site.gather, "forward", "all_gather")] = (True, gathered)
-        tags[(site.gather, "backward", "reduce_scatter")] = (True, None)
+            rings.update(site.linears)
+        tags[(site.gather, "forward", "all_gather")] = (ringed, gathered)
+        tags[(site.gather, "backward", "reduce_scatter")] = (ringed, None)
         for i, linear in enumerate(site.linears):
-            tags[(linear, "backward", "all_gather")] = (True, None if gathered is None else
+            tags[(linear, "backward", "all_gather")] = (ringed, None if gathered is None else
                                                         gathered if i == 0 else DROPPED)
     for site in rows:
         if is_float8(site.linear):  # tensorwise: float8_linear_reduce_scatter, its gradient gathered in float8
@@ -89,7 +96,8 @@ def float8_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int,
             gradient = _pair(payload_bytes(rs, tp) // size, payload_bytes(same[rs], tp) // size)
             tags[(rs, "forward", "reduce_scatter")] = (True, None)
             tags[(rs, "backward", "all_gather")] = (True, gradient)
-    return Float8Tags(tags, casts)
+            rings.add(site.linear)
+    return Float8Tags(tags, casts, frozenset(rings))
 
 
 def ring_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int) -> dict[tuple[fx.Node, str, str], Any]:

@@ -78,6 +78,10 @@ class OpTable:
     fp8_gather_cast: tuple[np.ndarray, np.ndarray] | None = None
     fp8_gather_elems: tuple[np.ndarray, np.ndarray] | None = None
     fp8_shard_storage: np.ndarray | None = None
+    # per op: a float8 linear of a site tensorwise --async-tp rings (ops/float8_ring.py); under
+    # `for_fp8(.., rings=True)`, `fp8_eager`: those whose casts run eagerly, inside the ring op, under --compile
+    fp8_ring: np.ndarray | None = None
+    fp8_eager: np.ndarray | None = None
     # --fp8: the `fp8` linears run at the float8 rate, their operands cast first (`for_fp8`)
     float8: bool = False
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
@@ -196,12 +200,14 @@ class OpTable:
             found = self.cache[key] = np.where(breaks, -1, np.cumsum(starts) - 1)
         return found
 
-    def for_fp8(self, recipe: str) -> OpTable:
+    def for_fp8(self, recipe: str, rings: bool = False) -> OpTable:
         """This table as --fp8 `recipe` runs it: its float8 linears at the float8 rate, each operand cast
-        first (stages.op_seconds); no ring at a site with a float8 linear; under tensorwise scaling, a
-        gather its float8 column linears alone read moves a byte an element, its linears' re-gathers are
-        one, the shard is cast once and kept in float8 (planner/rings.py's `float8_tags`)."""
-        key = ("fp8", recipe)
+        first (stages.op_seconds); under tensorwise scaling, a gather its float8 column linears alone read
+        moves a byte an element, its linears' re-gathers are one, the shard is cast once and kept in
+        float8 (planner/rings.py's `float8_tags`). No ring at a site with a float8 linear, but where
+        `rings` (--async-tp) and tensorwise: there the ring moves the float8 bytes and the site's casts run
+        eagerly (ops/float8_ring.py)."""
+        key = ("fp8", recipe, rings)
         found = self.cache.get(key)
         if found is None:
             gathers = recipe == "tensorwise" and self.fp8_gather_cast is not None
@@ -211,17 +217,22 @@ class OpTable:
                 if tag is None:
                     collectives.append(c)
                     continue
-                void, moved = tag
+                ringed, moved = tag
                 if gathers and moved == DROPPED:
                     continue
                 pair = moved if gathers and moved is not None else c[3:5]
-                collectives.append((*c[:3], *pair, None if void else c[5], tag))
+                ring = c[5] if gathers and rings and ringed else None
+                if ring is not None and ring != DROPPED and moved is not None:  # the ring moves the float8 bytes
+                    ring = (*pair, *ring[2:])
+                collectives.append((*c[:3], *pair, ring, tag))
             changes: dict[str, Any] = {"float8": True, "collectives": collectives, "cache": {}}
             if gathers:
                 changes.update(fp8_cast=self.fp8_gather_cast, fp8_elems=self.fp8_gather_elems)
                 if self.fp8_shard_storage is not None and self.fp8_shard_storage.any():
                     size = 2 if self.low else 4
                     changes["storage"] = tuple(np.where(self.fp8_shard_storage, x // size, x) for x in self.storage)
+                if rings and self.fp8_ring is not None:
+                    changes["fp8_eager"] = self.fp8_ring
             found = self.cache[key] = dataclasses.replace(self, **changes)
         return found
 
