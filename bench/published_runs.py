@@ -256,7 +256,10 @@ BRIDGE_SRC = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md"
 # its performance recipes train with Megatron's distributed optimizer (recipes/utils/optimizer_utils.py,
 # distributed_fused_adam_with_cosine_annealing: use_distributed_optimizer=True) and overlap the dp traffic
 # (training/comm_overlap.py): graphsplit's program that communicates so is --zero 2, as for Megatron-LM above
-BRIDGE_NOTE = "FP8 current scaling (tensorwise); distributed optimizer"
+BRIDGE_NOTE = "FP8 current scaling (tensorwise); distributed optimizer; tp comm overlap"
+# and overlap the tp collectives with the GEMMs (its H100 recipes set userbuffers' tp_comm_overlap_cfg,
+# scripts/performance/configs/llama/llama3_llm_pretrain.py): graphsplit's program that does is --async-tp,
+# its float8 gathers rings of float8 chunks (ops/float8_ring.py)
 # the recipes recompute nothing (perf_recipes/llama/h100/llama3.py sets no recompute_granularity), which
 # graphsplit's program, keeping more per layer than Megatron's (its norms and residual stream in fp32 as
 # autocast runs them, TE's fused norm-linears keeping float8 inputs), does not fit: the least recompute
@@ -267,13 +270,14 @@ BRIDGE_CHECKPOINTS = ("none", "selective", "first:1", "blocks")
 def _bridge_runs() -> Iterator[Run]:
     yield Run("Megatron-Bridge (NeMo)", "Llama 3 70B FP8", f"{BRIDGE_SRC}, LLAMA3_70B, DGX-H100, 26.04.01",
               LLAMA31_70B, "h100", 256,
-              Plan(tp=4, pp=8, dp=2, fsdp=True, zero=2, sequence_parallel=True, schedule="interleaved-1f1b",
+              Plan(tp=4, pp=8, dp=2, fsdp=True, zero=2, sequence_parallel=True, async_tp=True, schedule="interleaved-1f1b",
                    stages_per_rank=5, autocast="bf16", fp8="tensorwise", compile=True),
               1664, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), checkpoints=BRIDGE_CHECKPOINTS,
               note=BRIDGE_NOTE + ", VP 5")
     yield Run("Megatron-Bridge (NeMo)", "Llama 3.1 405B FP8", f"{BRIDGE_SRC}, LLAMA3.1_405B, DGX-H100, 26.04.01",
               LLAMA3_405B, "h100", 1536,
-              Plan(tp=8, pp=8, cp=2, dp=16, fsdp=True, zero=2, sequence_parallel=True, schedule="interleaved-1f1b",
+              Plan(tp=8, pp=8, cp=2, dp=16, fsdp=True, zero=2, sequence_parallel=True, async_tp=True,
+                   schedule="interleaved-1f1b",
                    stages_per_rank=8, autocast="bf16", fp8="tensorwise", compile=True),
               328, "tokens/s/GPU", micro_batch=1, open=("checkpoint",), checkpoints=BRIDGE_CHECKPOINTS,
               note=BRIDGE_NOTE + ", CP 2, VP 8")

@@ -130,10 +130,11 @@ def _reduced(cast_config: Any, axis: int, sharded: int | None) -> bool:
 
 
 def _cast(t: torch.Tensor, cast_config: Any, role: Any, axis: int, sharded: int | None, recipe: tuple[str, bool],
-          comm: TPComm | None, direction: str) -> torch.Tensor:
+          comm: TPComm | None, direction: str, compiled: bool = False) -> torch.Tensor:
     """`t` in float8 as torchao's `hp_tensor_to_float8_dynamic` casts it, its amax reduced over tp where
-    the shard cuts what the scale covers."""
-    from torchao.float8.config import ScalingType
+    the shard cuts what the scale covers. `compiled`: the amax and the scaled cast each one compiled
+    kernel (`_cast_kernels`), for casts inside an eager op of a compiled program (ops/float8_ring.py)."""
+    from torchao.float8.config import ScalingGranularity, ScalingType
     from torchao.float8.float8_scaling_utils import get_maybe_axiswise_dim
     from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
     from torchao.float8.float8_utils import amax_to_scale, tensor_to_amax
@@ -141,11 +142,59 @@ def _cast(t: torch.Tensor, cast_config: Any, role: Any, axis: int, sharded: int 
     if cast_config.scaling_type is ScalingType.DISABLED:
         return t
     axiswise_dim = get_maybe_axiswise_dim(axis, cast_config.scaling_granularity)
+    if compiled and cast_config.scaling_granularity is ScalingGranularity.TENSORWISE:
+        return _compiled_cast(t, cast_config, role, recipe, comm, direction, _reduced(cast_config, axis, sharded))
     amax = tensor_to_amax(t, False, None, cast_config.scaling_granularity, axiswise_dim)
     if comm is not None and comm.size > 1 and _reduced(cast_config, axis, sharded):
         amax = comm.all_reduce(amax, direction, op=dist.ReduceOp.MAX)
     scale = amax_to_scale(amax, cast_config.target_dtype, _config(*recipe).round_scales_to_power_of_2)
     return hp_tensor_and_scale_to_float8(t, scale, cast_config.target_dtype, _mm_config(*recipe), role, axiswise_dim)
+
+
+def _compiled_cast(t: torch.Tensor, cast_config: Any, role: Any, recipe: tuple[str, bool], comm: TPComm | None,
+                   direction: str, reduced: bool) -> torch.Tensor:
+    """A tensorwise `_cast` whose amax and scaled cast are each one compiled kernel (`_cast_kernels`),
+    computing the same float8 values and scale."""
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor
+    from torchao.float8.float8_utils import amax_to_scale
+
+    amax_of, scaled = _cast_kernels()
+    # the kernels see one flat contiguous tensor (a weight's transpose read as the weight), so that shapes,
+    # ranks and layouts do not each compile a kernel of their own: a tensorwise scale is blind to them all
+    flip = t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
+    base = t.t() if flip else t.contiguous()
+    # detached last: nothing records a graph here, and to dynamo `flat` is then no view of a base whose
+    # sizes and strides it would guard (nor a leaf whose requires_grad it would)
+    flat = base.view(-1).detach()
+    amax = amax_of(flat)
+    if comm is not None and comm.size > 1 and reduced:
+        amax = comm.all_reduce(amax, direction, op=dist.ReduceOp.MAX)
+    scale = amax_to_scale(amax, cast_config.target_dtype, _config(*recipe).round_scales_to_power_of_2)
+    data = scaled(flat, scale, cast_config.target_dtype).view(base.shape)
+    # the values `hp_tensor_and_scale_to_float8` makes, without its autograd node: these casts run inside an
+    # autograd Function's forward or backward, where nothing records a graph
+    return Float8TrainingTensor(data.t() if flip else data, scale, t.dtype, _mm_config(*recipe), role, None)
+
+
+_KERNELS: list[tuple[Any, Any]] = []
+
+
+def _cast_kernels() -> tuple[Any, Any]:
+    """torchao's amax and its scaled float8 cast, each compiled by torch.compile into one kernel: one pass
+    over the operand for the amax, one reading it and writing a byte an element (eagerly, `abs`, `max`,
+    the fp32 copy, `mul` and the saturating cast each make a pass of their own). The scale between them,
+    a few scalar ops, stays eager: the same division as the plain cast's, so the same float8 values."""
+    if not _KERNELS:
+        from torchao.float8.float8_utils import to_fp8_saturated
+
+        def amax(flat: torch.Tensor) -> torch.Tensor:
+            return torch.max(torch.abs(flat))  # torchao's tensorwise `tensor_to_amax`
+
+        def scaled(flat: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return to_fp8_saturated(flat.to(torch.float32) * scale, dtype)
+
+        _KERNELS.append((torch.compile(amax, dynamic=True), torch.compile(scaled, dynamic=True)))
+    return _KERNELS[0]
 
 
 class _Float8MatMul(torch.autograd.Function):

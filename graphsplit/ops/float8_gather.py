@@ -49,11 +49,11 @@ def _gather_float8(data: torch.Tensor, dim: int, comm: TPComm, direction: str) -
     return comm.all_gather(data.view(torch.uint8), dim, direction).view(data.dtype)
 
 
-def _cast_shard(shard: torch.Tensor, recipe: tuple[str, bool], comm: TPComm) -> Any:
+def _cast_shard(shard: torch.Tensor, recipe: tuple[str, bool], comm: TPComm, compiled: bool = False) -> Any:
     """The shard in float8 with the scale of the whole gathered tensor (amax all-reduced over tp)."""
     from torchao.float8.float8_training_tensor import GemmInputRole
 
-    return _cast(shard, _config(*recipe).cast_config_input, GemmInputRole.INPUT, -1, 0, recipe, comm, "fwd")
+    return _cast(shard, _config(*recipe).cast_config_input, GemmInputRole.INPUT, -1, 0, recipe, comm, "fwd", compiled)
 
 
 def _float8_gathered(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, recipe: tuple[str, bool],
@@ -136,6 +136,21 @@ def float8_gathered_linears(shard: torch.Tensor, weights: tuple[torch.Tensor, ..
 register_function_kind(float8_gathered_linears, OpKind.LINEAR)
 
 
+def row_forward_casts(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dim: int,
+                      comm: TPComm, recipe: tuple[str, bool], compiled: bool = False) -> tuple[Any, Any]:
+    """A float8 row linear's forward set-up (this module's and ops/float8_ring.py's): what backward reads
+    kept on `ctx`, the input and weight cast with their amax reduced over tp (the input features are the
+    cut)."""
+    from torchao.float8.float8_training_tensor import GemmInputRole
+
+    c = _config(*recipe)
+    ctx.dim, ctx.comm, ctx.recipe, ctx.has_bias, ctx.compiled = dim, comm, recipe, bias is not None, compiled
+    ctx.save_for_backward(x, weight)
+    x8 = _cast(x, c.cast_config_input, GemmInputRole.INPUT, -1, _ROW["input"], recipe, comm, "fwd", compiled)
+    w8 = _cast(weight.t(), c.cast_config_weight, GemmInputRole.WEIGHT, 0, _ROW["weight"], recipe, comm, "fwd", compiled)
+    return x8, w8
+
+
 class _Float8RowReduceScatter(torch.autograd.Function):
     """`reduce_scatter(float8_linear(x, weight, bias, "row"))` whose backward gathers the output's gradient in
     float8: each rank casts its shard of the gradient with the amax all-reduced over tp (the whole gradient's
@@ -145,13 +160,7 @@ class _Float8RowReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dim: int, comm: TPComm,
                 recipe: tuple[str, bool]) -> torch.Tensor:
-        from torchao.float8.float8_training_tensor import GemmInputRole
-
-        c = _config(*recipe)
-        ctx.dim, ctx.comm, ctx.recipe, ctx.has_bias = dim, comm, recipe, bias is not None
-        ctx.save_for_backward(x, weight)
-        x8 = _cast(x, c.cast_config_input, GemmInputRole.INPUT, -1, _ROW["input"], recipe, comm, "fwd")
-        w8 = _cast(weight.t(), c.cast_config_weight, GemmInputRole.WEIGHT, 0, _ROW["weight"], recipe, comm, "fwd")
+        x8, w8 = row_forward_casts(ctx, x, weight, bias, dim, comm, recipe)
         out = torch.mm(x8.reshape(-1, x.shape[-1]), w8).reshape(*x.shape[:-1], weight.shape[0])
         if bias is not None:
             out = out + bias.to(out.dtype)

@@ -21,7 +21,10 @@ of those rows; the chunks' weight-gradient products are summed in fp32. Results 
 ops within the rounding of that sum and of the ring's order of adding the partial sums.
 
 The ring steps are point-to-point sends, which dynamo does not trace: these are eager ops (as the bf16
-rings are), and the casts inside them run unfused under --compile; the planner prices them so.
+rings are). So that their casts are not torchao's eager ones under --compile (`abs`, `max`, an fp32 copy,
+`mul`, the saturating cast: a pass each), the program passes `compiled=True` there and each cast runs as
+two compiled kernels, the amax and the scaled cast (ops/float8.py's `_cast_kernels`): what a compiled
+float8 linear's casts cost, and how the planner prices both.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from ..ir.op_kinds import OpKind, register_function_kind
 from .async_tp import chunk, gather_ring, reduce_scatter_ring
 from .eager import eager as _eager
 from .float8 import _cast, _config
-from .float8_gather import _cast_shard, _float8_gathered
+from .float8_gather import _cast_shard, _float8_gathered, row_forward_casts
 
 if TYPE_CHECKING:
     from .tp_comm import TPComm
@@ -51,23 +54,25 @@ def _ring_float8(data: torch.Tensor, comm: TPComm, direction: str, use: Any) -> 
     gather_ring(data.view(torch.uint8), comm, direction, lambda rank, got: use(rank, got.view(data.dtype)))
 
 
-def _weight_cast(w: torch.Tensor, recipe: tuple[str, bool], comm: TPComm, direction: str, for_input_grad: bool) -> Any:
+def _weight_cast(w: torch.Tensor, recipe: tuple[str, bool], comm: TPComm, direction: str, for_input_grad: bool,
+                 compiled: bool) -> Any:
     from torchao.float8.float8_training_tensor import GemmInputRole
 
     c = _config(*recipe)
     config = c.cast_config_weight_for_grad_input if for_input_grad else c.cast_config_weight
-    return _cast(w.t(), config, GemmInputRole.WEIGHT, -1 if for_input_grad else 0, 1, recipe, comm, direction)
+    return _cast(w.t(), config, GemmInputRole.WEIGHT, -1 if for_input_grad else 0, 1, recipe, comm, direction,
+                 compiled)
 
 
 class _RingFloat8GatheredLinears(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, shard: torch.Tensor, dim: int, comm: TPComm, recipe: tuple[str, bool], count: int,
+    def forward(ctx: Any, shard: torch.Tensor, dim: int, comm: TPComm, recipe: tuple[str, bool], compiled: bool,
                 *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from torchao.float8.float8_training_tensor import GemmInputRole
 
-        ctx.dim, ctx.comm, ctx.recipe, ctx.dtype = dim, comm, recipe, shard.dtype
-        shard8 = _cast_shard(shard, recipe, comm)
-        w8 = [_weight_cast(w, recipe, comm, "fwd", False) for w in weights]
+        ctx.dim, ctx.comm, ctx.recipe, ctx.dtype, ctx.compiled = dim, comm, recipe, shard.dtype, compiled
+        shard8 = _cast_shard(shard, recipe, comm, compiled)
+        w8 = [_weight_cast(w, recipe, comm, "fwd", False, compiled) for w in weights]
         pieces: list[list[Any]] = [[None] * comm.size for _ in weights]
 
         def use(rank: int, data: torch.Tensor) -> None:  # a rank's float8 chunk: every linear's rows of it
@@ -84,7 +89,7 @@ class _RingFloat8GatheredLinears(torch.autograd.Function):
         from torchao.float8.float8_training_tensor import GemmInputRole
 
         data, scale, *weights = ctx.saved_tensors
-        comm, recipe, dim, n = ctx.comm, ctx.recipe, ctx.dim, ctx.comm.size
+        comm, recipe, dim, n, compiled = ctx.comm, ctx.recipe, ctx.dim, ctx.comm.size, ctx.compiled
         c = _config(*recipe)
         live = [i for i, g in enumerate(grads) if g is not None]
         gs = {i: grads[i].to(ctx.dtype) for i in live}
@@ -94,7 +99,7 @@ class _RingFloat8GatheredLinears(torch.autograd.Function):
             # each output gradient cast whole (its features are the column cut: the amax reduced over tp),
             # its chunk's rows read beside the shard's chunk as it arrives
             go8 = {i: _cast(gs[i], c.cast_config_grad_output_for_grad_weight, GemmInputRole.GRAD_OUTPUT, 0, 1,
-                            recipe, comm, "bwd") for i in want_w}
+                            recipe, comm, "bwd", compiled) for i in want_w}
             sums = {i: torch.zeros(weights[i].shape, dtype=torch.float32, device=data.device) for i in want_w}
 
             def use(rank: int, chunk8: torch.Tensor) -> None:
@@ -109,9 +114,9 @@ class _RingFloat8GatheredLinears(torch.autograd.Function):
                 grad_w[i] = sums[i].to(weights[i].dtype)
         grad_x = None
         if ctx.needs_input_grad[0] and live:
-            go8 = {i: _cast(gs[i], c.cast_config_grad_output, GemmInputRole.GRAD_OUTPUT, -1, 1, recipe, comm, "bwd")
-                   for i in live}
-            w8 = {i: _weight_cast(weights[i], recipe, comm, "bwd", True) for i in live}
+            go8 = {i: _cast(gs[i], c.cast_config_grad_output, GemmInputRole.GRAD_OUTPUT, -1, 1, recipe, comm, "bwd",
+                            compiled) for i in live}
+            w8 = {i: _weight_cast(weights[i], recipe, comm, "bwd", True, compiled) for i in live}
 
             def part(index: int) -> torch.Tensor:  # this rank's columns' share of a chunk's input gradient
                 total = None
@@ -129,16 +134,11 @@ class _RingFloat8GatheredLinears(torch.autograd.Function):
 class _RingFloat8RowReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dim: int, comm: TPComm,
-                recipe: tuple[str, bool]) -> torch.Tensor:
+                recipe: tuple[str, bool], compiled: bool) -> torch.Tensor:
         from torchao.float8.float8_training_tensor import GemmInputRole
 
-        c = _config(*recipe)
-        ctx.dim, ctx.comm, ctx.recipe, ctx.has_bias = dim, comm, recipe, bias is not None
-        ctx.save_for_backward(x, weight)
         n = comm.size
-        # a row linear's input features are the cut: its input's and weight's amax reduced over tp
-        x8 = _cast(x, c.cast_config_input, GemmInputRole.INPUT, -1, 1, recipe, comm, "fwd")
-        w8 = _cast(weight.t(), c.cast_config_weight, GemmInputRole.WEIGHT, 0, 0, recipe, comm, "fwd")
+        x8, w8 = row_forward_casts(ctx, x, weight, bias, dim, comm, recipe, compiled)
 
         def part(index: int) -> torch.Tensor:  # each rank adds its share of the bias, as the plain op
             rows = chunk(x8._data, dim, index, n)
@@ -153,15 +153,16 @@ class _RingFloat8RowReduceScatter(torch.autograd.Function):
         from torchao.float8.float8_training_tensor import GemmInputRole
 
         x, weight = ctx.saved_tensors
-        comm, recipe, dim, n = ctx.comm, ctx.recipe, ctx.dim, ctx.comm.size
+        comm, recipe, dim, n, compiled = ctx.comm, ctx.recipe, ctx.dim, ctx.comm.size, ctx.compiled
         c = _config(*recipe)
         grad = grad.to(x.dtype)
-        shard8 = _cast(grad, c.cast_config_grad_output, GemmInputRole.GRAD_OUTPUT, -1, 0, recipe, comm, "bwd")
+        shard8 = _cast(grad, c.cast_config_grad_output, GemmInputRole.GRAD_OUTPUT, -1, 0, recipe, comm, "bwd",
+                       compiled)
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         w8 = _cast(weight.t(), c.cast_config_weight_for_grad_input, GemmInputRole.WEIGHT, -1, 0, recipe, comm,
-                   "bwd") if want_x else None
+                   "bwd", compiled) if want_x else None
         x8 = _cast(x, c.cast_config_input_for_grad_weight, GemmInputRole.INPUT, 0, 1, recipe, comm,
-                   "bwd") if want_w else None
+                   "bwd", compiled) if want_w else None
         pieces: list[Any] = [None] * n
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
 
@@ -178,7 +179,7 @@ class _RingFloat8RowReduceScatter(torch.autograd.Function):
         grad_b = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = comm.all_reduce(grad.flatten(0, -2).sum(0), "bwd")  # the whole gradient's row sums
-        return grad_x, grad_w.to(weight.dtype) if grad_w is not None else None, grad_b, None, None, None
+        return grad_x, grad_w.to(weight.dtype) if grad_w is not None else None, grad_b, None, None, None, None
 
 
 def _low(t: torch.Tensor) -> torch.Tensor:
@@ -190,14 +191,15 @@ def _low(t: torch.Tensor) -> torch.Tensor:
 @_eager
 def ring_float8_gathered_linears(shard: torch.Tensor, weights: tuple[torch.Tensor, ...],
                                  biases: tuple[torch.Tensor | None, ...], dim: int, comm: TPComm,
-                                 recipe: str) -> tuple[torch.Tensor, ...]:
+                                 recipe: str, compiled: bool = False) -> tuple[torch.Tensor, ...]:
     """`float8_gathered_linears(shard, weights, biases, dim, comm, recipe)` with its gathers rings beside
-    the float8 GEMMs (module docstring)."""
+    the float8 GEMMs (module docstring). `compiled` (the program runs under --compile): each float8 cast a
+    compiled amax and a compiled scaled cast (ops/float8.py's `_cast_kernels`), not torchao's eager ops."""
     if shard.device.type == "meta":  # shapes and dtypes only: the high-precision linears'
         whole = comm.all_gather(shard, dim, None)
         return tuple(F.linear(whole, w, b) for w, b in zip(weights, biases))
     shard = _low(shard)
-    outs = _RingFloat8GatheredLinears.apply(shard, dim, comm, (recipe, shard.device.type != "cuda"), len(weights),
+    outs = _RingFloat8GatheredLinears.apply(shard, dim, comm, (recipe, shard.device.type != "cuda"), compiled,
                                             *weights)
     return tuple(out if b is None else out + b.to(out.dtype) for out, b in zip(outs, biases))
 
@@ -205,13 +207,13 @@ def ring_float8_gathered_linears(shard: torch.Tensor, weights: tuple[torch.Tenso
 @torch.fx.wrap
 @_eager
 def ring_float8_linear_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dim: int,
-                                      comm: TPComm, recipe: str) -> torch.Tensor:
+                                      comm: TPComm, recipe: str, compiled: bool = False) -> torch.Tensor:
     """`float8_linear_reduce_scatter(x, weight, bias, dim, comm, recipe)` with its reduce-scatter and its
-    backward float8 gather rings (module docstring)."""
+    backward float8 gather rings (module docstring); `compiled` as `ring_float8_gathered_linears`'s."""
     if x.device.type == "meta":
         return comm.local_slice(F.linear(x, weight, bias), dim)
     x = _low(x)
-    return _RingFloat8RowReduceScatter.apply(x, weight, bias, dim, comm, (recipe, x.device.type != "cuda"))
+    return _RingFloat8RowReduceScatter.apply(x, weight, bias, dim, comm, (recipe, x.device.type != "cuda"), compiled)
 
 
 register_function_kind(ring_float8_gathered_linears, OpKind.LINEAR)

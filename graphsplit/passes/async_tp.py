@@ -168,6 +168,8 @@ def async_tp_pass(gm: fx.GraphModule, inp: PassInput, done: PassResults) -> tupl
         if ring is not None:
             floats[ring is ring_float8_linear_reduce_scatter] += 1
             node.target = ring
+            if inp.plan.compile:  # the ring op is eager: its casts compiled kernels of their own
+                node.kwargs = {**node.kwargs, "compiled": True}
     gm.graph.lint()
     gm.recompile()
     tp = done.get(TensorParallelResult)

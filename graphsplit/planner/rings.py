@@ -19,8 +19,8 @@ float8 column linears alone is, under the tensorwise recipe, `float8_gathered_li
 (passes/float8_gather.py): its forward gather and the first linear's backward re-gather move a byte per
 element, the others' re-gathers are `DROPPED`, and the linears cast the shard once; a float8 row
 linear's reduce-scatter gathers its gradient a byte an element backward (`float8_linear_reduce_scatter`).
-Under --async-tp those stay rings, of float8 chunks (ops/float8_ring.py), their casts run eagerly inside
-the ring op; every other site with a float8 linear (rowwise, or a gather read by a linear float8 leaves
+Under --async-tp those stay rings, of float8 chunks (ops/float8_ring.py), their casts compiled kernels
+under --compile as a compiled float8 linear's are; every other site with a float8 linear (rowwise, or a gather read by a linear float8 leaves
 alone as well) is no ring: `ring_sites` of the program's graph leaves it.
 """
 
@@ -59,8 +59,6 @@ class Float8Tags:
     collectives: dict[tuple[fx.Node, str, str], tuple[bool, Any]]
     # a tensorwise-gathering site's linear -> the shard it casts (the first linear), or None (the others)
     casts: dict[fx.Node, fx.Node | None]
-    # the float8 linears of the sites tensorwise rings under --async-tp (column and row)
-    rings: frozenset[fx.Node] = frozenset()
 
 
 def float8_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int,
@@ -70,7 +68,6 @@ def float8_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int,
     columns, rows = ring_sites(gm)
     tags: dict[tuple[fx.Node, str, str], tuple[bool, Any]] = {}
     casts: dict[fx.Node, fx.Node | None] = {}
-    rings: set[fx.Node] = set()
     for site in columns:
         floats = [is_float8(linear) for linear in site.linears]
         if not any(floats):
@@ -82,7 +79,6 @@ def float8_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int,
             size = max(spec.dtype.itemsize, 1) if spec is not None else 1
             gathered = _pair(_bytes(site.shard) * tp // size, _bytes(same[site.shard]) * tp // size)
             casts.update({linear: (site.shard if i == 0 else None) for i, linear in enumerate(site.linears)})
-            rings.update(site.linears)
         tags[(site.gather, "forward", "all_gather")] = (ringed, gathered)
         tags[(site.gather, "backward", "reduce_scatter")] = (ringed, None)
         for i, linear in enumerate(site.linears):
@@ -96,8 +92,7 @@ def float8_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int,
             gradient = _pair(payload_bytes(rs, tp) // size, payload_bytes(same[rs], tp) // size)
             tags[(rs, "forward", "reduce_scatter")] = (True, None)
             tags[(rs, "backward", "all_gather")] = (True, gradient)
-            rings.add(site.linear)
-    return Float8Tags(tags, casts, frozenset(rings))
+    return Float8Tags(tags, casts)
 
 
 def ring_tags(gm: fx.GraphModule, same: dict[fx.Node, fx.Node], tp: int) -> dict[tuple[fx.Node, str, str], Any]:

@@ -77,9 +77,10 @@ def _op_seconds(table: OpTable, b: int, hw: Hardware, casts_fused: bool) -> np.n
             elements = table.at(table.fp8_elems, b).astype(np.float64) if table.fp8_elems is not None \
                 else operands / 2
             gemm_bytes = elements + table.at(table.out, b).astype(np.float64)
-            fused = casts_fused if table.fp8_eager is None else casts_fused & ~table.fp8_eager  # a ring's: eager
-            casts = np.where(fused, 2 * operands + elements, _EAGER_CAST_BYTES * elements) / memory \
-                + np.where(fused, 2, 2 * _EAGER_CAST_KERNELS) * hw.op_overhead
+            # under --compile a ring op's casts are compiled kernels of their own (ops/float8_ring.py), priced
+            # as a compiled linear's
+            casts = (2 * operands + elements if casts_fused else _EAGER_CAST_BYTES * elements) / memory \
+                + (2 if casts_fused else 2 * _EAGER_CAST_KERNELS) * hw.op_overhead
             fp8 = np.maximum(flops / (hw.flops("float8") * _shape_scale(table, flops, hw, "float8")), gemm_bytes / memory) \
                 + casts + hw.op_overhead
             seconds = np.where(table.fp8, fp8, seconds)

@@ -78,10 +78,6 @@ class OpTable:
     fp8_gather_cast: tuple[np.ndarray, np.ndarray] | None = None
     fp8_gather_elems: tuple[np.ndarray, np.ndarray] | None = None
     fp8_shard_storage: np.ndarray | None = None
-    # per op: a float8 linear of a site tensorwise --async-tp rings (ops/float8_ring.py); under
-    # `for_fp8(.., rings=True)`, `fp8_eager`: those whose casts run eagerly, inside the ring op, under --compile
-    fp8_ring: np.ndarray | None = None
-    fp8_eager: np.ndarray | None = None
     # --fp8: the `fp8` linears run at the float8 rate, their operands cast first (`for_fp8`)
     float8: bool = False
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
@@ -205,8 +201,8 @@ class OpTable:
         first (stages.op_seconds); under tensorwise scaling, a gather its float8 column linears alone read
         moves a byte an element, its linears' re-gathers are one, the shard is cast once and kept in
         float8 (planner/rings.py's `float8_tags`). No ring at a site with a float8 linear, but where
-        `rings` (--async-tp) and tensorwise: there the ring moves the float8 bytes and the site's casts run
-        eagerly (ops/float8_ring.py)."""
+        `rings` (--async-tp) and tensorwise: there the ring moves the float8 bytes (ops/float8_ring.py), its
+        casts priced as a plain float8 linear's (compiled kernels under --compile)."""
         key = ("fp8", recipe, rings)
         found = self.cache.get(key)
         if found is None:
@@ -231,8 +227,6 @@ class OpTable:
                 if self.fp8_shard_storage is not None and self.fp8_shard_storage.any():
                     size = 2 if self.low else 4
                     changes["storage"] = tuple(np.where(self.fp8_shard_storage, x // size, x) for x in self.storage)
-                if rings and self.fp8_ring is not None:
-                    changes["fp8_eager"] = self.fp8_ring
             found = self.cache[key] = dataclasses.replace(self, **changes)
         return found
 

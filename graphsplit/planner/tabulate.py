@@ -260,7 +260,6 @@ def build_table(gm: fx.GraphModule, shardings: dict[str, Any], src: Source, tp: 
         fp8_elems=(elems[:, 0], elems[:, 1]),
         fp8_gather_cast=(gather_cast[:, 0], gather_cast[:, 1]), fp8_gather_elems=(gather_elems[:, 0], gather_elems[:, 1]),
         fp8_shard_storage=np.array([a.makers.get(key) in shard_names and key in kept_by_sites for key in ids], dtype=bool),
-        fp8_ring=np.array([node in floats.rings for node, _ in a.unf.sequence], dtype=bool),
         core=np.array([core_of.get(node, -1) for node, _ in a.unf.sequence], dtype=np.int64),
     )
     return expand(table, fold_, whole) if fold_ is not whole else table

@@ -148,6 +148,4 @@ def expand(table: OpTable, short: Fold, whole: Fold) -> OpTable:
         fp8_gather_cast=pair(table.fp8_gather_cast) if table.fp8_gather_cast is not None else None,
         fp8_gather_elems=pair(table.fp8_gather_elems) if table.fp8_gather_elems is not None else None,
         fp8_shard_storage=np.array(shard_flags, dtype=bool) if table.fp8_shard_storage is not None else None,
-        fp8_ring=per_op(table.fp8_ring) if table.fp8_ring is not None else None,
-        fp8_eager=per_op(table.fp8_eager) if table.fp8_eager is not None else None,
     )
