@@ -136,43 +136,37 @@ def _cast(t: torch.Tensor, cast_config: Any, role: Any, axis: int, sharded: int 
     kernel (`_cast_kernels`), for casts inside an eager op of a compiled program (ops/float8_ring.py)."""
     from torchao.float8.config import ScalingGranularity, ScalingType
     from torchao.float8.float8_scaling_utils import get_maybe_axiswise_dim
-    from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
+    from torchao.float8.float8_training_tensor import (
+        Float8TrainingTensor,
+        hp_tensor_and_scale_to_float8,
+    )
     from torchao.float8.float8_utils import amax_to_scale, tensor_to_amax
 
     if cast_config.scaling_type is ScalingType.DISABLED:
         return t
     axiswise_dim = get_maybe_axiswise_dim(axis, cast_config.scaling_granularity)
-    if compiled and cast_config.scaling_granularity is ScalingGranularity.TENSORWISE:
-        return _compiled_cast(t, cast_config, role, recipe, comm, direction, _reduced(cast_config, axis, sharded))
-    amax = tensor_to_amax(t, False, None, cast_config.scaling_granularity, axiswise_dim)
+    kernels = _cast_kernels() if compiled and cast_config.scaling_granularity is ScalingGranularity.TENSORWISE \
+        else None
+    if kernels is None:
+        amax = tensor_to_amax(t, False, None, cast_config.scaling_granularity, axiswise_dim)
+    else:
+        # the kernels see one flat contiguous tensor (a weight's transpose read as the weight), so that
+        # shapes, ranks and layouts do not each compile a kernel of their own: a tensorwise scale is blind to
+        # them all. Detached last: nothing records a graph here (inside an autograd Function), and to dynamo
+        # `flat` is then no view of a base whose sizes and strides it would guard, nor a leaf whose
+        # requires_grad it would
+        flip = t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
+        base = t.t() if flip else t.contiguous()
+        flat = base.view(-1).detach()
+        amax = kernels[0](flat)
     if comm is not None and comm.size > 1 and _reduced(cast_config, axis, sharded):
         amax = comm.all_reduce(amax, direction, op=dist.ReduceOp.MAX)
     scale = amax_to_scale(amax, cast_config.target_dtype, _config(*recipe).round_scales_to_power_of_2)
-    return hp_tensor_and_scale_to_float8(t, scale, cast_config.target_dtype, _mm_config(*recipe), role, axiswise_dim)
-
-
-def _compiled_cast(t: torch.Tensor, cast_config: Any, role: Any, recipe: tuple[str, bool], comm: TPComm | None,
-                   direction: str, reduced: bool) -> torch.Tensor:
-    """A tensorwise `_cast` whose amax and scaled cast are each one compiled kernel (`_cast_kernels`),
-    computing the same float8 values and scale."""
-    from torchao.float8.float8_training_tensor import Float8TrainingTensor
-    from torchao.float8.float8_utils import amax_to_scale
-
-    amax_of, scaled = _cast_kernels()
-    # the kernels see one flat contiguous tensor (a weight's transpose read as the weight), so that shapes,
-    # ranks and layouts do not each compile a kernel of their own: a tensorwise scale is blind to them all
-    flip = t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
-    base = t.t() if flip else t.contiguous()
-    # detached last: nothing records a graph here, and to dynamo `flat` is then no view of a base whose
-    # sizes and strides it would guard (nor a leaf whose requires_grad it would)
-    flat = base.view(-1).detach()
-    amax = amax_of(flat)
-    if comm is not None and comm.size > 1 and reduced:
-        amax = comm.all_reduce(amax, direction, op=dist.ReduceOp.MAX)
-    scale = amax_to_scale(amax, cast_config.target_dtype, _config(*recipe).round_scales_to_power_of_2)
-    data = scaled(flat, scale, cast_config.target_dtype).view(base.shape)
-    # the values `hp_tensor_and_scale_to_float8` makes, without its autograd node: these casts run inside an
-    # autograd Function's forward or backward, where nothing records a graph
+    if kernels is None:
+        return hp_tensor_and_scale_to_float8(t, scale, cast_config.target_dtype, _mm_config(*recipe), role,
+                                             axiswise_dim)
+    # the values `hp_tensor_and_scale_to_float8` makes, without its autograd node
+    data = kernels[1](flat, scale, cast_config.target_dtype).view(base.shape)
     return Float8TrainingTensor(data.t() if flip else data, scale, t.dtype, _mm_config(*recipe), role, None)
 
 
