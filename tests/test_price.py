@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 
 import graphsplit
 from graphsplit import GraphsplitError, Plan
 from graphsplit.planner import load_hardware
-from graphsplit.planner.estimate import plan_fields
+from graphsplit.planner.estimate import plan_fields, stage_sends
 from graphsplit.planner.price import price_plan
 from graphsplit.planner.profile import profile_model
 from graphsplit.planner.search import search
@@ -53,6 +54,18 @@ def test_the_best_plan_says_so_and_a_slower_one_names_the_parts_it_spends_more_o
     assert f"{ratio:.2f}x faster" in text and "tp 2 -> " in text and "pipeline bubble +" in text
     # the step's parts: the bubble of 1F1B over 2 stages and 2 micro-batches, sends between them
     assert slow.estimate.time["bubble"] > 0 and slow.estimate.time["pp_sends"] > 0
+
+
+def test_a_v_schedules_turn_sends_nothing_and_the_last_stage_sends_nothing():
+    """Interleaved over 2 ranks, stages 0-2 each send to a stage on the other rank; a V schedule puts
+    stages 1 and 2 on rank 1, which torch runs one after the other without a transfer."""
+    sent = np.array([1.0, 2.0, 3.0, 4.0])  # bytes each stage sends a micro-batch
+    interleaved = stage_sends(Plan(pp=2, schedule="interleaved-1f1b", stages_per_rank=2), sent, 1.0, 0.5)
+    assert interleaved.tolist() == [3.0, 5.0, 7.0, 0.0]  # out and the gradient back, each a latency
+    for schedule in ("zbv", "dualpipev"):
+        assert stage_sends(Plan(pp=2, schedule=schedule, stages_per_rank=2), sent, 1.0, 0.5).tolist() == \
+            [3.0, 0.0, 7.0, 0.0]
+    assert not stage_sends(Plan(), np.array([5.0]), 1.0, 0.5).any()
 
 
 def test_a_plan_that_does_not_fit_is_still_priced(gpt):

@@ -149,6 +149,16 @@ def _by_rank(plan: Plan, values: np.ndarray, how: str) -> np.ndarray:
     return grid.sum(axis=0) if how == "sum" else grid.max(axis=0)
 
 
+def stage_sends(plan: Plan, send_bytes: np.ndarray, bandwidth: float, latency: float) -> np.ndarray:
+    """Each stage's send to the next a micro-batch and the gradient coming back, in seconds; none from the
+    last stage, nor where the next lies on the same rank (a V schedule's turn: torch runs it locally)."""
+    if plan.pp == 1:
+        return np.zeros(plan.num_stages)
+    crosses = np.array([s < plan.num_stages - 1 and plan.stage_rank(s) != plan.stage_rank(s + 1)
+                        for s in range(plan.num_stages)])
+    return np.where(crosses, (send_bytes / bandwidth + latency) * 2, 0.0)
+
+
 def plan_memory(plan: Plan, st: Stages, optimizer: str = "adamw") -> Memory:
     """Memory of each pp rank of `plan`, whose stages are `st`: the search reads this first and prices the
     step time only of the plans that fit (or that need the least memory, when none does)."""
@@ -231,8 +241,7 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     memory_of["total"] = mem.total
     per_rank = dict(mem.parts)  # arrays: the search prices thousands of plans and reads few of them
 
-    sends = np.where(np.arange(plan.num_stages) < plan.num_stages - 1, (st.send_bytes / pp_bw + pp_lat) * 2, 0.0) \
-        if pp > 1 else np.zeros(plan.num_stages)
+    sends = stage_sends(plan, st.send_bytes, pp_bw, pp_lat)
     a2a = st.a2a_seconds if st.a2a_seconds is not None else 0.0
     exchange = st.cp_seconds if st.cp_seconds is not None else 0.0
     recompute = st.recompute_seconds
@@ -260,8 +269,9 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     comm_tp = float(by_rank(st.tp_seconds + recompute_tp, "sum")[0]) * m
     # the bottleneck rank's recompute over the step (its forward ops and tp collectives run again)
     recompute_step = float(by_rank((recompute - recompute_tp) * share + recompute_tp, "sum")[int(np.argmax(per_mb))]) * m
-    # the bottleneck rank's sends and receives over the step (inside compute_and_tp, not beside it)
-    comm_pp = float(by_rank(sends, "sum")[int(np.argmax(per_mb))]) * m if pp > 1 else 0.0
+    # the bottleneck rank's sends and receives over the step (inside compute_and_tp, not beside it: torch's
+    # runtime schedules could keep them in flight, bench/pp_send_overlap.py, which no run on GPUs has measured)
+    comm_pp = float(by_rank(sends, "sum")[busiest]) * m if pp > 1 else 0.0
     comm_a2a = float(by_rank(st.a2a_seconds, "sum").max()) * m if st.a2a_seconds is not None else 0.0
     comm_cp = float(by_rank(st.cp_seconds, "sum").max()) * m if st.cp_seconds is not None else 0.0
     return Estimate(
