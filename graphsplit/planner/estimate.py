@@ -32,8 +32,9 @@ schedule's bubble; expert parallelism's all-to-alls (each micro-batch's routed r
 forward and backward, not overlapped); context parallelism's key/value all-gathers and reduce-scatters
 (not overlapped; a cp rank runs 1/cp of each sample and keeps the gathered keys and values); the dp
 traffic (DDP's all-reduce, FSDP's gathers and reduce-scatters, ZeRO-1's gather after the step) on the dp
-group's link, the part no compute hides as the program runs it (dp_traffic.py); and the optimizer's
-pass over its state.
+group's link, the part no compute hides as the program runs it (dp_traffic.py); what the gradients and
+FSDP's gathers move through memory beside the ops (accumulation over micro-batches, DDP's bucket copies,
+FSDP2's copy-out and copy-in: grad_traffic.py); and the optimizer's pass over its state.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import numpy as np
 
 from ..plan import V_SCHEDULES, Plan
 from .dp_traffic import DpBytes, dp_traffic
+from .grad_traffic import grad_traffic_bytes
 from .hardware import Hardware
 from .links import group_link
 from .schedules import (
@@ -256,12 +258,14 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
     busiest = int(np.argmax(per_mb))
     forward = float(by_rank(st.forward_seconds * share, "sum")[busiest])
     units = st.fsdp_units[0] if st.fsdp_units is not None else (0, 0, 0)
-    traffic = dp_traffic(plan, hw, DpBytes(grads, float(gathered.max()), float(by_expert.max()), float(units[1]),
-                                           int(units[2])), forward, bottleneck - forward)
+    moved = DpBytes(grads, float(gathered.max()), float(by_expert.max()), float(units[1]), int(units[2]))
+    traffic = dp_traffic(plan, hw, moved, forward, bottleneck - forward)
+    # gradient accumulation, DDP's bucket copies and FSDP's copy-out and copy-in, on the compute stream
+    grad_copies = grad_traffic_bytes(plan, moved) / (hw.memory_bandwidth * hw.memory_efficiency) * share
     dp_comm, exposed_dp = traffic.total, traffic.exposed
     opt_bytes = grads * (7 if optimizer == "adamw" else 3) / (dp if plan.fsdp or plan.zero == 1 else 1)
     optimizer_seconds = opt_bytes / (hw.memory_bandwidth * hw.memory_efficiency) * share
-    step = pipeline + exposed_dp + optimizer_seconds
+    step = pipeline + exposed_dp + grad_copies + optimizer_seconds
     model_flops = 3 * model_flops_per_sample * samples
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(plan.autocast or "", "float32")
     peak = hw.peak_flops.get(dtype, hw.peak_flops["float32"])
@@ -284,7 +288,8 @@ def estimate(plan: Plan, st: Stages, hw: Hardware, samples: int, tokens_per_samp
         bubble=bubble,
         time={"compute_and_tp": pipeline * (1 - bubble), "bubble": pipeline * bubble, "tp_collectives": comm_tp,
               "pp_sends": comm_pp, "recompute": recompute_step, "all_to_all": comm_a2a, "cp_exchange": comm_cp,
-              "dp_exposed": exposed_dp, "dp_collectives": dp_comm, "optimizer": optimizer_seconds},
+              "dp_exposed": exposed_dp, "dp_collectives": dp_comm, "grad_copies": grad_copies,
+              "optimizer": optimizer_seconds},
         busiest_rank=mem.busiest,
         per_rank=per_rank,
     )
