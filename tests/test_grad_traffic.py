@@ -66,3 +66,12 @@ def test_what_each_case_moves_is_the_kind_its_program_runs(counted):
     assert set(counted["fsdp2"]) == set(counted["fsdp3"]) == {"copy_in", "copy_out"}
     assert counted["fsdp_nosync"]["upcast"] == bf16 + FP32 and counted["fsdp_nosync"]["accumulate"] == bf16 + 2 * FP32
     assert counted["ddp"] == {"accumulate": 3 * FP32, "bucket": 4 * FP32}
+
+
+def test_plain_dp_under_a_split_backward_has_no_ddp_buckets_to_copy():
+    """The zero-bubble schedules average plain dp's gradients after the step (runtime/grad_average.py), no
+    DDP: only the accumulation over micro-batches is left."""
+    moved = DpBytes(FP32, FP32, 0.0, REGIONS, 2)
+    zbv = Plan(dp=2, pp=2, schedule="zbv", stages_per_rank=2, microbatches=4)
+    assert grad_traffic_bytes(zbv, moved) == 3 * FP32 * 3
+    assert grad_traffic_bytes(zbv.replace(schedule="interleaved-1f1b"), moved) == 3 * FP32 * 3 + 4 * FP32

@@ -12,7 +12,8 @@ stage), in bytes read plus written:
   micro-batch's bf16 gradient, `accumulate_unsharded_grad_if_needed` adds each later one in): the bf16
   gradient read, the fp32 one read and written.
 - DDP's buckets (`gradient_as_bucket_view=False`, torch's default, which the program keeps): each
-  gradient copied into its bucket before the all-reduce and back after it.
+  gradient copied into its bucket before the all-reduce and back after it (none under a split-backward
+  schedule, where plain dp averages the gradients after the step without DDP).
 - FSDP2's copies: after each all-gather, `foreach_all_gather_copy_out` splits the gathered buffer into
   the parameters (read and write the gathered bytes, `split_with_sizes_copy`, on the compute stream once
   it waits for the gather); before each reduce-scatter, `foreach_reduce_scatter_copy_in` packs the
@@ -24,7 +25,7 @@ FSDP's sharded gradients (1/dp of the bytes) and the optimizer's step (priced on
 
 from __future__ import annotations
 
-from ..plan import Plan
+from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
 from .dp_traffic import DpBytes
 
 
@@ -34,8 +35,9 @@ def grad_traffic_bytes(plan: Plan, moved: DpBytes) -> float:
     m = plan.num_microbatches
     grads = moved.grads  # fp32 bytes of every gradient the rank computes
     if not plan.fsdp:
-        total = 3 * grads * (m - 1)
-        return total + (4 * grads if plan.dp > 1 else 0.0)
+        # under a split backward plain dp is no DDP: its gradients are averaged after the step, in place
+        ddp = plan.dp > 1 and not (plan.schedule in SPLIT_BACKWARD_SCHEDULES and plan.num_stages > 1)
+        return 3 * grads * (m - 1) + (4 * grads if ddp else 0.0)
     dense = grads - moved.experts  # FSDP shards these; expert weights stay whole (added like DDP's)
     low = moved.gathered < dense  # gathered (and the unsharded gradients made) in the low dtype
     unsharded = moved.gathered  # one copy of the dense gradients as backward makes them

@@ -23,7 +23,8 @@ from .stages import plan_stages
 TIME_PARTS = {
     "compute_and_tp": "compute (with tp collectives and pipeline sends)", "bubble": "pipeline bubble",
     "recompute": "recompute", "tp_collectives": "tp collectives", "pp_sends": "pipeline sends",
-    "all_to_all": "ep all-to-alls", "cp_exchange": "cp exchange", "dp_exposed": "exposed dp traffic", "grad_copies": "gradient accumulation and FSDP copies",
+    "all_to_all": "ep all-to-alls", "cp_exchange": "cp exchange", "dp_exposed": "exposed dp traffic",
+    "grad_copies": "gradient accumulation and FSDP copies",
     "optimizer": "optimizer step",
 }
 # plan fields the planner does not price: refused rather than priced as if absent

@@ -151,5 +151,6 @@ def price_command(loaded: Any, plan: Any, gpus: int, memory: int, gpus_per_node:
 # the step's parts as the priced plan's breakdown shows them (Estimate.time)
 TIME_LABELS = {"compute_and_tp": "compute", "bubble": "bubble", "recompute": "of which recompute",
                "tp_collectives": "of which tp collectives", "pp_sends": "of which pipeline sends",
-               "all_to_all": "ep all-to-alls", "cp_exchange": "cp exchange", "dp_exposed": "exposed dp", "grad_copies": "gradient copies",
+               "all_to_all": "ep all-to-alls", "cp_exchange": "cp exchange", "dp_exposed": "exposed dp",
+               "grad_copies": "gradient copies",
                "optimizer": "optimizer"}
