@@ -335,6 +335,13 @@ class Plan:
         return checkpoint_policy(self.checkpoint)
 
     @property
+    def ddp(self) -> bool:
+        """Plain dp runs under torch's DDP (backends/parallelize.py): not under FSDP, and not under a split
+        backward, whose weight gradients (by `autograd.grad`) DDP never sees: plain dp averages them after
+        the step there (runtime/grad_average.py)."""
+        return self.dp > 1 and not self.fsdp and self.schedule not in SPLIT_BACKWARD_SCHEDULES
+
+    @property
     def fsdp_per_region(self) -> bool:
         """FSDP shards each region of a stage (a block: checkpointed, or with one stage and no checkpointing
         run plainly) as a unit of its own, the rest of the stage as another (under --compile too: FSDP's

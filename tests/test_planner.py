@@ -90,7 +90,8 @@ def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, t
     peak are the rank's stages' whole fp32 parameters, as the planner prices them; under a pipeline those,
     not the shards made from them after the stage's last backward, are the gradients the peak holds. Under a pipeline
     schedule (1F1B, interleaved, with tp) the activations alive at the rank's peak equal the planner's
-    (within 1%; the last stage's loss buffers within 15%)."""
+    (within 1%; the last stage's loss buffers within 15%). DDP's buckets, as DDP reports their sizes,
+    hold a second copy of the gradients of every plain-dp plan, and the planner's buffers hold them."""
     loaded, profile = gpt
     checked = 0
     for world, plans in ((4, WORLD_4),):
@@ -118,6 +119,10 @@ def test_predicted_parameter_gradient_and_adamw_bytes_equal_measured_ones(gpt, t
                         assert measured[part] <= want, (plan, part)  # later dp shards are never larger
                     else:
                         assert measured[part] == want, (plan, part, measured, predicted)
+                # DDP's buckets: a second copy of the gradients, priced among the communication buffers
+                buckets = measured["ddp_buckets"]
+                assert buckets == (predicted["gradients"][measured["pp_rank"]] if plan.ddp else 0), (plan, measured)
+                assert buckets <= predicted["communication_buffers"][measured["pp_rank"]], (plan, measured)
                 if plan.fsdp and plan.autocast and plan.num_microbatches > 1:
                     stages = plan_stages(profile, plan).param_bytes
                     mine = sum(int(stages[s]) for s in plan.stages_of_rank(measured["pp_rank"]))

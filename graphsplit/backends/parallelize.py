@@ -40,7 +40,7 @@ from ..ops.ep import EPComm
 from ..ops.replica_gather import bind_replicas
 from ..ops.sync_batch_norm import bind_dp_group
 from ..ops.tp_comm import TPComm, bind_tp_group
-from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Plan
+from ..plan import MULTI_STAGE_SCHEDULES, SCHEDULES, Plan
 from ..runtime.grad_average import DPGradAverager, ExpertGradAverager
 from ..runtime.microbatch import stage_output_dims, target_batch_dim, whole_target
 from ..runtime.training import LossFn
@@ -345,7 +345,7 @@ def parallelize_stages(program: Program, modules: Mapping[int, nn.Module], loss_
     if plan.dp > 1 and not plan.fsdp:
         # weight gradients by autograd.grad: no DDP hook fires; a sparse gradient DDP takes for a dense one
         # (it knows only nn.Embedding modules' `sparse`, not a traced graph's embedding_bag(sparse=True))
-        if plan.schedule in SPLIT_BACKWARD_SCHEDULES or any(sparse_gradients(m) for m in modules.values()):
+        if not plan.ddp or any(sparse_gradients(m) for m in modules.values()):
             averager = DPGradAverager(modules.values(), mesh.get_group("dp"), skip=skip)
         else:
             runners = apply_ddp(modules, mesh, device, skip)

@@ -58,8 +58,6 @@ from .schedules import (
 
 FP32 = 4
 ADAMW_STATES = 2  # exp_avg, exp_avg_sq
-DDP_BUCKET_BYTES = 25 * 2**20  # torch's default bucket_cap_mb
-DDP_BUCKETS_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -182,14 +180,18 @@ def plan_memory(plan: Plan, st: Stages, optimizer: str = "adamw") -> Memory:
     shares = dp if plan.zero == 1 else 1
     parts = {"parameters": kept, "gradients": kept, "optimizer_state": states * kept // shares}
     buffers = 2 * by_rank(st.send_bytes, "max") if pp > 1 else np.zeros(pp, dtype=np.int64)
-    if dp > 1 and not plan.fsdp:
-        buffers = buffers + np.minimum(params, DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES)
-    # FSDP under --autocast bf16/fp16 gathers parameters in that dtype (apply_fsdp's MixedPrecisionPolicy):
-    # the gathered copies and the unsharded gradients computed on them are half the fp32 bytes
-    # expert weights under ep are never gathered: each ep rank holds its experts whole
+    # expert weights under ep are never gathered (each ep rank holds its experts whole) nor seen by DDP
     by_expert = by_rank(st.expert_param_bytes, "sum") if plan.ep > 1 and st.expert_param_bytes is not None \
         else np.zeros(pp, dtype=np.int64)
     sharded = params - by_expert
+    if plan.ddp:
+        # DDP's buckets (`gradient_as_bucket_view=False`, torch's default, which apply_ddp keeps: gradients
+        # replaced between steps, as zero_grad(set_to_none=True) and the pipelined API do, would not stay
+        # views of them anyway) are a second copy of every gradient it averages, allocated when DDP wraps
+        # the stage and held from then on
+        buffers = buffers + sharded
+    # FSDP under --autocast bf16/fp16 gathers parameters in that dtype (apply_fsdp's MixedPrecisionPolicy):
+    # the gathered copies and the unsharded gradients computed on them are half the fp32 bytes
     low = plan.fsdp and plan.autocast in ("bf16", "fp16")
     gathered = sharded // 2 if low else sharded
     if plan.fsdp:  # the gathered parameters and the unsharded gradients, from the first backward to the last

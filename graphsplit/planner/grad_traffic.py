@@ -25,7 +25,7 @@ FSDP's sharded gradients (1/dp of the bytes) and the optimizer's step (priced on
 
 from __future__ import annotations
 
-from ..plan import SPLIT_BACKWARD_SCHEDULES, Plan
+from ..plan import Plan
 from .dp_traffic import DpBytes
 
 
@@ -36,8 +36,7 @@ def grad_traffic_bytes(plan: Plan, moved: DpBytes) -> float:
     grads = moved.grads  # fp32 bytes of every gradient the rank computes
     if not plan.fsdp:
         # under a split backward plain dp is no DDP: its gradients are averaged after the step, in place
-        ddp = plan.dp > 1 and not (plan.schedule in SPLIT_BACKWARD_SCHEDULES and plan.num_stages > 1)
-        return 3 * grads * (m - 1) + (4 * grads if ddp else 0.0)
+        return 3 * grads * (m - 1) + (4 * (grads - moved.experts) if plan.ddp else 0.0)  # DDP skips experts
     dense = grads - moved.experts  # FSDP shards these; expert weights stay whole (added like DDP's)
     low = moved.gathered < dense  # gathered (and the unsharded gradients made) in the low dtype
     unsharded = moved.gathered  # one copy of the dense gradients as backward makes them

@@ -111,6 +111,22 @@ class GatheredBytes:
         self.peak = max(self.peak, held)
 
 
+def ddp_bucket_bytes(module) -> int:
+    """Bytes of DDP's buckets on this rank: the stage runners torch's schedule (or, with one stage, the local
+    pipeline) drives, as DDP's logging data reports their bucket sizes."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    schedule = module.pipeline.schedule
+    runners = getattr(schedule, "stages", None) or [s.submod for s in getattr(schedule, "_stages", [schedule._stage]
+                                                                                if hasattr(schedule, "_stage") else [])]
+    total = 0
+    for runner in runners:
+        if isinstance(runner, DistributedDataParallel):
+            sizes = runner._get_ddp_logging_data().get("bucket_sizes", "")
+            total += sum(int(b) for b in str(sizes).split(", ") if b)
+    return total
+
+
 def main() -> None:
     model_path, out = sys.argv[1], Path(sys.argv[2])
     plans = [Plan.from_json(text) for text in sys.argv[3:]]
@@ -137,6 +153,7 @@ def main() -> None:
             "pp_rank": (rank // plan.tp) % plan.pp, "dp_rank": dp_rank,
             "parameters": sum(local_bytes(p) for p in module.parameters()),
             "gradients": grads,
+            "ddp_buckets": ddp_bucket_bytes(module),
             "activations": saved.total(),
             "peak_activations": saved.peak,
             "fsdp_units": sum(isinstance(m, FSDPModule) for m in module.modules()),
