@@ -185,10 +185,10 @@ def plan_memory(plan: Plan, st: Stages, optimizer: str = "adamw") -> Memory:
         else np.zeros(pp, dtype=np.int64)
     sharded = params - by_expert
     if plan.ddp:
-        # DDP's buckets (`gradient_as_bucket_view=False`, torch's default, which apply_ddp keeps: gradients
-        # replaced between steps, as zero_grad(set_to_none=True) and the pipelined API do, would not stay
-        # views of them anyway) are a second copy of every gradient it averages, allocated when DDP wraps
-        # the stage and held from then on
+        # DDP's buckets are a second copy of every gradient it averages, allocated when DDP wraps the stage
+        # and held from then on (`gradient_as_bucket_view=False`, torch's default, which apply_ddp keeps:
+        # as views, gradients zeroed to None and accumulated fresh under no_sync would still sit beside the
+        # buckets at the peak, and the pipelined API's swap of `.grad` would alias a later step's buckets)
         buffers = buffers + sharded
     # FSDP under --autocast bf16/fp16 gathers parameters in that dtype (apply_fsdp's MixedPrecisionPolicy):
     # the gathered copies and the unsharded gradients computed on them are half the fp32 bytes

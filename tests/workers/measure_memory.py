@@ -117,8 +117,10 @@ def ddp_bucket_bytes(module) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     schedule = module.pipeline.schedule
-    runners = getattr(schedule, "stages", None) or [s.submod for s in getattr(schedule, "_stages", [schedule._stage]
-                                                                                if hasattr(schedule, "_stage") else [])]
+    if hasattr(schedule, "stages"):  # graphsplit's LocalPipeline
+        runners = schedule.stages
+    else:  # torch's single- and multi-stage schedules hold PipelineStages
+        runners = [s.submod for s in getattr(schedule, "_stages", None) or [schedule._stage]]
     total = 0
     for runner in runners:
         if isinstance(runner, DistributedDataParallel):
